@@ -1,0 +1,203 @@
+"""The engine contract: what the server needs from an inference engine.
+
+Five verbs, nothing more:
+
+    await engine.start()                       load weights, warm up; state -> "ready"
+    engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
+    engine.generate(request_id, prompt_ids, params) -> OutputStream
+    await engine.abort(request_id)             stop a request (idempotent)
+    await engine.close()
+
+plus `info` (model names, context length) and `state` ("loading", "ready",
+"dead"). `GenerationParams` is engine-neutral: each adapter maps it to its
+engine's own sampling parameters.
+
+`OutputStream` is the hand-over point between the engine (producer) and the
+request's writer (consumer). The engine `put`s one list of `Delta`s per step;
+the writer takes everything pending in one go, so when the writer is behind
+(slow socket) several steps coalesce into one write instead of queueing up.
+`get()` is cancellation-safe: a timeout around it (the writer's heartbeat
+deadline) loses nothing, unlike cancelling an async generator, which closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+EngineState = Literal["loading", "ready", "dead"]
+
+
+class GenerationParams(msgspec.Struct, kw_only=True):
+    max_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    # Number of top logprobs per output token; None = no logprobs.
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    # Structured output constraints (json schema, regex, choice, grammar) ride here.
+    structured: dict[str, Any] | None = None
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    name: str  # the served name (first of served_names)
+    served_names: list[str]
+    root: str  # where the weights come from
+    max_model_len: int
+    created: int
+    # Embedding/pooling models cannot generate.
+    runner: Literal["generate", "pooling"] = "generate"
+
+
+class Delta:
+    """What one choice produced in one engine step.
+
+    `text` is normally `str`; an engine may hand over raw UTF-8 `bytes` that
+    end in the middle of a character (the server's utf8 carry repairs that).
+    """
+
+    __slots__ = ("index", "text", "num_tokens", "finish_reason", "token_ids", "logprobs")
+
+    def __init__(
+        self,
+        index: int,
+        text: str | bytes,
+        num_tokens: int,
+        finish_reason: str | None = None,
+        token_ids: Sequence[int] | None = None,
+        logprobs: Any = None,
+    ) -> None:
+        self.index = index
+        self.text = text
+        self.num_tokens = num_tokens
+        self.finish_reason = finish_reason
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+
+    def __repr__(self) -> str:
+        return f"Delta({self.index}, {self.text!r}, {self.num_tokens}, {self.finish_reason!r})"
+
+
+class EngineFailure(Exception):
+    """The engine failed a request (or died) after it was accepted."""
+
+
+class EngineRejected(Exception):
+    """The engine refused a request as invalid (a client error, 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class OutputStream:
+    """Single-consumer, cancellation-safe hand-over of engine steps."""
+
+    __slots__ = ("_pending", "_waiter", "_closed", "_error", "prompt_tokens", "cached_tokens")
+
+    def __init__(self) -> None:
+        self._pending: list[Delta] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    # -- producer side (engine) --
+    def put(self, deltas: list[Delta]) -> None:
+        if self._pending:
+            self._pending.extend(deltas)
+        else:
+            self._pending = deltas
+        self._wake()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """No more output. With `error`, the consumer sees it after what is pending."""
+        if error is not None and self._error is None:
+            self._error = error
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- consumer side (writer) --
+    @property
+    def finished(self) -> bool:
+        return self._closed and not self._pending
+
+    def get_nowait(self) -> list[Delta] | None:
+        """Everything pending, or None when nothing is (raises at the end)."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            return pending
+        if self._closed:
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        return None
+
+    async def get(self) -> list[Delta]:
+        while True:
+            got = self.get_nowait()
+            if got is not None:
+                return got
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> list[Delta]:
+        return await self.get()
+
+
+class Engine(Protocol):
+    info: ModelInfo
+
+    @property
+    def state(self) -> EngineState: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]: ...
+
+    def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream: ...
+
+    async def abort(self, request_id: str) -> None: ...

@@ -1,0 +1,221 @@
+"""A deterministic scripted engine with the same contract as the real one.
+
+It batches like a real engine: one step loop (a single task for the whole
+engine) wakes every `token_delay` seconds and gives each running request its
+next token, so a thousand streams cost one timer per step, not a thousand.
+A request waits `ttft` seconds before its first token.
+
+What a request produces comes from a `FakeScript`: either explicit `tokens`
+(str, or raw `bytes` that may end in the middle of a UTF-8 character, to test
+the server's carry) ending with finish "stop", or a `text` whose words repeat
+until `max_tokens` (finish "length"). Stop strings are honoured as vLLM does
+(text truncated before the stop, finish "stop"); `fail_after=N` fails every
+request after N tokens. The tokenizer is one token per character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from .base import Delta, EngineFailure, EngineState, GenerationParams, ModelInfo, OutputStream
+
+
+class FakeScript(msgspec.Struct, kw_only=True):
+    text: str = "Hello! This is a fake streamed answer. "
+    tokens: list[str | bytes] | None = None
+    ttft: float = 0.0
+    token_delay: float = 0.0
+    fail_after: int | None = None
+
+
+def split_words(text: str) -> list[str]:
+    return re.findall(r"\s*\S+|\s+", text) or [text]
+
+
+class _Choice:
+    __slots__ = ("index", "emitted", "text", "done")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.emitted = 0
+        self.text = ""
+        self.done = False
+
+
+class _Running:
+    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat")
+
+    def __init__(self, request_id: str, stream: OutputStream, params: GenerationParams, start_at: float, script: FakeScript) -> None:
+        self.request_id = request_id
+        self.stream = stream
+        self.params = params
+        self.choices = [_Choice(i) for i in range(params.n)]
+        self.start_at = start_at
+        self.repeat = script.tokens is None
+        self.tokens: Sequence[str | bytes] = split_words(script.text) if script.tokens is None else script.tokens
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        script: FakeScript | None = None,
+        *,
+        model_name: str = "fake",
+        served_names: list[str] | None = None,
+        max_model_len: int = 4096,
+        load_delay: float = 0.0,
+    ) -> None:
+        self.script = script or FakeScript()
+        names = served_names or [model_name]
+        self.info = ModelInfo(name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()))
+        self.load_delay = load_delay
+        self._state: EngineState = "loading"
+        self._running: dict[str, _Running] = {}
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        # Observability for tests.
+        self.aborted: list[str] = []
+        self.submitted: list[tuple[str, list[int], GenerationParams]] = []
+
+    # -- lifecycle ------------------------------------------------------
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    async def start(self) -> None:
+        if self.load_delay:
+            await asyncio.sleep(self.load_delay)
+        self._loop_task = asyncio.create_task(self._step_loop(), name="fake-engine-steps")
+        self._state = "ready"
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+        for run in self._running.values():
+            run.stream.close(EngineFailure("engine shut down"))
+        self._running.clear()
+        self._state = "dead"
+
+    def kill(self) -> None:
+        """Simulate an engine crash: in-flight requests fail, state becomes dead."""
+        self._state = "dead"
+        for run in self._running.values():
+            run.stream.close(EngineFailure("engine died"))
+        self._running.clear()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -- tokenizer ------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(map(chr, token_ids))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        parts = [f"<|{m['role']}|>{m.get('content') or ''}\n" for m in messages]
+        if add_generation_prompt and not continue_final_message:
+            parts.append("<|assistant|>")
+        return self.encode("".join(parts))
+
+    # -- generation -----------------------------------------------------
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
+        if self._state != "ready":
+            raise EngineFailure(f"engine is {self._state}")
+        stream = OutputStream()
+        stream.prompt_tokens = len(prompt_ids)
+        self.submitted.append((request_id, prompt_ids, params))
+        self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + self.script.ttft, self.script)
+        self._wakeup.set()
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        run = self._running.pop(request_id, None)
+        if run is not None:
+            self.aborted.append(request_id)
+            run.stream.close()
+
+    async def _step_loop(self) -> None:
+        delay = self.script.token_delay
+        while True:
+            if not self._running:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await asyncio.sleep(delay)
+            now = time.monotonic()
+            finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+            for request_id in finished:
+                self._running.pop(request_id, None)
+            if self._running and all(now < r.start_at for r in self._running.values()):
+                # Everyone is still in "prefill": nap until the first is due
+                # (in short naps, so a new request is not held up for long).
+                nearest = min(r.start_at for r in self._running.values())
+                await asyncio.sleep(min(0.01, max(0.0, nearest - now - delay)))
+
+    def _advance(self, run: _Running) -> bool:
+        """Emit one token per unfinished choice; True when the request is done."""
+        deltas: list[Delta] = []
+        params = run.params
+        fail_after = self.script.fail_after
+        for choice in run.choices:
+            if choice.done:
+                continue
+            if fail_after is not None and choice.emitted >= fail_after:
+                if deltas:
+                    run.stream.put(deltas)
+                run.stream.close(EngineFailure(f"injected failure after {fail_after} tokens"))
+                return True
+            position = choice.emitted
+            if not run.repeat and position >= len(run.tokens):
+                choice.done = True
+                deltas.append(Delta(choice.index, "", 0, "stop"))
+                continue
+            token = run.tokens[position % len(run.tokens)]
+            choice.emitted += 1
+            finish = "length" if choice.emitted >= params.max_tokens else None
+            if params.stop and isinstance(token, str):
+                token, hit = self._apply_stop(choice, token, params)
+                if hit:
+                    finish = "stop"
+            if finish is None and not run.repeat and choice.emitted >= len(run.tokens) and not params.ignore_eos:
+                finish = "stop"
+            if finish is not None:
+                choice.done = True
+            deltas.append(Delta(choice.index, token, 1, finish, token_ids=[position]))
+        if deltas:
+            run.stream.put(deltas)
+        if all(c.done for c in run.choices):
+            run.stream.close()
+            return True
+        return False
+
+    @staticmethod
+    def _apply_stop(choice: _Choice, token: str, params: GenerationParams) -> tuple[str, bool]:
+        before = len(choice.text)
+        choice.text += token
+        for stop in params.stop:
+            at = choice.text.find(stop, max(0, before - len(stop) + 1))
+            if at >= 0:
+                end = at + len(stop) if params.include_stop_str_in_output else at
+                return choice.text[before:end] if end > before else "", True
+        return token, False

@@ -1,0 +1,196 @@
+"""vLLM's `AsyncLLM`, in-process, behind the engine contract.
+
+vLLM is imported lazily (in `start`), so the server, the fake engine and the
+tests never pay for importing torch. The engine is built from vLLM's own
+`AsyncEngineArgs` (the CLI reuses vLLM's argument definitions), in a worker
+thread so the event loop keeps answering `/health` and 503s while the
+weights load; vLLM starts its output handler lazily on the first request,
+inside the loop.
+
+Requests go in as token ids (the server rendered and counted the prompt) via
+`AsyncLLM.add_request`, with `RequestOutputKind.DELTA`. vLLM hands back its
+per-request `RequestOutputCollector`, which already merges outputs when the
+consumer is behind; `VllmOutputStream` wraps it into the contract's
+`get_nowait()/get()` and turns each `RequestOutput` into `Delta`s. No task
+per request: the consumer awaits the collector's event directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .base import Delta, EngineFailure, EngineRejected, EngineState, GenerationParams, ModelInfo
+
+log = logging.getLogger("streamproxy.engine.vllm")
+
+
+class VllmOutputStream:
+    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens")
+
+    def __init__(self, collector: Any) -> None:
+        self._collector = collector
+        self._done = False
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def get_nowait(self) -> list[Delta] | None:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            out = self._collector.get_nowait()
+        except Exception as exc:  # EngineDeadError, EngineGenerateError, ...
+            self._done = True
+            raise EngineFailure(f"{type(exc).__name__}: {exc}") from exc
+        if out is None:
+            return None
+        if out.prompt_token_ids is not None:
+            self.prompt_tokens = len(out.prompt_token_ids)
+        self.cached_tokens = out.num_cached_tokens or 0
+        deltas = [
+            Delta(o.index, o.text, len(o.token_ids), o.finish_reason, o.token_ids, o.logprobs) for o in out.outputs
+        ]
+        if out.finished:
+            self._done = True
+        return deltas
+
+    async def get(self) -> list[Delta]:
+        while True:
+            got = self.get_nowait()
+            if got is not None:
+                return got
+            await self._collector.ready.wait()
+
+    def __aiter__(self) -> VllmOutputStream:
+        return self
+
+    async def __anext__(self) -> list[Delta]:
+        got = await self.get()
+        return got
+
+
+def _sampling_params(params: GenerationParams) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    structured = StructuredOutputsParams(**params.structured) if params.structured else None
+    return SamplingParams(
+        n=params.n,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        seed=params.seed,
+        stop=params.stop or None,
+        stop_token_ids=params.stop_token_ids or None,
+        ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
+        logit_bias=params.logit_bias,
+        logprobs=params.logprobs,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class VllmEngine:
+    def __init__(self, engine_args: Any, served_names: list[str], root: str) -> None:
+        self._args = engine_args
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._state: EngineState = "loading"
+        # Filled in properly once the engine is up.
+        self.info = ModelInfo(name=served_names[0], served_names=served_names, root=root, max_model_len=0, created=int(time.time()))
+        self.vocab_size: int | None = None
+
+    @property
+    def state(self) -> EngineState:
+        if self._state == "ready" and self._llm.errored:
+            return "dead"
+        return self._state
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        try:
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self._args)
+        except BaseException:
+            self._state = "dead"
+            raise
+        self._tokenizer = self._llm.get_tokenizer()
+        config = self._llm.model_config
+        self.info.max_model_len = config.max_model_len
+        self.vocab_size = config.get_vocab_size()
+        self._state = "ready"
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        self._state = "dead"
+        if llm is not None:
+            llm.shutdown()
+
+    # -- tokenizer ------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        text = self._tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            **(chat_template_kwargs or {}),
+        )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    # -- generation -----------------------------------------------------
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> VllmOutputStream:
+        from vllm.inputs import TokensPrompt
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineFailure("the engine is not running")
+        from vllm.exceptions import VLLMClientError, VLLMValidationError
+
+        try:
+            sampling = _sampling_params(params)
+            collector = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), sampling)
+        except VLLMValidationError as exc:
+            raise EngineRejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter) from exc
+        except (VLLMClientError, ValueError, TypeError) as exc:
+            raise EngineRejected(str(exc)) from exc
+        stream = VllmOutputStream(collector)
+        stream.prompt_tokens = len(prompt_ids)
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None and not self._llm.errored:
+            await self._llm.abort(request_id)
+
+    @property
+    def num_running(self) -> int:
+        return 0 if self._llm is None else self._llm.get_num_unfinished_requests()

@@ -1,0 +1,169 @@
+"""One error tree for the whole server.
+
+Every error a client can see is an `APIError`: it knows its HTTP status, the
+OpenAI error `type`, an optional machine-readable `code` and the `param` it is
+about. Handlers raise; one place (`app.error_middleware` before the first byte,
+`stream` after it) turns the error into bytes. Nothing else formats errors, so
+the shape `{"error": {"message", "type", "param", "code"}}` is the same
+everywhere, and `param`/`code` are always a string or null (never the status).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorEnvelope(msgspec.Struct):
+    error: ErrorBody
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class APIError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+    # Seconds a client should wait before retrying (sent as Retry-After).
+    retry_after: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
+
+    def to_json(self) -> bytes:
+        return _encode(ErrorEnvelope(self.body()))
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(self.retry_after)}
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationError(APIError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(APIError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(APIError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RateLimited(APIError):
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_requests"
+    retry_after = 1
+
+
+class InternalError(APIError):
+    status = 500
+    type = "internal_error"
+    code = "internal_error"
+
+
+class EngineError(APIError):
+    """The engine failed while generating (after admission)."""
+
+    status = 500
+    type = "internal_error"
+    code = "engine_error"
+
+
+class ServiceUnavailable(APIError):
+    status = 503
+    type = "service_unavailable"
+    code = "upstream_unavailable"
+    retry_after = 5
+
+
+class EngineLoading(ServiceUnavailable):
+    code = "engine_loading"
+
+
+class GenerationTimeout(APIError):
+    status = 504
+    type = "timeout_error"
+    code = "generation_timeout"
+
+
+def param_from_msgspec(message: str) -> str | None:
+    """msgspec ends its validation messages with "- at `$.a.b[0]`": take the path."""
+    marker = " - at `$"
+    at = message.rfind(marker)
+    if at < 0:
+        return None
+    path = message[at + len(marker) : -1]
+    return path.lstrip(".") or None
+
+
+def from_validation_error(exc: msgspec.ValidationError) -> InvalidRequest:
+    text = str(exc)
+    param = param_from_msgspec(text)
+    message = text[: text.rfind(" - at `$")] if param else text
+    if param:
+        message = f"{message} at '{param}'"
+    return InvalidRequest(message, param=param, code="invalid_type" if "Expected" in text else "invalid_value")

@@ -1,0 +1,112 @@
+"""Wire schema of `/v1/chat/completions`: request and non-stream response.
+
+Only shapes live here (msgspec Structs) plus the module-level decoder; what
+the fields mean for generation is `params.py`'s job, and the streaming chunk
+bytes are built from templates in `stream.py`. Unknown request fields are
+ignored, as vLLM and the OpenAI SDKs' `extra_body` expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .common import StreamOptions, Usage
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # Legacy `function` role / assistant `function_call`.
+    function_call: FunctionCall | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+
+class ChatCompletionRequest(msgspec.Struct):
+    messages: list[ChatMessage]
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    user: str | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted here, served by later features (tool calls, structured output).
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
+
+
+decode_request = msgspec.json.Decoder(ChatCompletionRequest).decode
+
+
+# --- non-stream response -------------------------------------------------
+
+
+class ResponseMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str | None
+    # Left out when empty (omit_defaults), like OpenAI for plain answers.
+    tool_calls: list[ToolCall] = []
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: ResponseMessage
+    logprobs: Any
+    finish_reason: str | None
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str
+    object: str = "chat.completion"

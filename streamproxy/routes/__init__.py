@@ -1,0 +1,18 @@
+"""Thin handlers per endpoint: decode -> admit -> generate -> stream -> write."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .chat import chat_completions
+from .completions import completions
+from .models import get_model, health, list_models, version
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)

@@ -1,0 +1,50 @@
+"""What every handler shares: settings, the engine, and the gate in front of it.
+
+`AppState.require_engine(model)` is the one check before any generation:
+it answers 503 while the engine loads or after it died, and 404 for a model
+name that is not served.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from engine_adapter.base import Engine
+
+from .config import Settings
+from .errors import EngineLoading, ModelNotFound, ServiceUnavailable
+
+VERSION = "0.1.0"
+SYSTEM_FINGERPRINT = f"streamproxy-{VERSION}"
+
+
+class AppState:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.started = int(time.time())
+        self.engine_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.state == "ready"
+
+    def require_engine(self, model: str | None) -> Engine:
+        engine = self.engine
+        state = engine.state
+        if state == "loading":
+            raise EngineLoading("the model is still loading; retry shortly", retry_after=10)
+        if state != "ready":
+            raise ServiceUnavailable("the inference engine is not available", retry_after=5)
+        if model is not None and model not in engine.info.served_names:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return engine
+
+
+STATE_KEY: web.AppKey[AppState] = web.AppKey("streamproxy_state", AppState)
+
+
+def app_state(request: web.Request) -> AppState:
+    return request.app[STATE_KEY]

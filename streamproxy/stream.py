@@ -1,0 +1,197 @@
+"""Per-request streaming state machines: engine Deltas -> SSE bytes.
+
+Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
+the bytes to write (possibly empty), and never await. The writer makes one
+write per call, so one engine step of a stream is one write.
+
+Chunks are built from templates: everything around the delta that is the
+same for every chunk of the stream (`id`, `created`, `model`, the choice
+index, the closing braces) is encoded once at construction, so per token the
+only encoding work is the delta text itself (one `orjson.dumps` of a str).
+
+Contract (OpenAI chat): the first chunk of each choice carries
+`delta.role:"assistant"` and `content:""`; then `delta.content` fragments;
+then a chunk with an empty delta and the `finish_reason`; with
+`stream_options.include_usage` one chunk with `choices: []` and the usage;
+then `data: [DONE]`. Text arrives through a `Utf8Carry` per choice, so no
+chunk carries half a character whatever the engine emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from engine_adapter.base import Delta
+
+from . import sse
+from .errors import APIError
+from .utf8 import Utf8Carry
+
+_dumps = orjson.dumps
+
+
+def _usage_json(prompt: int, completion: int, cached: int | None) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+    return _dumps(usage)
+
+
+class _ChoiceState:
+    __slots__ = ("carry", "tokens", "finish_reason")
+
+    def __init__(self) -> None:
+        self.carry = Utf8Carry()
+        self.tokens = 0
+        self.finish_reason: str | None = None
+
+
+class StreamEncoder:
+    """Shared machinery; subclasses define the object name and choice bodies."""
+
+    object_name = b""
+    # How a text delta sits in a choice: b'"delta":{"content":' or b'"text":'.
+    text_open = b""
+    text_close = b""
+    finish_body = b""  # the choice body of the finish chunk, before the reason
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        n: int,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+        system_fingerprint: str | None = None,
+        report_cached_tokens: bool = False,
+    ) -> None:
+        self.choices = [_ChoiceState() for _ in range(n)]
+        self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
+        self.report_cached_tokens = report_cached_tokens
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        head = b'{"id":' + _dumps(response_id) + b',"object":"' + self.object_name + b'","created":'
+        head += str(created).encode() + b',"model":' + _dumps(model)
+        if system_fingerprint is not None:
+            head += b',"system_fingerprint":' + _dumps(system_fingerprint)
+        self._head = b"data: " + head
+        self._choice_open = [self._head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
+        self._tail_plain = b'}]}\n\n'
+
+    # -- helpers --------------------------------------------------------
+    def _close(self) -> bytes:
+        """End of one chunk: plain, or with the running usage (continuous_usage_stats)."""
+        if not self.continuous_usage:
+            return self._tail_plain
+        completion = sum(c.tokens for c in self.choices)
+        return b'}],"usage":' + _usage_json(self.prompt_tokens, completion, None) + b"}\n\n"
+
+    def _text_chunk(self, index: int, text: str) -> bytes:
+        return (
+            self._choice_open[index]
+            + self.text_open
+            + _dumps(text)
+            + self.text_close
+            + b',"logprobs":null,"finish_reason":null'
+            + self._close()
+        )
+
+    def _finish_chunk(self, index: int, reason: str) -> bytes:
+        return (
+            self._choice_open[index]
+            + self.finish_body
+            + b',"logprobs":null,"finish_reason":"'
+            + reason.encode()
+            + b'"'
+            + self._close()
+        )
+
+    # -- the protocol ---------------------------------------------------
+    def start(self) -> bytes:
+        return b""
+
+    def step(self, deltas: Sequence[Delta]) -> bytes:
+        if len(deltas) == 1:
+            return self._one(deltas[0])
+        return b"".join([self._one(d) for d in _merge_by_index(deltas)])
+
+    def _one(self, delta: Delta) -> bytes:
+        choice = self.choices[delta.index]
+        choice.tokens += delta.num_tokens
+        text = choice.carry.feed(delta.text)
+        out = self._text_chunk(delta.index, text) if text else b""
+        reason = delta.finish_reason
+        if reason is not None:
+            tail = choice.carry.flush()
+            if tail:
+                out += self._text_chunk(delta.index, tail)
+            choice.finish_reason = reason = self.map_finish_reason(reason)
+            out += self._finish_chunk(delta.index, reason)
+        return out
+
+    def map_finish_reason(self, reason: str) -> str:
+        return reason
+
+    def usage_json(self) -> bytes:
+        completion = sum(c.tokens for c in self.choices)
+        cached = self.cached_tokens if self.report_cached_tokens else None
+        return _usage_json(self.prompt_tokens, completion, cached)
+
+    def finish(self) -> bytes:
+        """After the engine's last step: usage chunk (if asked) and [DONE]."""
+        out = b""
+        if self.include_usage:
+            out = self._head + b',"choices":[],"usage":' + self.usage_json() + b"}\n\n"
+        return out + sse.DONE
+
+    def error(self, exc: APIError) -> bytes:
+        """An in-band error after the first byte, then a clean end of stream."""
+        return sse.frame(exc.to_json()) + sse.DONE
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens for c in self.choices)
+
+
+class ChatStreamEncoder(StreamEncoder):
+    object_name = b"chat.completion.chunk"
+    text_open = b'"delta":{"content":'
+    text_close = b"}"
+    finish_body = b'"delta":{}'
+
+    def start(self) -> bytes:
+        return b"".join(
+            [
+                opening + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null' + self._close()
+                for opening in self._choice_open
+            ]
+        )
+
+
+class CompletionStreamEncoder(StreamEncoder):
+    object_name = b"text_completion"
+    text_open = b'"text":'
+    text_close = b""
+    finish_body = b'"text":""'
+
+
+def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
+    """Coalesce several steps' deltas (a slow reader fell behind) per choice."""
+    merged: dict[int, Delta] = {}
+    for d in deltas:
+        prev = merged.get(d.index)
+        if prev is None or prev.finish_reason is not None or type(prev.text) is not type(d.text):
+            if prev is not None:
+                # Cannot merge after a finish or across str/bytes: keep order.
+                return list(deltas)
+            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason)
+        else:
+            prev.text += d.text  # type: ignore[operator]
+            prev.num_tokens += d.num_tokens
+            prev.finish_reason = d.finish_reason
+    return list(merged.values())

@@ -1,0 +1,34 @@
+"""Incremental UTF-8 carry: never emit half a character.
+
+An engine (or an upstream server) may end a delta in the middle of a
+multi-byte character. `Utf8Carry.feed(bytes)` returns the text of every
+complete character so far and keeps the incomplete tail for the next call;
+invalid bytes become U+FFFD, as a tolerant decoder must. `flush()` at the
+end of a stream turns a dangling tail into U+FFFD rather than dropping it.
+`str` input passes straight through: a `str` cannot hold half a character.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+_Decoder = codecs.getincrementaldecoder("utf-8")
+
+
+class Utf8Carry:
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = _Decoder(errors="replace")
+
+    def feed(self, data: str | bytes) -> str:
+        if type(data) is str:
+            return data
+        return self._decoder.decode(data)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._decoder.getstate()[0])
