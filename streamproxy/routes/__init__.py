@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..metrics import metrics
 from .chat import chat_completions
 from .completions import completions
 from .models import get_model, health, list_models, version
@@ -16,3 +17,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)

@@ -23,6 +23,7 @@ from engine_adapter.base import Engine, EngineFailure, EngineRejected, Generatio
 
 from ..accumulate import Accumulator
 from ..errors import APIError, InvalidRequest, ServiceUnavailable
+from ..metrics import ACTIVE_STREAMS, ENGINE_ABORTS, HEARTBEATS
 from ..state import AppState
 from ..stream import StreamEncoder
 from ..writer import SSE_HEADERS, collect, pump_sse, respond_nonstream
@@ -60,16 +61,22 @@ async def run(
     try:
         if stream:
             response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
-            request["outcome"] = await pump_sse(
-                request,
-                response,
-                out,
-                encoder(),
-                heartbeat=settings.sse_heartbeat,
-                stall_timeout=settings.write_stall_timeout,
-            )
-            await response.write_eof()
+            ACTIVE_STREAMS.inc()
+            try:
+                await response.prepare(request)
+                outcome = request["outcome"] = await pump_sse(
+                    request,
+                    response,
+                    out,
+                    encoder(),
+                    heartbeat=settings.sse_heartbeat,
+                    stall_timeout=settings.write_stall_timeout,
+                )
+                await response.write_eof()
+            finally:
+                ACTIVE_STREAMS.dec()
+            if outcome.heartbeats:
+                HEARTBEATS.inc(outcome.heartbeats)
             return response
 
         acc = Accumulator(params.n)
@@ -91,6 +98,7 @@ async def run(
         if work is not None and not work.done():
             work.cancel()
         if not out.finished:
+            ENGINE_ABORTS.inc()
             try:
                 await engine.abort(request_id)
             except Exception:  # the engine may already be gone

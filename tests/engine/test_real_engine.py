@@ -1,0 +1,192 @@
+"""End to end against the real vLLM CPU engine and the default model."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+import openai
+import pytest
+import requests
+
+pytestmark = pytest.mark.engine
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+def _events(body: bytes) -> list[bytes]:
+    assert body.endswith(b"\n\n"), body[-200:]
+    return body[:-2].split(b"\n\n")
+
+
+def _chunks(body: bytes) -> list[dict]:
+    events = _events(body)
+    assert events[-1] == b"data: [DONE]"
+    out = []
+    for e in events[:-1]:
+        if e.startswith(b":"):  # keepalive comment
+            continue
+        assert e.startswith(b"data: "), e
+        out.append(json.loads(e[6:]))
+    return out
+
+
+def running_requests(base: str) -> float:
+    text = requests.get(base + "/metrics", timeout=10).text
+    values = [float(m.group(1)) for m in re.finditer(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)]
+    assert values, "vllm:num_requests_running missing from /metrics"
+    return sum(values)
+
+
+def test_stream_chat_contract(engine_server, model_name):
+    r = requests.post(
+        engine_server + "/v1/chat/completions",
+        json={"model": model_name, "messages": MESSAGES, "stream": True, "max_tokens": 30, "temperature": 0},
+        headers={"X-Request-Id": "engine-stream-1"},
+        timeout=120,
+    )
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/event-stream"
+    assert r.headers["Cache-Control"] == "no-cache"
+    assert r.headers["X-Accel-Buffering"] == "no"
+    assert r.headers["X-Request-Id"] == "engine-stream-1"
+    chunks = _chunks(r.content)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert {c["id"] for c in chunks} == {"chatcmpl-engine-stream-1"}
+    assert len({c["created"] for c in chunks}) == 1 and {c["model"] for c in chunks} == {model_name}
+    last = chunks[-1]["choices"][0]
+    assert last["delta"] == {} and last["finish_reason"] in ("stop", "length")
+    middle = chunks[1:-1]
+    assert all(c["choices"][0]["finish_reason"] is None and "role" not in c["choices"][0]["delta"] for c in middle)
+    text = "".join(c["choices"][0]["delta"]["content"] for c in middle)
+    assert "Paris" in text
+
+
+def test_non_stream_usage_matches_stream_usage(engine_server, model_name):
+    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    full = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120).json()
+    usage = full["usage"]
+    assert usage["completion_tokens"] >= 1 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    r = requests.post(
+        engine_server + "/v1/chat/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        timeout=120,
+    )
+    chunks = _chunks(r.content)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+    assert chunks[-1]["usage"]["completion_tokens"] == usage["completion_tokens"]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+    assert streamed == full["choices"][0]["message"]["content"]
+
+
+def test_max_tokens_gives_length(engine_server, model_name):
+    out = requests.post(
+        engine_server + "/v1/chat/completions",
+        json={"model": model_name, "messages": MESSAGES, "max_tokens": 5, "ignore_eos": True},
+        timeout=120,
+    ).json()
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 5
+
+
+def test_stop_string(engine_server, model_name):
+    out = requests.post(
+        engine_server + "/v1/chat/completions",
+        json={"model": model_name, "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "stop": ["Paris"]},
+        timeout=120,
+    ).json()
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert "Paris" not in choice["message"]["content"]
+
+
+def test_seed_is_reproducible_and_n2_keeps_choices_apart(engine_server, model_name):
+    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 20, "temperature": 1.0, "seed": 1234, "n": 2}
+    a = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120).json()
+    b = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120).json()
+    assert [c["index"] for c in a["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in a["choices"]] == [c["message"]["content"] for c in b["choices"]]
+    r = requests.post(engine_server + "/v1/chat/completions", json={**body, "stream": True}, timeout=120)
+    chunks = _chunks(r.content)
+    roles = [c["choices"][0]["index"] for c in chunks if "role" in c["choices"][0]["delta"]]
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(roles) == [0, 1] and sorted(finishes) == [0, 1]
+    per_index = {0: "", 1: ""}
+    for c in chunks:
+        ch = c["choices"][0]
+        per_index[ch["index"]] += ch["delta"].get("content") or ""
+    assert [per_index[0], per_index[1]] == [c["message"]["content"] for c in a["choices"]]
+
+
+def test_completions_stream_and_non_stream(engine_server, model_name):
+    body = {"model": model_name, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    full = requests.post(engine_server + "/v1/completions", json=body, timeout=120).json()
+    assert full["object"] == "text_completion" and full["usage"]["completion_tokens"] >= 1
+    r = requests.post(engine_server + "/v1/completions", json={**body, "stream": True}, timeout=120)
+    chunks = _chunks(r.content)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+
+
+def test_openai_sdk_stream(engine_server, model_name):
+    client = openai.OpenAI(base_url=engine_server + "/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, stream=True, max_tokens=20, temperature=0,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    full = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=20, temperature=0)
+    assert text == full.choices[0].message.content
+    assert [m.id for m in client.models.list()] == [model_name]
+
+
+def _raw_stream_then_close(base: str, body: dict, read_bytes: int) -> None:
+    host, port = base.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+        got = b""
+        while len(got) < read_bytes:
+            data = sock.recv(65536)
+            if not data:
+                break
+            got += data
+
+
+def _wait_idle(base: str, timeout: float = 20.0) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        n = running_requests(base)
+        if n == 0 or time.monotonic() > deadline:
+            return n
+        time.sleep(0.2)
+
+
+def test_disconnect_mid_stream_aborts(engine_server, model_name):
+    body = {"model": model_name, "messages": MESSAGES, "stream": True, "max_tokens": 1500, "ignore_eos": True}
+    _raw_stream_then_close(engine_server, body, read_bytes=1500)
+    assert _wait_idle(engine_server) == 0
+
+
+def test_disconnect_non_stream_aborts(engine_server, model_name):
+    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True}
+    host, port = engine_server.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+        deadline = time.monotonic() + 20
+        while running_requests(engine_server) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running_requests(engine_server) >= 1
+    assert _wait_idle(engine_server) == 0
