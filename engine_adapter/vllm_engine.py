@@ -169,7 +169,7 @@ class VllmEngine:
 
     # -- generation -----------------------------------------------------
     async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> VllmOutputStream:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import tokens_input
 
         llm = self._llm
         if llm is None or llm.errored:
@@ -178,7 +178,7 @@ class VllmEngine:
 
         try:
             sampling = _sampling_params(params)
-            collector = await llm.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), sampling)
+            collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling)
         except VLLMValidationError as exc:
             raise EngineRejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter) from exc
         except (VLLMClientError, ValueError, TypeError) as exc:

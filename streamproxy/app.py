@@ -19,6 +19,7 @@ from aiohttp import web
 
 from engine_adapter.base import Engine
 
+from .auth import make_auth_middleware
 from .config import Settings
 from .errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
 from .routes import add_routes
@@ -94,7 +95,10 @@ async def _stop_engine(app: web.Application) -> None:
 
 
 def create_app(settings: Settings, engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    middlewares = [error_middleware]
+    if settings.api_key:
+        middlewares.append(make_auth_middleware(settings.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE_KEY] = AppState(settings, engine)
     app.on_response_prepare.append(_add_request_id)
     app.on_startup.append(_start_engine)

@@ -37,8 +37,8 @@ def _vllm_parser() -> argparse.ArgumentParser:
 
     parser = FlexibleArgumentParser(prog="streamproxy serve", description="OpenAI-compatible server, vLLM in-process")
     parser.add_argument("model_tag", nargs="?", default=None, help="model folder or hub id (same as --model)")
-    add_arguments(parser, with_model_flags=False)
     AsyncEngineArgs.add_cli_args(parser)
+    add_arguments(parser, with_model_flags=False)
     parser.set_defaults(model=None)
     return parser
 

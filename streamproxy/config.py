@@ -73,9 +73,12 @@ _FLAG_HELP: dict[str, str] = {
 def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) -> None:
     """Add our flags; `--model`/`--served-model-name` only when vLLM's args are absent."""
     defaults = Settings()
+    taken = getattr(parser, "_option_string_actions", {})
     for name, help_text in _FLAG_HELP.items():
         default = getattr(defaults, name)
         flag = "--" + name.replace("_", "-")
+        if flag in taken:
+            continue  # vLLM defines it (e.g. --log-level): its definition wins
         env_default = os.environ.get("STREAMPROXY_" + name.upper())
         if name == "api_key":
             parser.add_argument(flag, action="append", default=None, help=help_text)

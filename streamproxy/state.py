@@ -13,6 +13,7 @@ from aiohttp import web
 
 from engine_adapter.base import Engine
 
+from .admission import Admission
 from .config import Settings
 from .errors import EngineLoading, ModelNotFound, ServiceUnavailable
 
@@ -26,6 +27,7 @@ class AppState:
         self.engine = engine
         self.started = int(time.time())
         self.engine_error: str | None = None
+        self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
 
     @property
     def ready(self) -> bool:

@@ -72,6 +72,24 @@ async def _write(response: web.StreamResponse, transport: asyncio.BaseTransport 
         await response.write(data)
 
 
+async def wait_with_heartbeat(response: web.StreamResponse, waitable: Any, heartbeat: float) -> int:
+    """Await `waitable` (cancel-safe), sending a keepalive comment per silent `heartbeat`."""
+    beats = 0
+    fut = asyncio.ensure_future(waitable)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(heartbeat if heartbeat > 0 else None):
+                    await asyncio.shield(fut)
+                return beats
+            except TimeoutError:
+                beats += 1
+                await response.write(sse.KEEPALIVE)
+    finally:
+        if not fut.done():
+            fut.cancel()
+
+
 async def pump_sse(
     request: web.Request,
     response: web.StreamResponse,

@@ -1,0 +1,57 @@
+"""Fixtures for the HTTP tests: a real aiohttp server on a FakeEngine.
+
+`serve(script, ...)` builds `create_app(Settings(...), FakeEngine(...))`,
+starts it under pytest-aiohttp's test server (which, like server.py, runs
+with `handler_cancellation=True`) and, unless told otherwise, waits until
+the engine (started in a background task on app startup) is ready.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
+from http_support import wait_until  # noqa: E402
+from streamproxy.app import create_app  # noqa: E402
+from streamproxy.config import Settings  # noqa: E402
+
+USER_HI = [{"role": "user", "content": "hi"}]
+# FakeEngine's chat template renders [user "hi"] as "<|user|>hi\n<|assistant|>",
+# one token per character.
+USER_HI_PROMPT_TOKENS = len("<|user|>hi\n<|assistant|>")
+
+
+Serve = Callable[..., Awaitable[tuple[Any, FakeEngine]]]
+
+
+@pytest.fixture
+def serve(aiohttp_client: Any) -> Serve:
+    async def go(
+        script: FakeScript | None = None,
+        *,
+        max_model_len: int = 4096,
+        load_delay: float = 0.0,
+        served_names: list[str] | None = None,
+        wait_ready: bool = True,
+        **settings: Any,
+    ) -> tuple[Any, FakeEngine]:
+        engine = FakeEngine(
+            script or FakeScript(tokens=["Hel", "lo", " world"]),
+            max_model_len=max_model_len,
+            load_delay=load_delay,
+            served_names=served_names,
+        )
+        app = create_app(Settings(engine="fake", **settings), engine)
+        client = await aiohttp_client(app)
+        if wait_ready:
+            assert await wait_until(lambda: engine.state == "ready", timeout=5.0), engine.state
+        return client, engine
+
+    return go
