@@ -10,6 +10,8 @@ everywhere, and `param`/`code` are always a string or null (never the status).
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 
@@ -33,6 +35,8 @@ class APIError(Exception):
     code: str | None = None
     # Seconds a client should wait before retrying (sent as Retry-After).
     retry_after: int | None = None
+    # Sent as `x-should-retry: true|false`, which the OpenAI SDKs obey over the status.
+    should_retry: bool | None = None
 
     def __init__(
         self,
@@ -60,9 +64,12 @@ class APIError(Exception):
         return _encode(ErrorEnvelope(self.body()))
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(self.retry_after)}
+        headers: dict[str, str] = {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        if self.should_retry is not None:
+            headers["x-should-retry"] = "true" if self.should_retry else "false"
+        return headers
 
 
 class InvalidRequest(APIError):
@@ -106,6 +113,12 @@ class PayloadTooLarge(APIError):
     code = "request_too_large"
 
 
+class HeaderTooLarge(APIError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_too_large"
+
+
 class UnsupportedMediaType(APIError):
     status = 415
     type = "invalid_request_error"
@@ -117,6 +130,12 @@ class RateLimited(APIError):
     type = "rate_limit_error"
     code = "too_many_requests"
     retry_after = 1
+
+
+class QueueTimeout(RateLimited):
+    """Waited longer than the request timeout for a generation slot."""
+
+    code = "queue_timeout"
 
 
 class InternalError(APIError):
@@ -144,10 +163,22 @@ class EngineLoading(ServiceUnavailable):
     code = "engine_loading"
 
 
+class ServerShuttingDown(ServiceUnavailable):
+    """The server is draining (SIGTERM): no new work, and the drain deadline ends the rest."""
+
+    code = "server_shutting_down"
+    retry_after = 1
+
+
 class GenerationTimeout(APIError):
+    """--request-timeout passed. 504: the engine behind this gateway did not answer in
+    time. `x-should-retry: false`: the OpenAI SDKs retry 408/5xx by default, and
+    re-running a generation that already took the whole timeout only triples the cost."""
+
     status = 504
     type = "timeout_error"
     code = "generation_timeout"
+    should_retry = False
 
 
 def param_from_msgspec(message: str) -> str | None:
@@ -160,10 +191,19 @@ def param_from_msgspec(message: str) -> str | None:
     return path.lstrip(".") or None
 
 
+_MISSING = re.compile(r"Object missing required field `([^`]+)`")
+
+
 def from_validation_error(exc: msgspec.ValidationError) -> InvalidRequest:
     text = str(exc)
     param = param_from_msgspec(text)
     message = text[: text.rfind(" - at `$")] if param else text
+    missing = _MISSING.match(message)
+    if missing:
+        # Name the missing field itself, as OpenAI does.
+        field = missing.group(1)
+        param = f"{param}.{field}" if param else field
+        return InvalidRequest(f"missing required parameter '{param}'", param=param, code="missing_required_parameter")
     if param:
         message = f"{message} at '{param}'"
     return InvalidRequest(message, param=param, code="invalid_type" if "Expected" in text else "invalid_value")

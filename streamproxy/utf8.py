@@ -23,7 +23,8 @@ class Utf8Carry:
 
     def feed(self, data: str | bytes) -> str:
         if type(data) is str:
-            return data
+            # Bytes still pending can no longer be completed in order.
+            return self.flush() + data if self._decoder.getstate()[0] else data
         return self._decoder.decode(data)
 
     def flush(self) -> str:

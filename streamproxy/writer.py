@@ -103,6 +103,7 @@ async def pump_sse(
     """Write the stream until the engine is done; the response is already prepared."""
     outcome = StreamOutcome()
     transport = request.transport
+    encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
     if first:
         await _write(response, transport, first, stall_timeout)

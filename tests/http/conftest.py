@@ -22,12 +22,6 @@ from http_support import wait_until  # noqa: E402
 from streamproxy.app import create_app  # noqa: E402
 from streamproxy.config import Settings  # noqa: E402
 
-USER_HI = [{"role": "user", "content": "hi"}]
-# FakeEngine's chat template renders [user "hi"] as "<|user|>hi\n<|assistant|>",
-# one token per character.
-USER_HI_PROMPT_TOKENS = len("<|user|>hi\n<|assistant|>")
-
-
 Serve = Callable[..., Awaitable[tuple[Any, FakeEngine]]]
 
 

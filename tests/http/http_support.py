@@ -25,6 +25,11 @@ import jsonschema
 SPEC_PATH = Path("/work/shared/openai-spec/chat-schemas.json")
 
 DONE = b"data: [DONE]\n\n"
+
+USER_HI = [{"role": "user", "content": "hi"}]
+# FakeEngine's chat template renders [user "hi"] as "<|user|>hi\n<|assistant|>",
+# one token per character.
+USER_HI_PROMPT_TOKENS = len("<|user|>hi\n<|assistant|>")
 CREATED_RE = re.compile(rb'"created":(\d+)')
 
 

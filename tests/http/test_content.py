@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import USER_HI, USER_HI_PROMPT_TOKENS
 from engine_adapter.fake import FakeScript
-from http_support import sse_payloads
+from http_support import sse_payloads, USER_HI, USER_HI_PROMPT_TOKENS
 
 TEXT = "aé€😀z"
 # "é" = C3 A9, "€" = E2 82 AC, "😀" = F0 9F 98 80, each split across deltas.

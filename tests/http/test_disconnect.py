@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import USER_HI
 from engine_adapter.fake import FakeScript
-from http_support import wait_until
+from http_support import USER_HI, wait_until
 
 SLOW = FakeScript(text=" word", token_delay=0.05)  # one token, repeated
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import USER_HI
 from engine_adapter.fake import FakeScript
-from http_support import assert_openai_error, normalize_created, sse_frames
+from http_support import assert_openai_error, normalize_created, sse_frames, USER_HI
 from streamproxy.state import SYSTEM_FINGERPRINT
 
 FAILING = FakeScript(text="Hello! This is a fake streamed answer. ", fail_after=3, token_delay=0.005)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import USER_HI
-from http_support import assert_openai_error, validate, wait_until
+from http_support import assert_openai_error, USER_HI, validate, wait_until
 
 
 async def test_list_models(serve):

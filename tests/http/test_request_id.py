@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from conftest import USER_HI
-from http_support import sse_payloads
+from engine_adapter.fake import FakeScript
+from http_support import sse_payloads, USER_HI, wait_until
 
 REQUESTS = [
     ("POST", "/v1/chat/completions", {"messages": USER_HI}, 200),
@@ -95,3 +97,31 @@ async def test_generated_request_id_is_engine_id_and_response_id(serve):
     payloads = sse_payloads(await resp.read())
     assert engine.submitted[-1][0] == rid
     assert {p["id"] for p in payloads} == {"chatcmpl-" + rid}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=(asyncio.TimeoutError, TimeoutError),
+    reason="BUG: the client's X-Request-Id is used verbatim as the engine request id with no check that "
+    "it is unique among in-flight requests; FakeEngine.generate then replaces the first request in "
+    "_running, so one of two concurrent requests with the same id never finishes (and an abort by "
+    "that id would hit the other client's request)",
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_concurrent_requests_with_same_request_id_both_finish(serve, stream):
+    client, engine = await serve(FakeScript(text=" w", token_delay=0.02))
+
+    async def one() -> tuple[int, bytes]:
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={"messages": USER_HI, "max_tokens": 5, "stream": stream},
+            headers={"X-Request-Id": "dup-1"},
+        )
+        return resp.status, await resp.read()
+
+    results = await asyncio.wait_for(asyncio.gather(one(), one()), timeout=1.0)
+    # Either both are served, or a duplicate is refused with a client error; neither may hang.
+    for status, body in results:
+        assert status == 200 or 400 <= status < 500, (status, body)
+    assert any(status == 200 for status, _ in results)
+    assert await wait_until(lambda: engine.num_running == 0, timeout=1.0)

@@ -6,9 +6,9 @@ import json
 import time
 
 import pytest
-from conftest import USER_HI, USER_HI_PROMPT_TOKENS
+
 from engine_adapter.fake import FakeScript
-from http_support import DONE, assert_created_sane, normalize_created, sse_payloads
+from http_support import assert_created_sane, DONE, normalize_created, sse_payloads, USER_HI, USER_HI_PROMPT_TOKENS
 from streamproxy.state import SYSTEM_FINGERPRINT
 
 FP = SYSTEM_FINGERPRINT.encode()
@@ -116,7 +116,7 @@ async def test_chat_continuous_usage_on_every_chunk(serve):
     assert len(payloads) == 6  # role, 3 content, finish, final usage
     assert all("usage" in p for p in payloads), payloads
     assert [p["usage"]["completion_tokens"] for p in payloads] == [0, 1, 2, 3, 3, 3]
-    for p in payloads[1:]:
+    for p in payloads:
         u = p["usage"]
         assert u["prompt_tokens"] == 24
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
@@ -125,11 +125,6 @@ async def test_chat_continuous_usage_on_every_chunk(serve):
     assert [c["delta"].get("content") for p in payloads[:-1] for c in p["choices"]] == ["", "Hel", "lo", " world", None]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: writer.pump_sse calls encoder.start() before setting encoder.prompt_tokens, "
-    "so the role chunk's continuous usage says prompt_tokens 0 (vLLM sends the prompt count)",
-)
 async def test_chat_continuous_usage_role_chunk_counts_the_prompt(serve):
     client, _ = await serve(SCRIPT)
     body = await _stream(

@@ -142,19 +142,17 @@ def test_wrong_top_level_type_has_no_param():
     assert (err.param, err.message, err.code) == (None, "Expected `object`, got `array`", "invalid_type")
 
 
-def test_missing_field_is_invalid_value():
+def test_missing_field_is_missing_required_parameter():
     err = E.from_validation_error(bad(b"{}"))
     assert err.status == 400
-    assert err.code == "invalid_value"
-    assert err.message == "Object missing required field `messages`"
+    assert err.code == "missing_required_parameter"
+    assert err.message == "missing required parameter 'messages'"
     assert schema_errors("ErrorResponse", json.loads(err.to_json())) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a missing required field gives param null (top level) instead of its name")
 def test_missing_top_level_field_names_it_as_param():
     assert E.from_validation_error(bad(b"{}")).param == "messages"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a missing nested field names the parent object, not the field")
 def test_missing_nested_field_names_it_as_param():
     assert E.from_validation_error(bad(b'{"messages":[{"content":"x"}]}')).param == "messages[0].role"

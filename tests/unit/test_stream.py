@@ -304,6 +304,12 @@ def test_merge_of_two_choices_gives_one_chunk_per_choice():
     assert out == content("ab", 0) + content("xy", 1)
 
 
+def test_str_and_bytes_deltas_of_one_choice_are_all_written_in_order():
+    enc = chat()
+    assert enc.step([Delta(0, b"a", 1), Delta(0, "b", 1), Delta(0, b"c", 1)]) == content("a") + content("b") + content("c")
+    assert enc.completion_tokens == 3
+
+
 def test_merge_does_not_mutate_the_callers_deltas():
     first, second = Delta(0, "a", 1), Delta(0, "b", 1)
     chat().step([first, second])

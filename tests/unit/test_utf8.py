@@ -97,10 +97,6 @@ def test_empty_bytes_give_empty_text():
     assert Utf8Carry().feed(b"") == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a str fed while bytes are pending overtakes the pending tail (order lost)",
-)
 def test_str_after_dangling_bytes_keeps_stream_order():
     # The dangling tail can never be completed before "x", so it must come out
     # (as U+FFFD) before "x", not after it.
