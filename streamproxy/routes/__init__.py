@@ -8,6 +8,7 @@ from ..metrics import metrics
 from .chat import chat_completions
 from .completions import completions
 from .models import get_model, health, list_models, version
+from .tokens import detokenize, tokenize
 
 
 def add_routes(app: web.Application) -> None:
@@ -18,3 +19,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    for prefix in ("", "/v1"):
+        app.router.add_post(prefix + "/tokenize", tokenize)
+        app.router.add_post(prefix + "/detokenize", detokenize)

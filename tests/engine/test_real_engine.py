@@ -190,3 +190,20 @@ def test_disconnect_non_stream_aborts(engine_server, model_name):
             time.sleep(0.1)
         assert running_requests(engine_server) >= 1
     assert _wait_idle(engine_server) == 0
+
+
+def test_tokenize_counts_match_billed_usage(engine_server, model_name):
+    tok = requests.post(engine_server + "/tokenize", json={"model": model_name, "messages": MESSAGES}, timeout=30).json()
+    out = requests.post(
+        engine_server + "/v1/chat/completions",
+        json={"model": model_name, "messages": MESSAGES, "max_tokens": 3},
+        timeout=120,
+    ).json()
+    assert tok["count"] == out["usage"]["prompt_tokens"] == len(tok["tokens"])
+    assert tok["max_model_len"] == 2048
+    prompt = "The capital of France is"
+    tok = requests.post(engine_server + "/v1/tokenize", json={"prompt": prompt}, timeout=30).json()
+    out = requests.post(engine_server + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=120).json()
+    assert tok["count"] == out["usage"]["prompt_tokens"]
+    back = requests.post(engine_server + "/detokenize", json={"tokens": tok["tokens"]}, timeout=30).json()
+    assert back["prompt"] == prompt
