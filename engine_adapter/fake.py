@@ -118,7 +118,7 @@ class FakeEngine:
         return len(self._running)
 
     # -- tokenizer ------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:

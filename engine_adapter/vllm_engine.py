@@ -142,8 +142,8 @@ class VllmEngine:
             llm.shutdown()
 
     # -- tokenizer ------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
