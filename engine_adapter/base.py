@@ -66,11 +66,42 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     runner: Literal["generate", "pooling"] = "generate"
 
 
+def token_text(data: bytes) -> str:
+    """How a token's bytes read as text: escaped `\\xNN` where they are not whole UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "backslashreplace")
+
+
+class TokenLogprob:
+    """One output token's log probability, in a form every engine can fill.
+
+    `bytes` are the token's real bytes (a byte-level token may be half a
+    character); `token` is the text shown to clients (`token_text(bytes)`);
+    `top` holds the most likely tokens at this position in rank order, as
+    `TokenLogprob`s whose own `top` is empty. A `Delta` carries one per token.
+    """
+
+    __slots__ = ("token_id", "token", "bytes", "logprob", "top")
+
+    def __init__(self, token_id: int, token: str, data: bytes, logprob: float, top: Sequence[TokenLogprob] = ()) -> None:
+        self.token_id = token_id
+        self.token = token
+        self.bytes = data
+        self.logprob = logprob
+        self.top = top
+
+    def __repr__(self) -> str:
+        return f"TokenLogprob({self.token_id}, {self.token!r}, {self.logprob})"
+
+
 class Delta:
     """What one choice produced in one engine step.
 
     `text` is normally `str`; an engine may hand over raw UTF-8 `bytes` that
     end in the middle of a character (the server's utf8 carry repairs that).
+    `logprobs`, when asked for, is a list of `TokenLogprob`, one per token.
     """
 
     __slots__ = ("index", "text", "num_tokens", "finish_reason", "token_ids", "logprobs")
@@ -82,7 +113,7 @@ class Delta:
         num_tokens: int,
         finish_reason: str | None = None,
         token_ids: Sequence[int] | None = None,
-        logprobs: Any = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         self.index = index
         self.text = text
@@ -110,10 +141,11 @@ class EngineRejected(Exception):
 class OutputStream:
     """Single-consumer, cancellation-safe hand-over of engine steps."""
 
-    __slots__ = ("_pending", "_waiter", "_closed", "_error", "prompt_tokens", "cached_tokens")
+    __slots__ = ("_pending", "_owned", "_waiter", "_closed", "_error", "prompt_tokens", "cached_tokens")
 
     def __init__(self) -> None:
         self._pending: list[Delta] = []
+        self._owned = False
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -122,10 +154,15 @@ class OutputStream:
 
     # -- producer side (engine) --
     def put(self, deltas: list[Delta]) -> None:
-        if self._pending:
-            self._pending.extend(deltas)
-        else:
+        pending = self._pending
+        if not pending:
             self._pending = deltas
+            self._owned = False
+        else:
+            if not self._owned:  # never mutate the producer's list
+                self._pending = pending = list(pending)
+                self._owned = True
+            pending.extend(deltas)
         self._wake()
 
     def close(self, error: BaseException | None = None) -> None:
@@ -184,7 +221,7 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -198,6 +235,15 @@ class Engine(Protocol):
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]: ...
 
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's own tokenizer object (for adapters such as vLLM's tool parsers), or None."""
+        ...
+
     def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream: ...
+
+    async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
+        """Pooling models only (info.runner == "pooling")."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...

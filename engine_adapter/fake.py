@@ -11,19 +11,40 @@ the server's carry) ending with finish "stop", or a `text` whose words repeat
 until `max_tokens` (finish "length"). Stop strings are honoured as vLLM does
 (text truncated before the stop, finish "stop"); `fail_after=N` fails every
 request after N tokens. The tokenizer is one token per character.
+
+Logprobs (when a request asks for them) are deterministic: token number p
+of a choice has logprob `script.logprobs[p % len]` (default -0.25 * (p % 4 + 1)),
+its bytes are the scripted token's own bytes (so a `bytes` token that is
+half a character reports exactly those bytes), and its top-k list is the
+token itself followed by made-up alternatives " alt1", " alt2", ... each one
+less likely by 1.0. The chat template puts `tools` (as JSON) before the
+messages, and `rendered` keeps what each render_chat call was given, so
+tests can see a tool-call round trip reach the template.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from .base import Delta, EngineFailure, EngineState, GenerationParams, ModelInfo, OutputStream
+from .base import (
+    Delta,
+    EngineFailure,
+    EngineRejected,
+    EngineState,
+    GenerationParams,
+    ModelInfo,
+    OutputStream,
+    TokenLogprob,
+    token_text,
+)
 
 
 class FakeScript(msgspec.Struct, kw_only=True):
@@ -32,6 +53,7 @@ class FakeScript(msgspec.Struct, kw_only=True):
     ttft: float = 0.0
     token_delay: float = 0.0
     fail_after: int | None = None
+    logprobs: list[float] | None = None
 
 
 def split_words(text: str) -> list[str]:
@@ -70,10 +92,15 @@ class FakeEngine:
         served_names: list[str] | None = None,
         max_model_len: int = 4096,
         load_delay: float = 0.0,
+        runner: str = "generate",
+        embedding_dim: int = 8,
     ) -> None:
         self.script = script or FakeScript()
         names = served_names or [model_name]
-        self.info = ModelInfo(name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()))
+        self.info = ModelInfo(
+            name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner  # type: ignore[arg-type]
+        )
+        self.embedding_dim = embedding_dim
         self.load_delay = load_delay
         self._state: EngineState = "loading"
         self._running: dict[str, _Running] = {}
@@ -82,6 +109,9 @@ class FakeEngine:
         # Observability for tests.
         self.aborted: list[str] = []
         self.submitted: list[tuple[str, list[int], GenerationParams]] = []
+        # render_chat's last (messages, tools), bounded: a benchmark renders millions.
+        self.rendered: deque[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = deque(maxlen=64)
+        self.submitted_embeddings: list[tuple[str, list[int]]] = []
 
     # -- lifecycle ------------------------------------------------------
     @property
@@ -124,6 +154,10 @@ class FakeEngine:
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(map(chr, token_ids))
 
+    @property
+    def tokenizer(self) -> Any:
+        return None
+
     def render_chat(
         self,
         messages: list[dict[str, Any]],
@@ -133,7 +167,10 @@ class FakeEngine:
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
+        self.rendered.append((messages, tools))
         parts = [f"<|{m['role']}|>{m.get('content') or ''}\n" for m in messages]
+        if tools:
+            parts.insert(0, "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n")
         if add_generation_prompt and not continue_final_message:
             parts.append("<|assistant|>")
         return self.encode("".join(parts))
@@ -149,6 +186,18 @@ class FakeEngine:
         self._wakeup.set()
         return stream
 
+    async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
+        """A deterministic unit vector from the prompt (a pooling model's contract)."""
+        if self.info.runner != "pooling":
+            raise EngineRejected("this model cannot make embeddings")
+        dim = dimensions or self.embedding_dim
+        if dim > self.embedding_dim:
+            raise EngineRejected(f"dimensions must be at most {self.embedding_dim}", "dimensions")
+        self.submitted_embeddings.append((request_id, prompt_ids))
+        raw = [float(sum(prompt_ids[i::dim]) % 97 + 1) for i in range(dim)]
+        norm = sum(x * x for x in raw) ** 0.5
+        return [x / norm for x in raw]
+
     async def abort(self, request_id: str) -> None:
         run = self._running.pop(request_id, None)
         if run is not None:
@@ -163,7 +212,13 @@ class FakeEngine:
                 await self._wakeup.wait()
             await asyncio.sleep(delay)
             now = time.monotonic()
-            finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+            try:
+                finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+            except Exception as exc:  # a bug must fail the requests, not hang them
+                for run in self._running.values():
+                    run.stream.close(EngineFailure(f"fake engine step failed: {exc!r}"))
+                self._running.clear()
+                continue
             for request_id in finished:
                 self._running.pop(request_id, None)
             if self._running and all(now < r.start_at for r in self._running.values()):
@@ -201,13 +256,25 @@ class FakeEngine:
                 finish = "stop"
             if finish is not None:
                 choice.done = True
-            deltas.append(Delta(choice.index, token, 1, finish, token_ids=[position]))
+            logprobs = self._logprobs(run, position) if params.logprobs is not None else None
+            deltas.append(Delta(choice.index, token, 1, finish, token_ids=[position], logprobs=logprobs))
         if deltas:
             run.stream.put(deltas)
         if all(c.done for c in run.choices):
             run.stream.close()
             return True
         return False
+
+    def _logprobs(self, run: _Running, position: int) -> list[TokenLogprob]:
+        token = run.tokens[position % len(run.tokens)]
+        data = token if isinstance(token, bytes) else token.encode()
+        script = self.script.logprobs
+        value = script[position % len(script)] if script else -0.25 * (position % 4 + 1)
+        sampled = TokenLogprob(position, token_text(data), data, value)
+        top = [sampled] + [
+            TokenLogprob(-i, f" alt{i}", f" alt{i}".encode(), value - i) for i in range(1, run.params.logprobs or 0)
+        ]
+        return [TokenLogprob(position, sampled.token, data, value, top[: run.params.logprobs or 0])]
 
     @staticmethod
     def _apply_stop(choice: _Choice, token: str, params: GenerationParams) -> tuple[str, bool]:
@@ -219,3 +286,4 @@ class FakeEngine:
                 end = at + len(stop) if params.include_stop_str_in_output else at
                 return choice.text[before:end] if end > before else "", True
         return token, False
+

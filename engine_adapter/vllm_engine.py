@@ -13,6 +13,13 @@ per-request `RequestOutputCollector`, which already merges outputs when the
 consumer is behind; `VllmOutputStream` wraps it into the contract's
 `get_nowait()/get()` and turns each `RequestOutput` into `Delta`s. No task
 per request: the consumer awaits the collector's event directly.
+
+`GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
+constraint vLLM's grammar backend cannot compile is refused at add_request
+and comes back as `EngineRejected` (a 400 that quotes the compiler). With
+logprobs, vLLM's per-position `{token_id: Logprob}` dicts become
+engine-neutral `TokenLogprob`s whose bytes come from the vocabulary
+(`token_bytes.TokenBytes`), exact even for half a character.
 """
 
 from __future__ import annotations
@@ -23,19 +30,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Delta, EngineFailure, EngineRejected, EngineState, GenerationParams, ModelInfo
+from .base import Delta, EngineFailure, EngineRejected, EngineState, GenerationParams, ModelInfo, TokenLogprob, token_text
+from .token_bytes import TokenBytes
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
 
 class VllmOutputStream:
-    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens")
+    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs")
 
-    def __init__(self, collector: Any) -> None:
+    def __init__(self, collector: Any, logprobs: Any = None) -> None:
         self._collector = collector
         self._done = False
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        # (TokenBytes, top-k) when the request asked for logprobs.
+        self._logprobs = logprobs
 
     @property
     def finished(self) -> bool:
@@ -54,9 +64,14 @@ class VllmOutputStream:
         if out.prompt_token_ids is not None:
             self.prompt_tokens = len(out.prompt_token_ids)
         self.cached_tokens = out.num_cached_tokens or 0
-        deltas = [
-            Delta(o.index, o.text, len(o.token_ids), o.finish_reason, o.token_ids, o.logprobs) for o in out.outputs
-        ]
+        if self._logprobs is None:
+            deltas = [Delta(o.index, o.text, len(o.token_ids), o.finish_reason, o.token_ids) for o in out.outputs]
+        else:
+            token_bytes, top = self._logprobs
+            deltas = [
+                Delta(o.index, o.text, len(o.token_ids), o.finish_reason, o.token_ids, _logprobs(o.token_ids, o.logprobs, token_bytes, top))
+                for o in out.outputs
+            ]
         if out.finished:
             self._done = True
         return deltas
@@ -74,6 +89,40 @@ class VllmOutputStream:
     async def __anext__(self) -> list[Delta]:
         got = await self.get()
         return got
+
+
+def _logprobs(token_ids: Sequence[int], positions: Any, token_bytes: TokenBytes, top: int) -> list[TokenLogprob] | None:
+    """vLLM's per-position {token_id: Logprob} -> engine-neutral TokenLogprobs.
+
+    vLLM puts the sampled token first (with its rank) and then the top-k by
+    rank; bytes come from the vocabulary (`TokenBytes`), not from the decoded
+    text, so a token that is half a character keeps its real bytes.
+    """
+    if positions is None:
+        return None
+    out: list[TokenLogprob] = []
+    for token_id, ranked in zip(token_ids, positions):
+        ranked = ranked or {}
+        sampled = ranked.get(token_id)
+        data = token_bytes(token_id)
+        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in ranked.items() if lp.rank is not None and lp.rank <= top)
+        alternatives = []
+        for _, tid, value in best[:top]:
+            alt = token_bytes(tid)
+            alternatives.append(TokenLogprob(tid, token_text(alt), alt, value))
+        value = sampled.logprob if sampled is not None else float("-inf")
+        out.append(TokenLogprob(token_id, token_text(data), data, value, alternatives))
+    return out
+
+
+_GRAMMAR_WORDS = ("grammar", "schema", "regex", "structured", "choice", "json", "xgrammar", "guidance")
+
+
+def _rejected(message: str, param: str | None, params: GenerationParams) -> EngineRejected:
+    """An add_request refusal as a client error; say so when the structured-output constraint is the cause."""
+    if params.structured and any(word in message.lower() for word in _GRAMMAR_WORDS):
+        return EngineRejected(f"the structured-output constraint cannot be compiled: {message}", param)
+    return EngineRejected(message, param)
 
 
 def _sampling_params(params: GenerationParams) -> Any:
@@ -110,6 +159,7 @@ class VllmEngine:
         self._args = engine_args
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._token_bytes: TokenBytes | None = None
         self._state: EngineState = "loading"
         # Filled in properly once the engine is up.
         self.info = ModelInfo(name=served_names[0], served_names=served_names, root=root, max_model_len=0, created=int(time.time()))
@@ -132,6 +182,7 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
+        self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
         self.vocab_size = config.get_vocab_size()
         self._state = "ready"
 
@@ -142,6 +193,15 @@ class VllmEngine:
             llm.shutdown()
 
     # -- tokenizer ------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def token_bytes(self) -> TokenBytes:
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self._tokenizer)
+        return self._token_bytes
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
@@ -180,12 +240,32 @@ class VllmEngine:
             sampling = _sampling_params(params)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling)
         except VLLMValidationError as exc:
-            raise EngineRejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter) from exc
-        except (VLLMClientError, ValueError, TypeError) as exc:
-            raise EngineRejected(str(exc)) from exc
-        stream = VllmOutputStream(collector)
+            raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
+        except (VLLMClientError, ValueError, TypeError, RuntimeError) as exc:
+            raise _rejected(str(exc), None, params) from exc
+        logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
+        stream = VllmOutputStream(collector, logprobs)
         stream.prompt_tokens = len(prompt_ids)
         return stream
+
+    async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
+        """One embedding from vLLM's pooling runner (an aborted wait aborts the request)."""
+        from vllm import PoolingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineFailure("the engine is not running")
+        final = None
+        try:
+            async for out in llm.encode(tokens_input(prompt_ids), PoolingParams(task="embed", dimensions=dimensions), request_id):
+                final = out
+        except (VLLMClientError, ValueError) as exc:
+            raise EngineRejected(str(exc)) from exc
+        if final is None:
+            raise EngineFailure("the engine returned no embedding")
+        return final.outputs.data.tolist()
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and not self._llm.errored:

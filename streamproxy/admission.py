@@ -8,6 +8,8 @@ whose client leaves while waiting gives up its place. `release()` is called
 exactly once per ticket, in the route's `finally`.
 
 `max_concurrent == 0` means no limit (every ticket is granted at once).
+The running/queued gauges and the rejection counter move here, the one
+place that knows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 from collections import deque
 
 from .errors import RateLimited
+from .metrics import ADMISSION_REJECTIONS, REQUESTS_QUEUED, REQUESTS_RUNNING
 
 
 class Ticket:
@@ -56,15 +59,18 @@ class Admission:
     def enter(self) -> Ticket:
         if self.max_concurrent <= 0 or (self.active < self.max_concurrent and not self._queue):
             self.active += 1
+            REQUESTS_RUNNING.inc()
             return Ticket(self, True)
         if len(self._queue) >= self.max_queued:
             self.rejected += 1
+            ADMISSION_REJECTIONS.inc()
             raise RateLimited(
                 f"the server is at capacity ({self.active} requests running, {len(self._queue)} waiting); retry shortly",
                 retry_after=1,
             )
         ticket = Ticket(self, False)
         self._queue.append(ticket)
+        REQUESTS_QUEUED.inc()
         return ticket
 
     def _release(self, ticket: Ticket) -> None:
@@ -73,13 +79,17 @@ class Admission:
             try:
                 self._queue.remove(ticket)
             except ValueError:
-                pass
+                return
+            REQUESTS_QUEUED.dec()
             return
         self.active -= 1
+        REQUESTS_RUNNING.dec()
         while self._queue and self.active < max(self.max_concurrent, 1):
             nxt = self._queue.popleft()
+            REQUESTS_QUEUED.dec()
             nxt.granted = True
             self.active += 1
+            REQUESTS_RUNNING.inc()
             waiter = nxt._waiter
             if waiter is None:
                 nxt._waiter = waiter = asyncio.get_running_loop().create_future()

@@ -1,33 +1,39 @@
-"""Application factory: routes, the error/request-id middleware, engine life cycle.
+"""Application factory: routes, middlewares, response hooks, engine life cycle.
+
+Middlewares, outermost first: `accesslog.observe` (request id, the record,
+the access-log line and response metrics), `error_middleware`, CORS (only
+with --allowed-origins), API-key auth (only with --api-key).
 
 The server listens before the engine is ready: `on_startup` starts the engine
 in a background task, and until it is up the generation routes answer 503
 `engine_loading` (and /health says not ready). Every error a handler raises
 (our `APIError`s, aiohttp's own 404/405/413, anything unexpected) leaves
-through `error_middleware` as an OpenAI-shaped JSON body; an unexpected one is
-logged with its traceback and answered with a bare 500, never the traceback.
+through `error_middleware` as an OpenAI-shaped JSON body (or in the shape of
+the route's API, when its handler carries an `error_response`, as the Anthropic
+routes do); an unexpected one is logged with its traceback and answered with a
+bare 500, never the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import uuid
 
 from aiohttp import web
 
 from engine_adapter.base import Engine
 
+from . import accesslog
 from .auth import make_auth_middleware
 from .config import Settings
+from .cors import Cors
+from .deprecation import DEPRECATIONS_KEY, Deprecations
 from .errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
 from .routes import add_routes
 from .state import STATE_KEY, AppState
 
 log = logging.getLogger("streamproxy")
 
-_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 ENGINE_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("engine_task", asyncio.Task)
 
 
@@ -48,29 +54,30 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
     return err
 
 
+def _error(request: web.Request, exc: APIError) -> web.Response:
+    rec = request.get("record")
+    if rec is not None:
+        rec.error_code = exc.code
+    # A route may answer errors in its API's own shape (the Anthropic routes do).
+    render = getattr(request.match_info.handler, "error_response", error_response)
+    return render(exc)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    rid = request.headers.get("X-Request-Id")
-    request["request_id"] = rid if rid and _REQUEST_ID_OK.fullmatch(rid) else uuid.uuid4().hex
     try:
         return await handler(request)
     except APIError as exc:
-        return error_response(exc)
+        return _error(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_from_http_exception(exc, request))
+        return _error(request, _from_http_exception(exc, request))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request["request_id"])
-        return error_response(InternalError("the server failed to handle this request"))
-
-
-async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    rid = request.get("request_id")
-    if rid is not None:
-        response.headers["X-Request-Id"] = rid
+        return _error(request, InternalError("the server failed to handle this request"))
 
 
 async def _start_engine(app: web.Application) -> None:
@@ -95,12 +102,30 @@ async def _stop_engine(app: web.Application) -> None:
 
 
 def create_app(settings: Settings, engine: Engine) -> web.Application:
-    middlewares = [error_middleware]
+    middlewares = [accesslog.observe, error_middleware]
+    cors = None
+    if settings.allowed_origins:
+        cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)
+        middlewares.append(cors.middleware)
     if settings.api_key:
-        middlewares.append(make_auth_middleware(settings.api_key))
+        middlewares.append(
+            make_auth_middleware(
+                settings.api_key,
+                protect_health=settings.health_requires_api_key,
+                protect_metrics=settings.metrics_requires_api_key,
+            )
+        )
+    elif settings.health_requires_api_key or settings.metrics_requires_api_key:
+        log.warning("--health/metrics-requires-api-key without --api-key: there is no key to require")
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE_KEY] = AppState(settings, engine)
-    app.on_response_prepare.append(_add_request_id)
+    app.on_response_prepare.append(accesslog.on_prepare)
+    if cors is not None:
+        app.on_response_prepare.append(cors.on_prepare)
+    deprecations = Deprecations(settings.deprecated, settings.deprecation_link)
+    if deprecations:
+        app[DEPRECATIONS_KEY] = deprecations
+        app.on_response_prepare.append(deprecations.on_prepare)
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
     add_routes(app)

@@ -2,8 +2,11 @@
 
 Keys are compared with `hmac.compare_digest` against every configured key
 (no early exit on the first match, so timing says nothing about which key or
-how much of it matched). Keys are never logged. `/health`, `/metrics` and
-`/version` stay open.
+how much of it matched). Keys are never logged (the access log has no header
+values). `/health`, `/metrics` and `/version` stay open unless
+`--health-requires-api-key` / `--metrics-requires-api-key` close the first two
+(a load balancer's probe or a Prometheus scraper then sends the key too).
+CORS preflights (`OPTIONS`) pass: browsers never send credentials on them.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ def _presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def make_auth_middleware(keys: list[str]):  # type: ignore[no-untyped-def]
+def make_auth_middleware(keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False):  # type: ignore[no-untyped-def]
     encoded = [k.encode() for k in keys]
+    exact = frozenset(p for p, on in (("/health", protect_health), ("/metrics", protect_metrics)) if on)
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        if request.path.startswith(PROTECTED_PREFIXES) and request.method != "OPTIONS":
+        path = request.path
+        if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
             presented = _presented_key(request)
             candidate = (presented or "").encode()
             ok = False

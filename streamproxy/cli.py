@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -56,11 +57,31 @@ def _vllm_engine(ns: argparse.Namespace, settings: Settings) -> Any:
         if not ns.served_model_name:
             ns.served_model_name = [DEFAULT_MODEL_NAME]
     ns.model = model
+    _default_cpu_kv_cache(ns)
     engine_args = AsyncEngineArgs.from_cli_args(ns)
     names = ns.served_model_name or [model]
     settings.model = model
     settings.served_model_name = names
     return VllmEngine(engine_args, names, root=model)
+
+
+# KV cache for CPU engines when none is configured. Without it vLLM's CPU
+# worker reserves --gpu-memory-utilization (0.92) of the machine's memory and
+# refuses to start when anything else holds more than 8% of it.
+DEFAULT_CPU_KV_CACHE_GIB = 4
+
+
+def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") or getattr(ns, "kv_cache_memory_bytes", None):
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GIB)
+        logging.getLogger("streamproxy.cli").info(
+            "CPU engine: KV cache %d GiB (set VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes to change)",
+            DEFAULT_CPU_KV_CACHE_GIB,
+        )
 
 
 def build(argv: list[str]) -> tuple[Settings, Any]:
@@ -73,12 +94,26 @@ def build(argv: list[str]) -> tuple[Settings, Any]:
         add_arguments(parser, with_model_flags=True)
         ns = parser.parse_args(argv)
         settings = settings_from_namespace(ns)
+        _check_tool_flags(settings, vllm_parsers=False)
         return settings, _fake_engine(settings)
     if known.engine != "vllm":
         raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
     ns = _vllm_parser().parse_args(argv)
     settings = settings_from_namespace(ns)
+    _check_tool_flags(settings, vllm_parsers=True)
     return settings, _vllm_engine(ns, settings)
+
+
+def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
+    """--enable-auto-tool-choice needs a --tool-call-parser that exists (as vLLM checks at start)."""
+    from .filters.chain import OWN_PARSERS, known_parser
+
+    name = settings.tool_call_parser
+    if settings.enable_auto_tool_choice and not name:
+        raise SystemExit("--enable-auto-tool-choice requires --tool-call-parser NAME")
+    if name and not known_parser(name, vllm_available=vllm_parsers):
+        where = "ours: " + ", ".join(sorted(OWN_PARSERS)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
+        raise SystemExit(f"unknown --tool-call-parser {name!r} ({where})")
 
 
 def main(argv: list[str] | None = None) -> None:

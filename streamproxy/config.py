@@ -10,6 +10,7 @@ the command line always wins (the way `vllm serve --config` behaves).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,21 @@ class Settings(msgspec.Struct, kw_only=True):
     max_n: int = 16
     max_concurrent_requests: int = 0  # 0: unlimited
     max_queued_requests: int = 0
+    max_header_bytes: int = 16384  # per request line and per header field
+    # Security: which open routes need the key too; CORS (off unless origins are given).
+    health_requires_api_key: bool = False
+    metrics_requires_api_key: bool = False
+    allowed_origins: list[str] = []
+    allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    # Observability.
+    access_log: str = "stdout"  # stdout, stderr, a file path, or off
+    deprecated: list[str] = []  # "/route" or "/route#field", optionally "@YYYY-MM-DD"
+    deprecation_link: str | None = None
+    # Tool calling in tool_choice "auto" (as in vLLM): a parser for the model's tool-call syntax.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     # Fake engine knobs (--engine fake).
     fake_ttft: float = 0.0
     fake_token_delay: float = 0.0
@@ -61,6 +77,19 @@ _FLAG_HELP: dict[str, str] = {
     "max_n": "largest 'n' accepted",
     "max_concurrent_requests": "requests generated at once (0: no limit)",
     "max_queued_requests": "requests that may wait for a slot",
+    "max_header_bytes": "longest request line or header field accepted (431 beyond)",
+    "health_requires_api_key": "/health needs the API key too",
+    "metrics_requires_api_key": "/metrics needs the API key too",
+    "allowed_origins": "CORS: origins allowed to read responses (JSON list or comma-separated; '*' any); off when empty",
+    "allowed_methods": "CORS: allowed methods (default '*')",
+    "allowed_headers": "CORS: allowed request headers (default '*')",
+    "allow_credentials": "CORS: allow credentials",
+    "access_log": "JSON access log: stdout, stderr, a file path, or off",
+    "deprecated": "mark a route (/v1/completions) or field (/v1/chat/completions#max_tokens) deprecated, optionally @YYYY-MM-DD; repeatable",
+    "deprecation_link": "URL sent as Link rel=deprecation with the Deprecation header",
+    "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
+    "tool_call_parser": "parser for the model's tool-call syntax: hermes, llama3_json, mistral, pythonic, "
+    "or any name in vLLM's tool-parser registry",
     "fake_ttft": "fake engine: seconds before the first token",
     "fake_token_delay": "fake engine: seconds between tokens",
     "fake_text": "fake engine: text repeated until max_tokens",
@@ -83,7 +112,17 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
         if name == "api_key":
             parser.add_argument(flag, action="append", default=None, help=help_text)
             continue
-        kind: Any = type(default) if default is not None else int
+        if isinstance(default, list):
+            # Repeatable; None means "not given" (the Settings default applies).
+            env_list = [_list_value(env_default)] if env_default is not None else None
+            parser.add_argument(flag, action="append", type=_list_value, default=env_list, help=help_text)
+            continue
+        if isinstance(default, bool):
+            if env_default is not None:
+                default = env_default.strip().lower() in ("1", "true", "yes", "on")
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            continue
+        kind: Any = type(default) if default is not None else _FLAG_TYPE.get(name, int)
         if env_default is not None:
             default = kind(env_default)
         parser.add_argument(flag, type=kind, default=default, help=help_text)
@@ -92,14 +131,36 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
         parser.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the model is served under")
 
 
+# List settings given as a repeated flag (a YAML list becomes `--flag a --flag b`).
+_REPEATABLE = {name for name in Settings.__struct_fields__ if isinstance(getattr(Settings(), name), list)}
+# Flags whose default is None and whose values are not ints.
+_FLAG_TYPE: dict[str, Any] = {"deprecation_link": str, "tool_call_parser": str}
+
+
+def _list_value(text: str) -> list[str]:
+    """vLLM's form (a JSON list, e.g. '["https://a.example"]') or comma-separated."""
+    text = text.strip()
+    if text.startswith("["):
+        return [str(v) for v in json.loads(text)]
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def settings_from_namespace(ns: argparse.Namespace) -> Settings:
     values = {f: getattr(ns, f) for f in Settings.__struct_fields__ if hasattr(ns, f)}
+    defaults = Settings()
+    for name, value in list(values.items()):
+        if isinstance(getattr(defaults, name), list) and name != "api_key":
+            if value is None:
+                del values[name]
+            else:
+                values[name] = [item for group in value for item in group]
     keys: list[str] = []
     for key in values.pop("api_key", None) or []:
         keys.extend(_read_key(key))
-    env_key = os.environ.get("STREAMPROXY_API_KEY")
-    if env_key:
-        keys.append(env_key)
+    for env in ("STREAMPROXY_API_KEY", "VLLM_API_KEY"):  # vllm serve reads VLLM_API_KEY
+        env_key = os.environ.get(env)
+        if env_key:
+            keys.append(env_key)
     return Settings(api_key=keys, **values)
 
 
@@ -129,7 +190,7 @@ def expand_config_file(argv: list[str]) -> list[str]:
         elif value is False or value is None:
             continue
         elif isinstance(value, list):
-            if key in ("api_key", "api-key"):
+            if str(key).replace("-", "_") in _REPEATABLE:
                 for v in value:
                     flags += [flag, str(v)]
             else:

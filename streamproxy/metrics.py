@@ -1,18 +1,65 @@
-"""Prometheus metrics: vLLM's own (`vllm:*`, registered by the in-process
-engine in the default registry) plus `streamproxy_*` measured at the client edge.
+"""Prometheus metrics: vLLM's own (`vllm:*`) plus `streamproxy_*` measured at the client edge.
 
-Exposed as text at GET /metrics. Metric objects are module-level, created once.
+vLLM's in-process engine (AsyncLLM with stats on, the default) registers its
+`vllm:` families in prometheus_client's default REGISTRY, so one
+`generate_latest(REGISTRY)` serves both, and vLLM's Grafana dashboards work
+unchanged. Our families are module-level objects created once at import.
+
+Cost on the hot path is bounded per write, not per token: inter-token latency
+is observed once per write (the gap since the previous write divided by the
+tokens it carries), everything else once per request (access-log time, see
+accesslog.py) or once per event (heartbeat, stall, rejection, disconnect).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
+# Latency buckets in seconds: vLLM's own, plus finer steps at the fast end
+# (the front end itself adds well under a millisecond).
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0)
+
+TIME_TO_FIRST_BYTE = Histogram(
+    "streamproxy_time_to_first_byte_seconds",
+    "From request received to the response headers on the wire",
+    buckets=_TTFT_BUCKETS,
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "streamproxy_time_to_first_token_seconds",
+    "From request received to the first generated text written to the client",
+    buckets=_TTFT_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "streamproxy_inter_token_latency_seconds",
+    "Gap between writes of generated text divided by the tokens in the write (one observation per write)",
+    buckets=_ITL_BUCKETS,
+)
+REQUEST_DURATION = Histogram(
+    "streamproxy_request_duration_seconds",
+    "From request received to the end of the response (generation routes)",
+    buckets=_DURATION_BUCKETS,
+)
 ACTIVE_STREAMS = Gauge("streamproxy_active_streams", "Streaming responses being written right now")
-REQUESTS = Counter("streamproxy_requests", "Generation requests answered, by route and outcome", ["route", "outcome"])
-ENGINE_ABORTS = Counter("streamproxy_engine_aborts", "Engine requests aborted because the response ended early (client gone, write stall, timeout)")
-HEARTBEATS = Counter("streamproxy_heartbeats", "SSE keepalive comments sent")
+REQUESTS_RUNNING = Gauge("streamproxy_requests_running", "Requests holding a generation slot (admission)")
+REQUESTS_QUEUED = Gauge("streamproxy_requests_queued", "Requests waiting for a generation slot (admission)")
+RESPONSES = Counter(
+    "streamproxy_responses",
+    "Responses by route, HTTP status and error code (in-band stream errors keep status 200 and carry their code)",
+    ["route", "status", "code"],
+)
+CLIENT_DISCONNECTS = Counter("streamproxy_client_disconnects", "Requests whose client went away before the response ended")
+HEARTBEATS = Counter("streamproxy_heartbeats", "Keepalives sent: SSE comments, or newlines before a slow JSON body", ["kind"])
+SSE_HEARTBEATS = HEARTBEATS.labels("sse")
+NONSTREAM_HEARTBEATS = HEARTBEATS.labels("nonstream")
+WRITE_STALLS = Counter("streamproxy_write_stalls", "Streams ended because the client stopped reading (--write-stall-timeout)")
+ADMISSION_REJECTIONS = Counter("streamproxy_admission_rejections", "Requests answered 429 at once: no slot and no room to wait")
+ENGINE_ABORTS = Counter(
+    "streamproxy_engine_aborts",
+    "Engine requests aborted because the response ended early (client gone, write stall, timeout, drain)",
+)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -147,6 +147,13 @@ def chat_logprobs(req: ChatCompletionRequest) -> int | None:
     return req.top_logprobs or 0
 
 
+def completion_logprobs(req: CompletionRequest) -> int | None:
+    """Legacy `logprobs: N`: the N most likely tokens per position (0..20), or None."""
+    if req.logprobs is not None and not 0 <= req.logprobs <= 20:
+        raise InvalidRequest(f"'logprobs' must be between 0 and 20, got {req.logprobs}", param="logprobs")
+    return req.logprobs
+
+
 def _content_text(message: ChatMessage, index: int) -> str | None:
     content = message.content
     if content is None or isinstance(content, str):

@@ -1,8 +1,9 @@
 """What every handler shares: settings, the engine, and the gate in front of it.
 
 `AppState.require_engine(model)` is the one check before any generation:
-it answers 503 while the engine loads or after it died, and 404 for a model
-name that is not served.
+it answers 503 while the engine loads, after it died or while the server
+drains, and 404 for a model name that is not served. `inflight` bounds the
+life of every generating request (request timeout, drain; see drain.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from engine_adapter.base import Engine
 
 from .admission import Admission
 from .config import Settings
-from .errors import EngineLoading, ModelNotFound, ServiceUnavailable
+from .drain import InFlight
+from .errors import EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
 
 VERSION = "0.1.0"
 SYSTEM_FINGERPRINT = f"streamproxy-{VERSION}"
@@ -28,6 +30,7 @@ class AppState:
         self.started = int(time.time())
         self.engine_error: str | None = None
         self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
+        self.inflight = InFlight()
 
     @property
     def ready(self) -> bool:
@@ -35,11 +38,13 @@ class AppState:
 
     def require_engine(self, model: str | None) -> Engine:
         engine = self.engine
+        if self.inflight.draining:
+            raise ServerShuttingDown("the server is shutting down; retry on another instance")
         state = engine.state
         if state == "loading":
             raise EngineLoading("the model is still loading; retry shortly", retry_after=10)
         if state != "ready":
-            raise ServiceUnavailable("the inference engine is not available", retry_after=5)
+            raise ServiceUnavailable("the inference engine is not available (it stopped or failed); retry shortly")
         if model is not None and model not in engine.info.served_names:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return engine

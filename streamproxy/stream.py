@@ -15,6 +15,18 @@ then a chunk with an empty delta and the `finish_reason`; with
 `stream_options.include_usage` one chunk with `choices: []` and the usage;
 then `data: [DONE]`. Text arrives through a `Utf8Carry` per choice, so no
 chunk carries half a character whatever the engine emits.
+
+Two paths, chosen once per stream (not per token): with no filters and no
+logprobs, `_one_plain` turns a Delta straight into a content chunk (the
+template path above). Otherwise each choice runs a `filters.base.Pipeline`
+(its carry plus the request's filter chain, e.g. a tool-call parser) and
+`_one_parts` renders the parts it yields: content as `delta.content`, the
+first fragment of a tool call as `delta.tool_calls[{index, id, type,
+function: {name, arguments: ""}}]`, later argument pieces as
+`delta.tool_calls[{index, function: {arguments}}]`. A step's logprobs ride on
+the first chunk the step produces; tokens that produced no chunk yet (half a
+character, text a filter holds back) ride on the next one, at the latest on
+the finish chunk, so every token's entry is sent exactly once, in order.
 """
 
 from __future__ import annotations
@@ -23,13 +35,16 @@ from collections.abc import Sequence
 
 import orjson
 
-from engine_adapter.base import Delta
+from engine_adapter.base import Delta, TokenLogprob
 
 from . import sse
 from .errors import APIError
+from .filters.base import CONTENT, TOOL_CALL, FilterFactory, Part, Pipeline, merge_content
+from .logprobs import CompletionLogprobs, chat_entries
 from .utf8 import Utf8Carry
 
 _dumps = orjson.dumps
+_NULL = b"null"
 
 
 def _usage_json(prompt: int, completion: int, cached: int | None) -> bytes:
@@ -40,12 +55,15 @@ def _usage_json(prompt: int, completion: int, cached: int | None) -> bytes:
 
 
 class _ChoiceState:
-    __slots__ = ("carry", "tokens", "finish_reason")
+    __slots__ = ("carry", "tokens", "finish_reason", "pipeline", "logprobs", "legacy")
 
-    def __init__(self) -> None:
+    def __init__(self, pipeline: Pipeline | None = None) -> None:
         self.carry = Utf8Carry()
         self.tokens = 0
         self.finish_reason: str | None = None
+        self.pipeline = pipeline
+        self.logprobs: list[TokenLogprob] = []  # not sent yet
+        self.legacy: CompletionLogprobs | None = None
 
 
 class StreamEncoder:
@@ -68,8 +86,16 @@ class StreamEncoder:
         continuous_usage: bool = False,
         system_fingerprint: str | None = None,
         report_cached_tokens: bool = False,
+        filters: FilterFactory | None = None,
+        logprobs: bool = False,
     ) -> None:
-        self.choices = [_ChoiceState() for _ in range(n)]
+        self.logprobs = logprobs
+        if filters is None and not logprobs:
+            self.choices = [_ChoiceState() for _ in range(n)]
+            self._one = self._one_plain
+        else:
+            self.choices = [_ChoiceState(Pipeline(filters() if filters else ())) for _ in range(n)]
+            self._one = self._one_parts
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
         self.report_cached_tokens = report_cached_tokens
@@ -101,15 +127,29 @@ class StreamEncoder:
             + self._close()
         )
 
-    def _finish_chunk(self, index: int, reason: str) -> bytes:
+    def _finish_chunk(self, index: int, reason: str, logprobs: bytes = _NULL) -> bytes:
         return (
             self._choice_open[index]
             + self.finish_body
-            + b',"logprobs":null,"finish_reason":"'
+            + b',"logprobs":'
+            + logprobs
+            + b',"finish_reason":"'
             + reason.encode()
             + b'"'
             + self._close()
         )
+
+    def _chunk(self, index: int, body: bytes, logprobs: bytes) -> bytes:
+        """A chunk whose choice body (`"delta":{...}` or `"text":...`) is ready-made."""
+        return self._choice_open[index] + body + b',"logprobs":' + logprobs + b',"finish_reason":null' + self._close()
+
+    def _part_body(self, part: Part) -> bytes:
+        """The choice body of one (merged) part; chat adds tool calls."""
+        return self.text_open + _dumps(part.text) + self.text_close
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        """The pending tokens' logprobs as this endpoint's JSON, and forget them."""
+        raise NotImplementedError
 
     # -- the protocol ---------------------------------------------------
     def start(self) -> bytes:
@@ -120,7 +160,7 @@ class StreamEncoder:
             return self._one(deltas[0])
         return b"".join([self._one(d) for d in _merge_by_index(deltas)])
 
-    def _one(self, delta: Delta) -> bytes:
+    def _one_plain(self, delta: Delta) -> bytes:
         choice = self.choices[delta.index]
         choice.tokens += delta.num_tokens
         text = choice.carry.feed(delta.text)
@@ -133,6 +173,32 @@ class StreamEncoder:
             choice.finish_reason = reason = self.map_finish_reason(reason)
             out += self._finish_chunk(delta.index, reason)
         return out
+
+    def _one_parts(self, delta: Delta) -> bytes:
+        index = delta.index
+        choice = self.choices[index]
+        choice.tokens += delta.num_tokens
+        if self.logprobs and delta.logprobs:
+            choice.logprobs.extend(delta.logprobs)
+        pipeline = choice.pipeline
+        assert pipeline is not None
+        out = self._render(index, choice, pipeline.feed(delta.text, delta.token_ids))
+        reason = delta.finish_reason
+        if reason is not None:
+            tail, reason = pipeline.finish(self.map_finish_reason(reason))
+            out += self._render(index, choice, tail)
+            choice.finish_reason = reason
+            out += self._finish_chunk(index, reason, self._logprobs_json(choice) if choice.logprobs else _NULL)
+        return out
+
+    def _render(self, index: int, choice: _ChoiceState, parts: list[Part]) -> bytes:
+        if not parts:
+            return b""
+        chunks = []
+        for part in merge_content(parts):
+            lp = self._logprobs_json(choice) if choice.logprobs else _NULL
+            chunks.append(self._chunk(index, self._part_body(part), lp))
+        return b"".join(chunks)
 
     def map_finish_reason(self, reason: str) -> str:
         return reason
@@ -164,13 +230,32 @@ class ChatStreamEncoder(StreamEncoder):
     text_close = b"}"
     finish_body = b'"delta":{}'
 
+    def _part_body(self, part: Part) -> bytes:
+        if part.kind == CONTENT:
+            return self.text_open + _dumps(part.text) + b"}"
+        if part.kind == TOOL_CALL:
+            call = {
+                "index": part.index,
+                "id": part.id,
+                "type": "function",
+                "function": {"name": part.name, "arguments": ""},
+            }
+        else:
+            call = {"index": part.index, "function": {"arguments": part.text}}
+        return b'"delta":{"tool_calls":[' + _dumps(call) + b"]}"
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        entries = chat_entries(choice.logprobs)
+        choice.logprobs = []
+        return b'{"content":' + _dumps(entries) + b',"refusal":null}'
+
+    # The role chunk's content: "" (text may follow), or null when the answer
+    # is known to be tool calls (tool_choice required or named), as OpenAI sends.
+    role_content = b'""'
+
     def start(self) -> bytes:
-        return b"".join(
-            [
-                opening + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null' + self._close()
-                for opening in self._choice_open
-            ]
-        )
+        role = b'"delta":{"role":"assistant","content":' + self.role_content + b'},"logprobs":null,"finish_reason":null'
+        return b"".join([opening + role + self._close() for opening in self._choice_open])
 
 
 class CompletionStreamEncoder(StreamEncoder):
@@ -178,6 +263,13 @@ class CompletionStreamEncoder(StreamEncoder):
     text_open = b'"text":'
     text_close = b""
     finish_body = b'"text":""'
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        if choice.legacy is None:
+            choice.legacy = CompletionLogprobs()
+        data = choice.legacy.add(choice.logprobs)
+        choice.logprobs = []
+        return _dumps(data)
 
 
 def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
@@ -189,9 +281,13 @@ def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
             if prev is not None:
                 # Cannot merge after a finish or across str/bytes: keep order.
                 return list(deltas)
-            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason)
+            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
         else:
             prev.text += d.text  # type: ignore[operator]
             prev.num_tokens += d.num_tokens
             prev.finish_reason = d.finish_reason
+            if d.token_ids:
+                prev.token_ids = [*(prev.token_ids or ()), *d.token_ids]
+            if d.logprobs:
+                prev.logprobs = [*(prev.logprobs or ()), *d.logprobs]
     return list(merged.values())

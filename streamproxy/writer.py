@@ -3,33 +3,49 @@
 `pump_sse` owns the StreamResponse of a streaming request: headers go out
 before anything is asked of the engine's output, then one write per engine
 step (everything pending is taken at once, so a slow socket coalesces steps
-instead of queueing them). While nothing arrives, a deadline on the wait
-(not a task) sends an SSE keepalive comment every `heartbeat` seconds. A
-write that cannot drain within `stall_timeout` ends the stream.
+instead of queueing them). Heartbeats are a deadline, not a task: the wait
+for the next step is bounded by `last write + heartbeat`, and when it passes
+(or when steps arrive but write nothing, e.g. a filter holding text back) an
+SSE keepalive comment goes out, so the connection is never silent for longer
+than `heartbeat` seconds from the moment the headers are out.
 
-`collect` drives a non-streaming request to its end and hands the finished
-accumulator back; `respond_nonstream` turns that into a JSON response, or,
-when the answer takes long, sends the 200 early and keeps the connection
-alive with newlines (JSON allows leading whitespace) until the body is ready.
+Writes are bounded by `stall_timeout` whenever they can block: aiohttp only
+waits in `write()` when the transport's buffer is over its high-water mark,
+which needs either bytes already queued or one large write; the common case
+(an empty buffer, a small chunk) pays for no timer. A stalled write raises
+`WriteStalled`. So what a client that stops reading can pin in server memory
+is bounded: the transport buffer (aiohttp drains once 64 KiB have been
+written since the last drain; the transport pauses above its 64 KiB
+high-water mark) plus the engine output produced during `stall_timeout`.
+
+`collect` drives a non-streaming request to its end into an accumulator;
+`respond_nonstream` turns the result into a JSON response, or, when the
+answer takes long, sends the 200 early and keeps the connection alive with
+newlines (JSON allows leading whitespace) until the body is ready.
 
 Neither aborts the engine request: the route does that in a `finally`, so
-every way out (end, error, disconnect, cancellation) is covered once.
+every way out (end, error, disconnect, timeout, drain) is covered once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from engine_adapter.base import EngineFailure, OutputStream
 
 from . import sse
-from .errors import APIError, EngineError, GenerationTimeout
+from .errors import APIError, EngineError, InternalError
+from .metrics import INTER_TOKEN_LATENCY, NONSTREAM_HEARTBEATS, SSE_HEARTBEATS, WRITE_STALLS
 from .stream import StreamEncoder
+
+if TYPE_CHECKING:
+    from .accesslog import Record
+    from .drain import Lifetime
 
 log = logging.getLogger("streamproxy.writer")
 
@@ -39,6 +55,9 @@ SSE_HEADERS = {
     "X-Accel-Buffering": "no",
     "Connection": "keep-alive",
 }
+# A write this small into an empty transport buffer cannot reach the
+# high-water mark, so it cannot block: no timer for it.
+_UNBOUNDED_WRITE = 16 * 1024
 
 
 class StreamOutcome:
@@ -60,9 +79,9 @@ def engine_error(exc: BaseException) -> APIError:
     return EngineError(f"generation failed: {exc}" if isinstance(exc, EngineFailure) else "generation failed")
 
 
-async def _write(response: web.StreamResponse, transport: asyncio.BaseTransport | None, data: bytes, stall: float) -> None:
-    # Only a write behind an unflushed buffer can block; bound just those.
-    if transport is not None and transport.get_write_buffer_size() > 0:  # type: ignore[attr-defined]
+async def write(response: web.StreamResponse, transport: asyncio.BaseTransport | None, data: bytes, stall: float) -> None:
+    """`response.write(data)`, bounded by `stall` seconds when it could block."""
+    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):  # type: ignore[attr-defined]
         try:
             async with asyncio.timeout(stall):
                 await response.write(data)
@@ -72,7 +91,9 @@ async def _write(response: web.StreamResponse, transport: asyncio.BaseTransport 
         await response.write(data)
 
 
-async def wait_with_heartbeat(response: web.StreamResponse, waitable: Any, heartbeat: float) -> int:
+async def wait_with_heartbeat(
+    response: web.StreamResponse, transport: asyncio.BaseTransport | None, waitable: Any, heartbeat: float, stall: float
+) -> int:
     """Await `waitable` (cancel-safe), sending a keepalive comment per silent `heartbeat`."""
     beats = 0
     fut = asyncio.ensure_future(waitable)
@@ -84,7 +105,8 @@ async def wait_with_heartbeat(response: web.StreamResponse, waitable: Any, heart
                 return beats
             except TimeoutError:
                 beats += 1
-                await response.write(sse.KEEPALIVE)
+                SSE_HEARTBEATS.inc()
+                await write(response, transport, sse.KEEPALIVE, stall)
     finally:
         if not fut.done():
             fut.cancel()
@@ -98,54 +120,86 @@ async def pump_sse(
     *,
     heartbeat: float,
     stall_timeout: float,
-    on_first_token: Callable[[], Any] | None = None,
+    outcome: StreamOutcome | None = None,
+    record: Record | None = None,
 ) -> StreamOutcome:
-    """Write the stream until the engine is done; the response is already prepared."""
-    outcome = StreamOutcome()
+    """Write the stream until the engine is done; the response is already prepared.
+
+    `outcome` (made here when not given) is filled in as the stream goes, so
+    a caller whose lifetime ends the pump early still knows what happened.
+    """
+    if outcome is None:
+        outcome = StreamOutcome()
     transport = request.transport
+    loop = asyncio.get_running_loop()
+    beat = heartbeat if heartbeat > 0 else None
+    # An encoder may have its own keepalive event (Anthropic's `ping`); else an SSE comment.
+    keepalive = getattr(encoder, "keepalive", sse.KEEPALIVE)
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
     if first:
-        await _write(response, transport, first, stall_timeout)
+        await write(response, transport, first, stall_timeout)
+    next_beat = loop.time() + beat if beat is not None else 0.0
+    last_text_at: float | None = None
     try:
         while True:
             deltas = out.get_nowait()
             if deltas is None:
-                if heartbeat > 0:
+                if beat is None:
+                    deltas = await out.get()
+                else:
                     try:
-                        async with asyncio.timeout(heartbeat):
+                        async with asyncio.timeout_at(next_beat):
                             deltas = await out.get()
                     except TimeoutError:
                         outcome.heartbeats += 1
-                        await _write(response, transport, sse.KEEPALIVE, stall_timeout)
+                        SSE_HEARTBEATS.inc()
+                        await write(response, transport, keepalive, stall_timeout)
+                        next_beat = loop.time() + beat
                         continue
-                else:
-                    deltas = await out.get()
-            if on_first_token is not None:
-                on_first_token()
-                on_first_token = None
             encoder.prompt_tokens = out.prompt_tokens
             data = encoder.step(deltas)
             if data:
-                await _write(response, transport, data, stall_timeout)
+                await write(response, transport, data, stall_timeout)
+                tokens = deltas[0].num_tokens if len(deltas) == 1 else sum(d.num_tokens for d in deltas)
+                if tokens > 0:
+                    # Edge latency, once per write (not per token); perf_counter
+                    # because uvloop's loop.time() only has milliseconds.
+                    written = perf_counter()
+                    if last_text_at is None:
+                        if record is not None:
+                            record.first_token(written)
+                    else:
+                        INTER_TOKEN_LATENCY.observe((written - last_text_at) / tokens)
+                    last_text_at = written
+                if beat is not None:
+                    next_beat = loop.time() + beat
+            elif beat is not None and loop.time() >= next_beat:
+                # Steps arrive but write nothing (text held back): still no silence.
+                outcome.heartbeats += 1
+                SSE_HEARTBEATS.inc()
+                await write(response, transport, keepalive, stall_timeout)
+                next_beat = loop.time() + beat
     except StopAsyncIteration:
         encoder.prompt_tokens = out.prompt_tokens
         encoder.cached_tokens = out.cached_tokens
         outcome.finished = True
-        await _write(response, transport, encoder.finish(), stall_timeout)
+        await write(response, transport, encoder.finish(), stall_timeout)
     except (EngineFailure, APIError) as exc:
         outcome.error = engine_error(exc)
-        await _write(response, transport, encoder.error(outcome.error), stall_timeout)
+        await write(response, transport, encoder.error(outcome.error), stall_timeout)
     return outcome
 
 
-async def collect(out: OutputStream, sink: Any) -> None:
+async def collect(out: OutputStream, sink: Any, record: Record | None = None) -> None:
     """Feed every step into `sink.step(deltas)` until the engine is done."""
     try:
         while True:
             deltas = out.get_nowait()
             if deltas is None:
                 deltas = await out.get()
+            if record is not None and record.ttft is None:
+                record.first_token(perf_counter())
             sink.step(deltas)
     except StopAsyncIteration:
         sink.prompt_tokens = out.prompt_tokens
@@ -160,44 +214,102 @@ async def respond_nonstream(
     *,
     keepalive_after: float,
     keepalive_interval: float,
-    request_timeout: float,
-    headers: dict[str, str],
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None = None,
+    record: Record | None = None,
 ) -> web.StreamResponse:
     """Answer with the JSON `work` resolves to; keep the connection alive if it is slow.
 
-    `work` raising an APIError before `keepalive_after` becomes an ordinary
-    error response (the middleware renders it); after the early 200 it is
-    written into the body as `{"error": ...}`.
+    Everything runs inside `life` (the request timeout, pulled in by a drain).
+    Before `keepalive_after` seconds (<= 0: never) an APIError from `work`, or
+    the end of `life`, is an ordinary error response (the middleware renders
+    it). After that the 200 and headers are out, a newline goes every
+    `keepalive_interval` seconds, and an error is written into the body as
+    `{"error": ...}` with no `choices`. A client that stops reading or goes
+    away after the early 200 ends the response quietly (see `client_gone`).
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + request_timeout
+    early: list[web.StreamResponse] = []
     try:
-        async with asyncio.timeout(min(keepalive_after, request_timeout)):
-            body = await asyncio.shield(work)
+        return await _respond_nonstream(
+            request, work, early, keepalive_after, keepalive_interval, life, stall_timeout, headers, record
+        )
+    except (WriteStalled, ConnectionResetError) as exc:
+        if not early:
+            raise
+        client_gone(request, exc, record)
+        return early[0]
+
+
+async def _respond_nonstream(
+    request: web.Request,
+    work: asyncio.Future[bytes],
+    early: list[web.StreamResponse],
+    keepalive_after: float,
+    keepalive_interval: float,
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None,
+    record: Record | None,
+) -> web.StreamResponse:
+    response: web.StreamResponse | None = None
+    transport = request.transport
+    try:
+        async with life:
+            try:
+                async with asyncio.timeout(keepalive_after if keepalive_after > 0 else None):
+                    body = await asyncio.shield(work)
+            except TimeoutError:
+                pass
+            else:
+                return web.Response(body=body, content_type="application/json", headers=headers)
+            response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
+            early.append(response)
+            await response.prepare(request)
+            interval = keepalive_interval if keepalive_interval > 0 else None
+            while True:
+                try:
+                    async with asyncio.timeout(interval):
+                        body = await asyncio.shield(work)
+                    break
+                except TimeoutError:
+                    NONSTREAM_HEARTBEATS.inc()
+                    await write(response, transport, b"\n", stall_timeout)
+                except APIError as exc:
+                    body = _body_error(exc, record)
+                    break
+                except Exception:
+                    log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
+                    body = _body_error(InternalError("the server failed to handle this request"), record)
+                    break
     except TimeoutError:
-        pass
-    else:
-        return web.Response(body=body, content_type="application/json", headers=headers)
-    if loop.time() >= deadline:
+        if not life.expired:
+            raise
         work.cancel()
-        raise GenerationTimeout(f"generation did not finish within {request_timeout:g} seconds")
-    response = web.StreamResponse(status=200, headers={**headers, "Content-Type": "application/json"})
-    await response.prepare(request)
-    while True:
-        wait = min(keepalive_interval, deadline - loop.time())
-        try:
-            async with asyncio.timeout(max(wait, 0)):
-                body = await asyncio.shield(work)
-            break
-        except TimeoutError:
-            if loop.time() >= deadline:
-                work.cancel()
-                body = GenerationTimeout(f"generation did not finish within {request_timeout:g} seconds").to_json()
-                break
-            await response.write(b"\n")
-        except APIError as exc:
-            body = exc.to_json()
-            break
-    await response.write(body)
+        reason = life.reason or InternalError("the request ended early")
+        if response is None:
+            raise reason from None
+        body = _body_error(reason, record)
+    await write(response, transport, body, stall_timeout)
     await response.write_eof()
     return response
+
+
+def client_gone(request: web.Request, exc: BaseException, record: Record | None) -> None:
+    """After the headers: the client stopped reading (drop the connection and what is
+    buffered for it) or went away. Either way the route's `finally` aborts the engine."""
+    if isinstance(exc, WriteStalled):
+        WRITE_STALLS.inc()
+        if record is not None:
+            record.error_code = "write_stalled"
+        log.info("request %s: the client stopped reading; response ended", record and record.request_id)
+        if request.transport is not None:
+            request.transport.abort()
+    elif record is not None:
+        record.disconnected = True
+
+
+def _body_error(exc: APIError, record: Record | None) -> bytes:
+    if record is not None:
+        record.error_code = exc.code
+    return exc.to_json()

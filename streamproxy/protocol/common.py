@@ -1,6 +1,8 @@
-"""Shapes shared by several OpenAI endpoints: usage, stream options, models."""
+"""Shapes shared by several OpenAI endpoints: usage, stream options, response_format, models."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -8,6 +10,21 @@ import msgspec
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(msgspec.Struct, omit_defaults=True):
+    name: str = "response"
+    # `schema` is the JSON Schema the output must match.
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    """`response_format`: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
 
 
 class PromptTokensDetails(msgspec.Struct):

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .common import StreamOptions, Usage
+from .common import ResponseFormat, StreamOptions, Usage
 
 
 class ContentPart(msgspec.Struct):
@@ -31,6 +31,30 @@ class FunctionCall(msgspec.Struct):
 class ToolCall(msgspec.Struct):
     function: FunctionCall
     id: str | None = None
+    type: str = "function"
+
+
+class FunctionDefinition(msgspec.Struct, omit_defaults=True):
+    name: str
+    description: str | None = None
+    # A JSON Schema object; None means "no arguments".
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    function: FunctionDefinition
+    type: str = "function"
+
+
+class NamedFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    """tool_choice {"type": "function", "function": {"name": ...}}."""
+
+    function: NamedFunction
     type: str = "function"
 
 
@@ -75,11 +99,17 @@ class ChatCompletionRequest(msgspec.Struct):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    # Accepted here, served by later features (tool calls, structured output).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    # Tool calling (params.tool_plan) and structured outputs (params.structured_outputs).
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions: {"json"|"regex"|"choice"|"grammar"|"json_object": ...} and the older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 decode_request = msgspec.json.Decoder(ChatCompletionRequest).decode
@@ -88,11 +118,18 @@ decode_request = msgspec.json.Decoder(ChatCompletionRequest).decode
 # --- non-stream response -------------------------------------------------
 
 
+class ResponseToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class ResponseMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str | None
+    refusal: str | None
     # Left out when empty (omit_defaults), like OpenAI for plain answers.
-    tool_calls: list[ToolCall] = []
+    tool_calls: list[ResponseToolCall] = []
 
 
 class ChatChoice(msgspec.Struct):

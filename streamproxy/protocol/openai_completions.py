@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from .common import StreamOptions, Usage
+from .common import ResponseFormat, StreamOptions, Usage
 
 
 class CompletionRequest(msgspec.Struct):
@@ -42,7 +42,13 @@ class CompletionRequest(msgspec.Struct):
     user: str | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extensions, as on chat.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 decode_request = msgspec.json.Decoder(CompletionRequest).decode

@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
+from .. import accesslog, deprecation
 from ..errors import InvalidJSON, InvalidRequest, from_validation_error
 
 T = TypeVar("T")
@@ -23,10 +24,14 @@ async def decode_body(request: web.Request, decode: Callable[[bytes], T]) -> T:
     if not body.strip():
         raise InvalidJSON("the request body is empty; expected a JSON object")
     try:
-        return decode(body)
+        decoded = decode(body)
     except msgspec.ValidationError as exc:
         raise from_validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     except UnicodeDecodeError:
         raise InvalidRequest("the request body is not valid UTF-8") from None
+    # What the access log may say about it (model, user, stream), deprecated fields.
+    accesslog.note_body(request, decoded)
+    deprecation.note_body(request, decoded)
+    return decoded

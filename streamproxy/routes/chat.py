@@ -1,4 +1,12 @@
-"""POST /v1/chat/completions: decode -> messages/params -> generation.run."""
+"""POST /v1/chat/completions: decode -> plan tools -> messages/params -> generation.run.
+
+The route only composes: `structured.tool_plan` reads the tool fields (a 400
+for "auto" when the server has no tool-call parser), `structured.constraint`
+gives the engine its structured-output constraint (tool_choice required or
+named, response_format, vLLM's extensions), `filters.chain.chat_filters`
+picks the per-choice filter chain, and the same chain runs in the stream
+encoder and in the non-stream accumulator, so both answers agree.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +17,20 @@ import msgspec
 from aiohttp import web
 
 from .. import params as P
+from .. import structured as S
 from ..accumulate import Accumulator
 from ..errors import InvalidRequest
+from ..filters.chain import chat_filters, parser_spec
+from ..logprobs import chat_choice_logprobs, chat_entries
 from ..protocol.common import PromptTokensDetails, Usage
-from ..protocol.openai_chat import ChatChoice, ChatCompletion, ResponseMessage, decode_request
+from ..protocol.openai_chat import (
+    ChatChoice,
+    ChatCompletion,
+    FunctionCall,
+    ResponseMessage,
+    ResponseToolCall,
+    decode_request,
+)
 from ..state import SYSTEM_FINGERPRINT, app_state
 from ..stream import ChatStreamEncoder
 from . import generation
@@ -21,12 +39,13 @@ from .body import decode_body
 _encode = msgspec.json.Encoder().encode
 
 
-def render_prompt(engine: Any, messages: list[dict[str, Any]], req: Any) -> list[int]:
+def render_prompt(engine: Any, messages: list[dict[str, Any]], req: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
     try:
         return engine.render_chat(
             messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
+            tools=tools,
             chat_template_kwargs=req.chat_template_kwargs,
         )
     except (ValueError, TypeError, KeyError) as exc:
@@ -37,20 +56,28 @@ def render_prompt(engine: Any, messages: list[dict[str, Any]], req: Any) -> list
         raise
 
 
+def _message(acc: Accumulator, i: int) -> ResponseMessage:
+    calls = acc.tool_calls(i)
+    text = acc.text(i)
+    return ResponseMessage(
+        role="assistant",
+        # Only tool calls: content is null, as OpenAI sends it.
+        content=(text or None) if calls else text,
+        refusal=None,
+        tool_calls=[ResponseToolCall(id=cid, function=FunctionCall(name=name, arguments=args)) for cid, name, args in calls],
+    )
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
     req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
-    if req.tools and req.tool_choice not in (None, "none"):
-        raise InvalidRequest(
-            "tool calling is not enabled on this server (start it with --enable-auto-tool-choice "
-            "--tool-call-parser NAME, or send tool_choice 'none')",
-            param="tool_choice",
-        )
-    if req.response_format is not None and not (isinstance(req.response_format, dict) and req.response_format.get("type") == "text"):
-        raise InvalidRequest("response_format other than 'text' is not supported yet", param="response_format")
+    settings = state.settings
+    auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+    plan = S.tool_plan(req, auto_parser=auto_parser)
+    constraint = S.constraint(req, plan)
     messages = P.chat_messages(req.messages)
-    prompt_ids = render_prompt(engine, messages, req)
+    prompt_ids = render_prompt(engine, messages, req, plan.tools if plan is not None else None)
     params = P.sampling_params(
         req,
         prompt_len=len(prompt_ids),
@@ -59,15 +86,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         max_n=state.settings.max_n,
         logprobs=P.chat_logprobs(req),
     )
-    if params.logprobs is not None:
-        raise InvalidRequest("logprobs are not supported yet", param="logprobs")
+    params.structured = constraint
+    parser = None
+    if plan is not None and plan.mode == "auto":
+        parser = parser_spec(auto_parser, tokenizer=getattr(engine, "tokenizer", None), tools=plan.tools)  # type: ignore[arg-type]
+        if parser.keep_special_tokens:
+            params.skip_special_tokens = False  # the parser reads its tags from the text
+    filters = chat_filters(plan, parser)
+    want_logprobs = params.logprobs is not None
+    forced_call = plan is not None and plan.mode in ("required", "named")
     response_id = "chatcmpl-" + request["request_id"]
     created = int(time.time())
     model = req.model or engine.info.name
     options = req.stream_options
 
     def encoder() -> ChatStreamEncoder:
-        return ChatStreamEncoder(
+        enc = ChatStreamEncoder(
             response_id=response_id,
             created=created,
             model=model,
@@ -75,13 +109,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
             system_fingerprint=SYSTEM_FINGERPRINT,
+            filters=filters,
+            logprobs=want_logprobs,
         )
+        if forced_call:
+            enc.role_content = b"null"
+        return enc
+
+    def accumulator() -> Accumulator:
+        return Accumulator(params.n, filters, want_logprobs)
 
     def render(acc: Accumulator) -> bytes:
-        choices = [
-            ChatChoice(index=i, message=ResponseMessage(role="assistant", content=acc.text(i)), logprobs=None, finish_reason=acc.finish_reasons[i])
-            for i in range(params.n)
-        ]
+        choices = []
+        for i in range(params.n):
+            lp = acc.logprobs(i)
+            logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
+            choices.append(ChatChoice(index=i, message=_message(acc, i), logprobs=logprobs, finish_reason=acc.finish_reasons[i]))
         usage = Usage(
             prompt_tokens=acc.prompt_tokens,
             completion_tokens=acc.completion_tokens,
@@ -91,5 +134,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return _encode(ChatCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT))
 
     return await generation.run(
-        request, state, engine, prompt_ids=prompt_ids, params=params, stream=req.stream, encoder=encoder, render=render
+        request,
+        state,
+        engine,
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=req.stream,
+        encoder=encoder,
+        render=render,
+        accumulator=accumulator,
     )

@@ -1,14 +1,22 @@
-"""POST /v1/completions: the legacy text endpoint (`vllm bench serve`'s default)."""
+"""POST /v1/completions: the legacy text endpoint (`vllm bench serve`'s default).
+
+`logprobs: N` gives the legacy logprobs shape (see `logprobs.py`);
+`response_format` and vLLM's structured-output fields constrain the text
+as on chat (`structured.constraint`).
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from .. import params as P
+from .. import structured as S
 from ..accumulate import Accumulator
+from ..logprobs import CompletionLogprobs
 from ..errors import InvalidRequest
 from ..protocol.common import PromptTokensDetails, Usage
 from ..protocol.openai_completions import Completion, CompletionChoice, decode_request
@@ -31,8 +39,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("'echo' and 'suffix' are not supported", param="echo" if req.echo else "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise InvalidRequest("'best_of' is not supported", param="best_of")
-    if req.logprobs is not None:
-        raise InvalidRequest("logprobs are not supported yet", param="logprobs")
     prompt = prompts[0]
     if isinstance(prompt, str):
         prompt_ids = engine.encode(prompt)
@@ -49,7 +55,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         max_model_len=engine.info.max_model_len,
         requested_max_tokens=req.max_tokens,
         max_n=state.settings.max_n,
+        logprobs=P.completion_logprobs(req),
     )
+    params.structured = S.constraint(req)
+    want_logprobs = params.logprobs is not None
     response_id = "cmpl-" + request["request_id"]
     created = int(time.time())
     model = req.model or engine.info.name
@@ -64,10 +73,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
             system_fingerprint=SYSTEM_FINGERPRINT,
+            logprobs=want_logprobs,
         )
 
+    def accumulator() -> Accumulator:
+        return Accumulator(params.n, logprobs=want_logprobs)
+
+    def logprobs(acc: Accumulator, i: int) -> Any:
+        tokens = acc.logprobs(i)
+        return None if tokens is None else CompletionLogprobs().add(tokens)
+
     def render(acc: Accumulator) -> bytes:
-        choices = [CompletionChoice(index=i, text=acc.text(i), logprobs=None, finish_reason=acc.finish_reasons[i]) for i in range(params.n)]
+        choices = [
+            CompletionChoice(index=i, text=acc.text(i), logprobs=logprobs(acc, i), finish_reason=acc.finish_reasons[i])
+            for i in range(params.n)
+        ]
         usage = Usage(
             prompt_tokens=acc.prompt_tokens,
             completion_tokens=acc.completion_tokens,
@@ -77,5 +97,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return _encode(Completion(id=response_id, created=created, model=model, choices=choices, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT))
 
     return await generation.run(
-        request, state, engine, prompt_ids=prompt_ids, params=params, stream=req.stream, encoder=encoder, render=render
+        request,
+        state,
+        engine,
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=req.stream,
+        encoder=encoder,
+        render=render,
+        accumulator=accumulator,
     )

@@ -5,14 +5,18 @@ there this module runs the same life cycle for all of them:
 
     ticket = admission.enter()              429 at once when over capacity
     stream:   headers out (submitting first when a slot is free, so engine
-              rejections are still HTTP 400s), keepalives while queued,
-              pump_sse(out, encoder)
+              rejections are still HTTP 400s), keepalives while queued (at
+              most --request-timeout), pump_sse(out, encoder)
     else:     wait for a slot + submit + collect in one background task, and
               respond_nonstream (keepalive newlines if slow, request timeout)
     finally:  release the slot; if the engine is not done (disconnect, error,
-              timeout, write stall) -> abort
+              timeout, write stall, drain) -> abort
 
 so there is exactly one place where an engine request can be left behind.
+Each request runs inside a `Lifetime` (drain.py): a drain deadline ends a
+stream with an in-band `server_shutting_down` event, a request timeout ends
+a non-streaming request with `generation_timeout`. Whatever happened goes
+into the request's access-log record.
 """
 
 from __future__ import annotations
@@ -26,12 +30,23 @@ from aiohttp import web
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream
 
 from ..accumulate import Accumulator
+from ..accesslog import Record, record
 from ..admission import Ticket
-from ..errors import APIError, InvalidRequest, ServiceUnavailable
-from ..metrics import ACTIVE_STREAMS, ENGINE_ABORTS, HEARTBEATS
+from ..errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
+from ..metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from ..state import AppState
 from ..stream import StreamEncoder
-from ..writer import SSE_HEADERS, collect, pump_sse, respond_nonstream, wait_with_heartbeat
+from ..writer import (
+    SSE_HEADERS,
+    StreamOutcome,
+    WriteStalled,
+    client_gone,
+    collect,
+    pump_sse,
+    respond_nonstream,
+    wait_with_heartbeat,
+    write,
+)
 
 log = logging.getLogger("streamproxy.generation")
 
@@ -80,31 +95,45 @@ async def run(
     stream: bool,
     encoder: Callable[[], StreamEncoder],
     render: Callable[[Accumulator], bytes],
+    accumulator: Callable[[], Accumulator] | None = None,
 ) -> web.StreamResponse:
+    rec = record(request)
+    rec.generation = True
+    rec.stream = stream
     gen = Generation(engine, request["request_id"], prompt_ids, params)
     ticket = state.admission.enter()
     work: asyncio.Task[bytes] | None = None
     try:
         if stream:
-            return await _stream(request, state, gen, ticket, encoder())
+            return await _stream(request, state, gen, ticket, encoder(), rec)
         settings = state.settings
+        acc = accumulator() if accumulator is not None else Accumulator(params.n)
 
         async def finish() -> bytes:
             await ticket.wait()
             out = await gen.submit()
-            acc = Accumulator(params.n)
-            await collect(out, acc)
+            await collect(out, acc, rec)
             return render(acc)
 
+        def timed_out() -> APIError:
+            limit = f"{settings.request_timeout:g} seconds"
+            if not ticket.granted:
+                return QueueTimeout(f"no generation slot became free within {limit}; retry later")
+            return GenerationTimeout(f"generation did not finish within {limit}")
+
         work = asyncio.ensure_future(finish())
-        return await respond_nonstream(
-            request,
-            work,
-            keepalive_after=settings.nonstream_keepalive_after,
-            keepalive_interval=settings.nonstream_keepalive_interval,
-            request_timeout=settings.request_timeout,
-            headers={},
-        )
+        try:
+            return await respond_nonstream(
+                request,
+                work,
+                keepalive_after=settings.nonstream_keepalive_after,
+                keepalive_interval=settings.nonstream_keepalive_interval,
+                life=state.inflight.lifetime(settings.request_timeout, timed_out),
+                stall_timeout=settings.write_stall_timeout,
+                record=rec,
+            )
+        finally:
+            rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
     finally:
         if work is not None and not work.done():
             work.cancel()
@@ -113,34 +142,68 @@ async def run(
 
 
 async def _stream(
-    request: web.Request, state: AppState, gen: Generation, ticket: Ticket, encoder: StreamEncoder
+    request: web.Request, state: AppState, gen: Generation, ticket: Ticket, encoder: StreamEncoder, rec: Record
 ) -> web.StreamResponse:
     settings = state.settings
+    heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
     out = await gen.submit() if ticket.granted else None
     response = web.StreamResponse(headers=SSE_HEADERS)
+    transport = request.transport
+    outcome = StreamOutcome()
+    life = state.inflight.lifetime()
     ACTIVE_STREAMS.inc()
     try:
-        await response.prepare(request)
-        if out is None:
-            # Queued: the headers are out, keep the connection warm until a slot frees.
-            HEARTBEATS.inc(await wait_with_heartbeat(response, ticket.wait(), settings.sse_heartbeat))
-            try:
-                out = await gen.submit()
-            except APIError as exc:
-                await response.write(encoder.error(exc))
-                await response.write_eof()
-                return response
-        outcome = request["outcome"] = await pump_sse(
-            request,
-            response,
-            out,
-            encoder,
-            heartbeat=settings.sse_heartbeat,
-            stall_timeout=settings.write_stall_timeout,
-        )
+        try:
+            async with life:
+                await response.prepare(request)
+                if out is None:
+                    # Queued: the headers are out, keep the connection warm until a slot frees.
+                    out = await _wait_for_slot(response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall)
+                await pump_sse(
+                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec
+                )
+        except TimeoutError:
+            if not life.expired:
+                raise
+            reason = life.reason
+            assert reason is not None
+            if not response.prepared:
+                raise reason from None
+            outcome.error = reason
+            await write(response, transport, encoder.error(reason), stall)
+        except APIError as exc:
+            # After the headers (a queued request's submit, or its wait timed out).
+            outcome.error = exc
+            await write(response, transport, encoder.error(exc), stall)
         await response.write_eof()
+    except (WriteStalled, ConnectionResetError) as exc:
+        client_gone(request, exc, rec)
     finally:
         ACTIVE_STREAMS.dec()
-    if outcome.heartbeats:
-        HEARTBEATS.inc(outcome.heartbeats)
+        if outcome.error is not None and rec.error_code is None:
+            rec.error_code = outcome.error.code
+        rec.usage(
+            encoder.prompt_tokens,
+            encoder.completion_tokens,
+            encoder.cached_tokens,
+            [c.finish_reason for c in encoder.choices],
+        )
     return response
+
+
+async def _wait_for_slot(
+    response: web.StreamResponse,
+    transport: asyncio.BaseTransport | None,
+    gen: Generation,
+    ticket: Ticket,
+    outcome: StreamOutcome,
+    limit: float,
+    heartbeat: float,
+    stall: float,
+) -> OutputStream:
+    try:
+        async with asyncio.timeout(limit if limit > 0 else None):
+            outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall)
+    except TimeoutError:
+        raise QueueTimeout(f"no generation slot became free within {limit:g} seconds; retry later") from None
+    return await gen.submit()

@@ -168,7 +168,7 @@ COMPLETION_CASES = [
     ("mixed-prompt", b'{"prompt": ["a", 1]}', 400, "prompt"),
     ("echo", b'{"prompt": "a", "echo": true}', 400, "echo"),
     ("unknown-model", b'{"prompt": "a", "model": "other"}', 404, "model"),
-    ("logprobs", b'{"prompt": "a", "logprobs": 2}', 400, "logprobs"),
+    ("logprobs-out-of-range", b'{"prompt": "a", "logprobs": 21}', 400, "logprobs"),
     ("negative-token-id", b'{"prompt": [1, -2]}', 400, "prompt"),
 ]
 

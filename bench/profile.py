@@ -1,0 +1,181 @@
+"""Profile a streamproxy server under streaming load with py-spy, and summarise it.
+
+    python -m bench.profile                       # fake engine, 256 streams, 15 s
+    python -m bench.profile --model tiny -c 256   # real vLLM engine in-process (tiny model)
+
+The server is started as a child process, warmed up, then loaded by
+bench/loadgen.py (counting mode) while `py-spy record` samples it. py-spy
+runs with `--gil` (only the thread holding the GIL is sampled: that is where
+Python CPU goes; a thread parked on a lock or in epoll is not counted, and on
+a busy 2-core machine a runnable-but-descheduled thread is not either) and
+`--nonblocking` (the server is not paused per sample). The server's CPU per
+streamed chunk is measured over the same window, so each function's share can
+also be read as microseconds per chunk.
+
+Output: bench/results/profile-<target>-c<C>-<time>.speedscope.json (open at
+https://www.speedscope.app) and ...-top.txt (top functions by self and total
+time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from .servers import RESULTS, Server
+
+
+def pyspy_path() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
+def start_record(pid: int, seconds: float, out: Path, *, rate: int = 200, gil: bool = True,
+                 native: bool = False) -> subprocess.Popen:
+    cmd = [pyspy_path(), "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", str(rate),
+           "--format", "speedscope", "-o", str(out)]
+    if not native:  # native unwinding needs the target paused per sample
+        cmd.append("--nonblocking")
+    if gil:
+        cmd.append("--gil")
+    if native:
+        cmd.append("--native")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _short(frame: dict) -> str:
+    file = frame.get("file") or ""
+    for marker in ("site-packages/", "/work/main/", "lib/python3."):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{frame['name']} ({file}:{frame.get('line', '')})"
+
+
+def summarize_speedscope(path: Path, top: int = 30, us_per_chunk: float | None = None,
+                         by_line: bool = False) -> str:
+    """Self and total shares per function (all sampled threads together).
+
+    Functions are merged over their lines unless `by_line`. With
+    `us_per_chunk`, each share is also shown as µs of server CPU per chunk.
+    """
+    data = json.loads(path.read_text())
+    frames = data["shared"]["frames"]
+
+    def key(i: int) -> str:
+        f = frames[i]
+        if by_line:
+            return _short(f)
+        return _short({**f, "line": ""}).replace(":)", ")")
+
+    self_c: Counter[str] = Counter()
+    total_c: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    n = 0.0
+    count = 0
+    for prof in data["profiles"]:
+        weights = prof.get("weights") or [1] * len(prof["samples"])
+        for stack, w in zip(prof["samples"], weights):
+            if not stack:
+                continue
+            n += w
+            count += 1
+            threads[prof.get("name", "?")] += w
+            self_c[key(stack[-1])] += w
+            for k in {key(i) for i in stack}:
+                total_c[k] += w
+
+    def line(k: str, c: float) -> str:
+        pct = c / n * 100
+        extra = f"  {pct / 100 * us_per_chunk:6.2f} µs/chunk" if us_per_chunk else ""
+        return f"  {pct:5.1f}%{extra}  {k}"
+
+    out = [f"{count} samples ({n:.1f} s) with the GIL held; per thread: "
+           + ", ".join(f"{t} {c / n * 100:.0f}%" for t, c in threads.most_common())]
+    if us_per_chunk:
+        out.append(f"server CPU over the profiled window: {us_per_chunk:.2f} µs per chunk")
+    out += ["", "top by self time (the function's own code, C calls it makes without a Python frame included):"]
+    out += [line(k, c) for k, c in self_c.most_common(top)]
+    out += ["", "top by total time (the function and everything it calls):"]
+    out += [line(k, c) for k, c in total_c.most_common(top)]
+    return "\n".join(out)
+
+
+def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, max_tokens: int,
+                       out: Path, *, rate: int = 200, native: bool = False, gil: bool = True) -> dict:
+    """Load the server at `conc` streams and record it; returns paths, CPU/chunk and the summary."""
+    import uvloop
+
+    from .fake_capacity import _level  # the same measured closed loop as the capacity benchmark
+
+    spy = start_record(srv.pid, seconds, out, rate=rate, gil=gil, native=native)
+    try:
+        time.sleep(1.0)  # attach
+        level = uvloop.run(_level(srv, conc, seconds, endpoint, max_tokens, warm=False))
+        log = spy.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if spy.poll() is None:
+            spy.terminate()
+            spy.wait(10)
+    if not out.exists():
+        raise RuntimeError(f"py-spy wrote nothing:\n{log[-2000:]}")
+    summary = summarize_speedscope(out, us_per_chunk=level["us_per_chunk"])
+    txt = out.with_name(out.name.replace(".speedscope.json", "-top.txt"))
+    txt.write_text(summary + "\n")
+    return {"speedscope": str(out), "summary_file": str(txt), "level": level, "summary": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import compare, servers
+
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="fake", help="fake (default), tiny, smollm2, or a model folder")
+    ap.add_argument("-c", "--concurrency", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    ap.add_argument("--token-delay", type=float, default=0.02, help="fake engine step interval")
+    ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--native", action="store_true", help="also sample C frames (py-spy --native)")
+    ap.add_argument("--no-gil", action="store_true", help="sample every thread, not only the GIL holder")
+    ap.add_argument("--engine-args", default=compare.DEFAULT_ENGINE_ARGS)
+    ap.add_argument("--server-args", default="", help="extra streamproxy flags")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    extra = shlex.split(args.server_args)
+    if args.model == "fake":
+        srv = servers.fake_server(["--fake-token-delay", str(args.token_delay), *extra], f"{stamp}-profile")
+        label = "fake"
+    else:
+        path, label = compare.model_path(args.model), compare.model_label(args.model)
+        eargs = shlex.split(args.engine_args)
+        if args.model == "tiny":
+            eargs += shlex.split(compare.DEFAULT_TINY_ARGS)
+        srv = servers.streamproxy_server(path, eargs, f"{stamp}-profile-{label}",
+                                         {"VLLM_CPU_KVCACHE_SPACE": "2"}, extra)
+    out = RESULTS / f"profile-{label}-c{args.concurrency}-{stamp}.speedscope.json"
+    srv.start()
+    try:
+        srv.wait_ready()
+        if args.model != "fake":
+            compare.warm_up(srv, args.concurrency, args.endpoint, srv.model_id())
+        res = profile_under_load(srv, args.concurrency, args.seconds, args.endpoint, args.max_tokens, out,
+                                 rate=args.rate, native=args.native, gil=not args.no_gil)
+    finally:
+        srv.stop(30)
+    print(res["summary"])
+    print(f"\nwrote {res['speedscope']}\n      {res['summary_file']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Medians over rounds, ratios, the Markdown table and the PNG chart.
+
+Input: one dict per measured round with at least `model`, `concurrency`,
+`server` and the metric keys of `METRICS`. Each cell is the median over the
+rounds of that (model, concurrency, server); the ratio row divides
+streamproxy's median by vLLM's (for tok/s higher is better, for everything
+else lower is better).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+# key, column title, format
+METRICS = [
+    ("tok_per_s", "out tok/s", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.1f}"),
+    ("ttft_p99_ms", "TTFT p99 ms", "{:.1f}"),
+    ("itl_p50_ms", "ITL p50 ms", "{:.1f}"),
+    ("itl_p99_ms", "ITL p99 ms", "{:.1f}"),
+    ("fe_cpu_ms_per_1k", "front-end CPU ms/1k tok", "{:.1f}"),
+    ("engine_cpu_ms_per_1k", "engine CPU ms/1k tok", "{:.0f}"),
+    ("fe_cores", "front-end cores", "{:.2f}"),
+    ("other_cores", "other cores", "{:.2f}"),
+]
+SERVERS = ["vllm", "streamproxy"]
+
+
+def _median(values: list[float]) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+def medians(rows: list[dict]) -> dict[tuple[str, int, str], dict]:
+    groups: dict[tuple[str, int, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["concurrency"], r["server"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        m = {k: _median([r.get(k) for r in rs]) for k, _, _ in METRICS}
+        m["rounds"] = len(rs)
+        m["errors"] = sum(r.get("errors", 0) for r in rs)
+        m["values"] = {k: [r.get(k) for r in rs] for k, _, _ in METRICS}
+        out[key] = m
+    return out
+
+
+def _fmt(fmt: str, v: float) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def ratio(a: float, b: float) -> float:
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or b == 0:
+        return float("nan")
+    return a / b
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    med = medians(rows)
+    lines = [f"# streamproxy vs vLLM's OpenAI server ({meta.get('when', '')})", ""]
+    for k, v in meta.items():
+        if k != "when":
+            lines.append(f"- {k}: {v}")
+    lines += ["", "Cells: median over alternating rounds (A B A B ...). ratio = streamproxy / vLLM "
+              "(tok/s: higher is better; everything else: lower is better). CPU: utime+stime from "
+              "/proc/PID/stat of the API-server process (front end) and of its descendants "
+              "(engine: VLLM::EngineCore + VLLM::Worker). 'other cores': busy CPU of everything else on the machine during the "
+              "round (load generator excluded): noise from other work.", ""]
+    head = "| model | conc | server | " + " | ".join(t for _, t, _ in METRICS) + " | rounds | errors |"
+    models = sorted({r["model"] for r in rows}, key=lambda m: [r["model"] for r in rows].index(m))
+    for model in models:
+        lines += [f"## {model}", "", head, "|" + "---|" * (len(METRICS) + 5)]
+        for conc in sorted({r["concurrency"] for r in rows if r["model"] == model}):
+            cells = {s: med.get((model, conc, s)) for s in SERVERS}
+            for s in SERVERS:
+                m = cells[s]
+                if m is None:
+                    continue
+                lines.append(f"| {model} | {conc} | {s} | " + " | ".join(_fmt(f, m[k]) for k, _, f in METRICS)
+                             + f" | {m['rounds']} | {m['errors']} |")
+            if all(cells[s] for s in SERVERS):
+                a, b = cells["streamproxy"], cells["vllm"]
+                lines.append(f"| {model} | {conc} | **ratio** | "
+                             + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = medians(rows)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    panels = [("tok_per_s", "output tokens/s"), ("fe_cpu_ms_per_1k", "front-end CPU ms / 1k tokens"),
+              ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
+    fig, axes = plt.subplots(len(models), len(panels), figsize=(4.2 * len(panels), 3.4 * len(models)),
+                             squeeze=False)
+    colors = {"vllm": "#8c8c8c", "streamproxy": "#1f77b4"}
+    for i, model in enumerate(models):
+        concs = sorted({r["concurrency"] for r in rows if r["model"] == model})
+        for j, (key, title) in enumerate(panels):
+            ax = axes[i][j]
+            width = 0.38
+            for k, s in enumerate(SERVERS):
+                xs, ys = [], []
+                for x, c in enumerate(concs):
+                    m = med.get((model, c, s))
+                    if m is None:
+                        continue
+                    xs.append(x + (k - 0.5) * width)
+                    ys.append(m[key])
+                    vals = [v for v in m["values"][key] if v is not None]
+                    ax.scatter([x + (k - 0.5) * width] * len(vals), vals, s=8, color="black", zorder=3)
+                ax.bar(xs, ys, width, label=s, color=colors[s])
+            ax.set_xticks(range(len(concs)), [f"c={c}" for c in concs])
+            ax.set_title(f"{model}: {title}", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle("streamproxy vs vLLM OpenAI server (bars: median of rounds; dots: each round)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,155 @@
+"""Start, watch and stop the servers under test (vLLM's own, streamproxy).
+
+Each server is a child process in its own session (so it and everything it
+spawns can be stopped together), bound to 127.0.0.1 on a free port, with its
+output in a log file under bench/results/logs/. The front-end process is the
+one we start (`python -m ...`): vLLM's API server and streamproxy both run
+their HTTP layer and AsyncLLM there and spawn the engine core
+(`VLLM::EngineCore`) as a child; `engine_pids()` returns those children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import procstat
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+SERVED_NAME = "bench-model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    label: str
+    cmd: list[str]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    ready_after: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        env = {**os.environ, **self.env}
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; log {self.log_path}:\n"
+                                   + self.log_tail())
+            try:  # streamproxy lists its model while the engine still loads: /health first
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    healthy = r.status == 200
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as r:
+                    if healthy and r.status == 200 and json.load(r).get("data"):
+                        self.ready_after = time.monotonic() - self.started_at
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label} not ready after {timeout:.0f} s; log {self.log_path}:\n"
+                                   + self.log_tail())
+            time.sleep(1.0)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except FileNotFoundError:
+            return ""
+
+    def model_id(self) -> str:
+        with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:
+            return json.load(r)["data"][0]["id"]
+
+    def engine_pids(self) -> list[int]:
+        return procstat.descendants(self.pid)
+
+    def engine_core_pid(self) -> int | None:
+        for p in self.engine_pids():
+            if "EngineCore" in procstat.name(p):
+                return p
+        return None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGINT (graceful), then SIGTERM, then SIGKILL to the server's own process group."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._kill_group(signal.SIGKILL)
+            return
+        for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._kill_group(signal.SIGKILL)  # stragglers (engine core) in the server's own session
+
+    def _kill_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)  # the group we created with start_new_session
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def engine_cmd_args(model: str, extra: list[str]) -> list[str]:
+    return ["--model", model, "--served-model-name", SERVED_NAME, *extra]
+
+
+def vllm_server(model: str, engine_args: list[str], tag: str, env: dict[str, str]) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+           "--port", str(port), *engine_cmd_args(model, engine_args)]
+    return Server("vllm", cmd, port, RESULTS / "logs" / f"{tag}-vllm.log", env)
+
+
+def streamproxy_server(model: str, engine_args: list[str], tag: str, env: dict[str, str],
+                       extra: list[str] | None = None) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port),
+           *engine_cmd_args(model, engine_args), *(extra or [])]
+    return Server("streamproxy", cmd, port, RESULTS / "logs" / f"{tag}-streamproxy.log", env)
+
+
+def fake_server(args: list[str], tag: str) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamproxy", "serve", "--engine", "fake", "--host", "127.0.0.1",
+           "--port", str(port), *args]
+    return Server("streamproxy-fake", cmd, port, RESULTS / "logs" / f"{tag}-fake.log")

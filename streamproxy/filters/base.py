@@ -1,0 +1,137 @@
+"""Parts, the filter protocol, and the per-choice pipeline that chains filters.
+
+Between the engine's text and the encoders, each choice of a request may run
+a chain of response filters (a tool-call parser, later a reasoning splitter).
+The chain speaks in `Part`s: a run of content text, the start of a tool call
+(index, id, name), a piece of a tool call's arguments. The engine's text
+enters as CONTENT parts; a filter consumes the kinds it understands and
+passes every other part through unchanged, in order, so filters compose.
+
+    feed(parts) -> parts     what can be said now (a filter may hold text back)
+    flush()     -> parts     end of output: whatever is still held
+    finish_reason(reason)    may override the engine's reason ("tool_calls")
+
+`Pipeline` owns the choice's UTF-8 carry and the filter instances: `feed`
+turns one Delta's text into parts, `finish` flushes the chain in order (a
+filter's flushed parts still pass through the filters after it) and maps
+the finish reason. Everything here is sans-IO and synchronous.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ..utf8 import Utf8Carry
+
+CONTENT = 0
+TOOL_CALL = 1  # first fragment of a tool call: index, id, name
+TOOL_ARGS = 2  # a piece of a tool call's arguments: index, text
+
+
+class Part:
+    __slots__ = ("kind", "text", "index", "id", "name", "token_ids")
+
+    def __init__(
+        self,
+        kind: int,
+        text: str = "",
+        index: int = 0,
+        id: str | None = None,
+        name: str | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.text = text
+        self.index = index
+        self.id = id
+        self.name = name
+        self.token_ids = token_ids
+
+    def __repr__(self) -> str:
+        if self.kind == CONTENT:
+            return f"Content({self.text!r})"
+        if self.kind == TOOL_CALL:
+            return f"ToolCall({self.index}, {self.name!r})"
+        return f"ToolArgs({self.index}, {self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        # Ids are random: compare what a client sees apart from them.
+        return isinstance(other, Part) and (self.kind, self.text, self.index, self.name) == (
+            other.kind,
+            other.text,
+            other.index,
+            other.name,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def content(text: str) -> Part:
+    return Part(CONTENT, text)
+
+
+def new_call_id() -> str:
+    return "call_" + os.urandom(12).hex()
+
+
+def tool_call(index: int, name: str, call_id: str | None = None) -> list[Part]:
+    """The first fragment of a call (the encoders give it `arguments: ""`)."""
+    return [Part(TOOL_CALL, "", index, call_id or new_call_id(), name)]
+
+
+def tool_args(index: int, text: str) -> Part:
+    return Part(TOOL_ARGS, text, index)
+
+
+class Filter(Protocol):
+    def feed(self, parts: list[Part]) -> list[Part]: ...
+
+    def flush(self) -> list[Part]: ...
+
+    def finish_reason(self, reason: str) -> str: ...
+
+
+# Makes one fresh chain per choice.
+FilterFactory = Callable[[], "list[Filter]"]
+
+
+class Pipeline:
+    """One choice's carry plus filter chain."""
+
+    __slots__ = ("carry", "filters")
+
+    def __init__(self, filters: Sequence[Filter]) -> None:
+        self.carry = Utf8Carry()
+        self.filters = list(filters)
+
+    def feed(self, text: str | bytes, token_ids: Sequence[int] | None = None) -> list[Part]:
+        chunk = self.carry.feed(text)
+        parts = [Part(CONTENT, chunk, token_ids=token_ids)] if chunk or token_ids else []
+        if not parts:
+            return parts
+        for f in self.filters:
+            parts = f.feed(parts)
+        return [p for p in parts if p.text or p.kind != CONTENT]
+
+    def finish(self, reason: str) -> tuple[list[Part], str]:
+        tail = self.carry.flush()
+        parts = [Part(CONTENT, tail)] if tail else []
+        for f in self.filters:
+            parts = f.feed(parts) if parts else []
+            parts += f.flush()
+            reason = f.finish_reason(reason)
+        return [p for p in parts if p.text or p.kind != CONTENT], reason
+
+
+def merge_content(parts: list[Part]) -> list[Part]:
+    """Join neighbouring CONTENT parts and neighbouring argument pieces of one call."""
+    out: list[Part] = []
+    for p in parts:
+        last = out[-1] if out else None
+        if last is not None and last.kind == p.kind and p.kind != TOOL_CALL and last.index == p.index:
+            out[-1] = Part(p.kind, last.text + p.text, p.index)
+        else:
+            out.append(p)
+    return out

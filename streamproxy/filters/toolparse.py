@@ -1,0 +1,144 @@
+"""What every auto-mode tool-call parser shares: blocks, validation, whitespace.
+
+A parser (hermes, llama3_json, mistral, pythonic) subclasses `ToolCallParser`
+and implements one method, `_scan(out, final)`: look at the text buffered so
+far (`self.buf`), move its state machine forward as far as the text allows,
+and report what it found through three helpers:
+
+    self.text(out, s)                 model text that is plain content
+    self.block(out, raw, calls)       a complete tool-call block: its raw text
+                                      and the (name, arguments) it parsed to,
+                                      or calls=None when it did not parse
+    (keep the rest in self.buf)       a tag or a JSON value not complete yet
+
+The block is the unit of trust. Its calls are sent only if every one names a
+tool and has arguments that are a JSON object matching that tool's schema
+(`ToolSet.check`); otherwise the block's raw text is returned as content,
+exactly as the model wrote it, and no tool call is claimed for it. A call is
+sent whole, once its block is complete (first fragment, then its arguments
+in one piece), because only then can it be checked: a client never receives
+half of a call that later turns out to be invalid. The finish reason becomes
+"tool_calls" when the engine stopped normally and at least one call was
+sent; a cut-off ("length") stays "length", its unfinished block as content.
+
+Whitespace that only separates content from a tool call (the newline before
+`<tool_call>`) is dropped, so a message that is only tool calls has no
+content; whitespace in ordinary content is kept exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import CONTENT, Part, content, tool_args, tool_call
+from .jsonscan import loads, members
+from .toolset import ToolSet
+
+WS = " \t\r\n"
+
+
+def tag_overlap(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def json_call(raw: str, args_keys: Sequence[str] = ("arguments", "parameters")) -> tuple[str, str] | None:
+    """{"name": ..., "arguments": {...}} -> (name, raw arguments text), or None."""
+    found = members(raw)
+    if found is None or "name" not in found:
+        return None
+    try:
+        name = loads(found["name"])
+    except ValueError:
+        return None
+    if not isinstance(name, str):
+        return None
+    args = "{}"
+    for key in args_keys:
+        if key in found:
+            args = found[key]
+            break
+    if args.startswith('"'):
+        # Arguments sent as a JSON-encoded string: hand on the string's content.
+        try:
+            args = loads(args)
+        except ValueError:
+            return None
+    return name, args.strip()
+
+
+class ToolCallParser:
+    """Base of the auto-mode parsers; see the module docstring."""
+
+    # The parser needs special tokens (e.g. [TOOL_CALLS]) kept in the text.
+    keep_special_tokens = False
+
+    def __init__(self, tools: ToolSet, *, parallel: bool = True) -> None:
+        self.tools = tools
+        self.parallel = parallel
+        self.buf = ""
+        self.calls = 0
+        self._ws = ""  # trailing whitespace of content, held until we know what follows
+        self._after_call = False  # whitespace right after a sent call is dropped too
+
+    # -- the Filter protocol ------------------------------------------
+    def feed(self, parts: list[Part]) -> list[Part]:
+        out: list[Part] = []
+        for p in parts:
+            if p.kind != CONTENT:
+                out.append(p)
+                continue
+            self.buf += p.text
+            self._scan(out, False)
+        return out
+
+    def flush(self) -> list[Part]:
+        out: list[Part] = []
+        self._scan(out, True)
+        if self.buf:
+            self.text(out, self.buf)
+            self.buf = ""
+        if self._ws and not self.calls:
+            out.append(content(self._ws))
+        self._ws = ""
+        return out
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.calls and reason == "stop" else reason
+
+    # -- for subclasses -------------------------------------------------
+    def _scan(self, out: list[Part], final: bool) -> None:
+        raise NotImplementedError
+
+    def text(self, out: list[Part], s: str) -> None:
+        if self._after_call:
+            s = s.lstrip(WS)
+            if not s:
+                return
+            self._after_call = False
+        if not s:
+            return
+        body = s.rstrip(WS)
+        if not body:
+            self._ws += s
+            return
+        out.append(content(self._ws + body))
+        self._ws = s[len(body) :]
+
+    def block(self, out: list[Part], raw: str, calls: list[tuple[str, str]] | None) -> None:
+        tools = self.tools
+        if not calls or not all(tools.check(name, args) for name, args in calls):
+            self.text(out, raw)
+            return
+        self._ws = ""
+        self._after_call = True
+        for name, args in calls:
+            if self.calls and not self.parallel:
+                break  # parallel_tool_calls=false: at most one call
+            index = self.calls
+            self.calls += 1
+            out.extend(tool_call(index, name))
+            out.append(tool_args(index, args))

@@ -1,0 +1,91 @@
+"""The request's tools, and the check a parsed call must pass before it is sent.
+
+A tool-call parser in auto mode reads the model's own text, which can be
+anything: a name that is not a tool, arguments that are not JSON, or JSON
+that does not fit the tool's `parameters` schema. `ToolSet.check(name,
+arguments)` says whether a call is one the client can execute; a parser
+hands on only calls that pass, and returns the others' text as content.
+
+Schema validators (jsonschema, imported on first use) are compiled once per
+distinct schema: the cache key is a hash of the canonical JSON of the
+schema, so the same tools sent on every request of an agent loop cost one
+compile. `compile_schema` raises `SchemaInvalid` for a schema that is not a
+valid JSON Schema, which the route turns into a 400 naming the tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from .jsonscan import loads
+
+_CACHE_SIZE = 512
+_validators: OrderedDict[bytes, Any] = OrderedDict()
+
+EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class SchemaInvalid(ValueError):
+    pass
+
+
+def schema_key(schema: Mapping[str, Any]) -> bytes:
+    return hashlib.blake2b(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Any:
+    """A validator for `schema` (cached by hash), or SchemaInvalid saying why not."""
+    key = schema_key(schema)
+    validator = _validators.get(key)
+    if validator is not None:
+        _validators.move_to_end(key)
+        return validator
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise SchemaInvalid(exc.message) from None
+    validator = cls(schema)
+    _validators[key] = validator
+    if len(_validators) > _CACHE_SIZE:
+        _validators.popitem(last=False)
+    return validator
+
+
+def cached_validators() -> int:
+    return len(_validators)
+
+
+class ToolSet:
+    """Function tools by name: {name: parameters schema}."""
+
+    __slots__ = ("schemas", "_validators")
+
+    def __init__(self, schemas: Mapping[str, Mapping[str, Any] | None]) -> None:
+        self.schemas = {name: (schema or EMPTY_OBJECT) for name, schema in schemas.items()}
+        self._validators: dict[str, Any] = {}
+
+    def validator(self, name: str) -> Any:
+        v = self._validators.get(name)
+        if v is None:
+            v = self._validators[name] = compile_schema(self.schemas[name])
+        return v
+
+    def check(self, name: Any, arguments: str) -> bool:
+        """True when `name` is a tool and `arguments` is JSON matching its parameters."""
+        if not isinstance(name, str) or name not in self.schemas:
+            return False
+        try:
+            value = loads(arguments)
+        except ValueError:
+            return False
+        if not isinstance(value, dict):
+            return False
+        return self.validator(name).is_valid(value)

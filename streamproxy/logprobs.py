@@ -1,0 +1,89 @@
+"""Engine-neutral `TokenLogprob`s -> the two OpenAI logprobs shapes.
+
+Chat (`logprobs: true`, `top_logprobs: k`): a list of entries
+
+    {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...k]}
+
+wrapped as `{"content": [...], "refusal": null}` on a choice. `bytes` are the
+token's real bytes from the engine adapter, so a token that is half of a
+character still reports its own bytes (its `token` text shows them as \\xNN).
+
+Completions (`logprobs: k`), the legacy shape, as parallel lists:
+
+    {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
+     "text_offset": [...]}
+
+where each top dict holds the sampled token and the k most likely (up to
+k+1 entries, as OpenAI documents), and `text_offset` is the character offset
+of each token in the completion text. Offsets count whole characters: a
+token that completes a character started by the previous one begins where
+that character begins (`CompletionLogprobs` keeps an incremental UTF-8
+decoder for this). `-inf` becomes -9999.0, OpenAI's value for "very
+unlikely", since JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from typing import Any
+
+from engine_adapter.base import TokenLogprob
+
+_FLOOR = -9999.0
+
+
+def _lp(value: float) -> float:
+    return value if value > _FLOOR else _FLOOR
+
+
+def chat_entries(tokens: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": t.token,
+            "logprob": _lp(t.logprob),
+            "bytes": list(t.bytes),
+            "top_logprobs": [{"token": a.token, "logprob": _lp(a.logprob), "bytes": list(a.bytes)} for a in t.top],
+        }
+        for t in tokens
+    ]
+
+
+def chat_choice_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"content": entries, "refusal": None}
+
+
+class CompletionLogprobs:
+    """One choice's legacy logprobs; `add` per step, and the running text offset."""
+
+    __slots__ = ("_decoder", "offset")
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.offset = 0
+
+    def add(self, tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for t in tokens:
+            # Characters still pending are not counted yet, so a token that
+            # finishes one starts where that character does.
+            out["text_offset"].append(self.offset)
+            self.offset += len(self._decoder.decode(t.bytes))
+            out["tokens"].append(t.token)
+            out["token_logprobs"].append(_lp(t.logprob))
+            top = {t.token: _lp(t.logprob)}
+            for a in t.top:
+                top.setdefault(a.token, _lp(a.logprob))
+            out["top_logprobs"].append(top)
+        return out
+
+
+def merge_completion(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The non-stream answer's logprobs: the steps' lists joined."""
+    if not parts:
+        return None
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for p in parts:
+        for key, values in p.items():
+            out[key].extend(values)
+    return out

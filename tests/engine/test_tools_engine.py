@@ -1,0 +1,237 @@
+"""Tool calling, structured outputs and logprobs on the real engine and default model.
+
+The small default model cannot call tools on its own, so these tests use
+what works with any model: constrained decoding (tool_choice required or a
+named function, response_format json_schema). The output must parse and
+validate against the schema, stream and non-stream, and the OpenAI SDK must
+reassemble exactly what the server sent. Logprobs are checked for shape
+(OpenAI's schema) and for real bytes. The last test drives one of vLLM's
+own tool parsers through the adapter filter with the real tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))
+from http_support import sse_payloads, validate  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+
+
+def chat(base: str, body: dict) -> requests.Response:
+    return requests.post(base + "/v1/chat/completions", json={"temperature": 0, "max_tokens": 120, **body}, timeout=300)
+
+
+def reassemble(payloads: list[dict], index: int = 0) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    content, calls, reason = None, {}, None
+    for p in payloads:
+        validate("CreateChatCompletionStreamResponse", p)
+        for ch in p["choices"]:
+            if ch["index"] != index:
+                continue
+            d = ch["delta"]
+            if d.get("content"):
+                content = (content or "") + d["content"]
+            for tc in d.get("tool_calls", []):
+                if "id" in tc:
+                    assert tc["function"]["arguments"] == "" and tc["index"] == len(calls)
+                    calls[tc["index"]] = [tc["function"]["name"], ""]
+                else:
+                    calls[tc["index"]][1] += tc["function"]["arguments"]
+            reason = ch["finish_reason"] or reason
+    return content, [tuple(calls[i]) for i in sorted(calls)], reason
+
+
+def assert_valid_calls(calls: list[tuple[str, str]]) -> None:
+    assert calls
+    for name, arguments in calls:
+        assert isinstance(arguments, str)
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "reason"),
+    [("required", "tool_calls"), ({"type": "function", "function": {"name": "get_weather"}}, "stop")],
+    ids=["required", "named"],
+)
+def test_forced_tool_calls_validate_stream_and_nonstream(engine_server, model_name, tool_choice, reason):
+    body = {"model": model_name, "messages": MESSAGES, "tools": TOOLS, "tool_choice": tool_choice}
+    r = chat(engine_server, body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    validate("CreateChatCompletionResponse", data)
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == reason
+    assert choice["message"]["content"] is None
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+    assert_valid_calls(calls)
+    if isinstance(tool_choice, dict):
+        assert [name for name, _ in calls] == ["get_weather"]
+    r = chat(engine_server, {**body, "stream": True})
+    assert r.status_code == 200
+    payloads = sse_payloads(r.content)
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    content, streamed, streamed_reason = reassemble(payloads)
+    assert (content, streamed_reason) == (None, reason)
+    assert streamed == calls  # greedy: the stream reassembles to exactly the non-stream answer
+    argument_chunks = [p for p in payloads if p["choices"] and "tool_calls" in p["choices"][0]["delta"]]
+    assert len(argument_chunks) > 3  # arguments arrive as the model writes them, not in one piece
+
+
+def test_required_with_n2_keeps_choices_apart(engine_server, model_name):
+    body = {"model": model_name, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "n": 2, "temperature": 1.0, "seed": 7}
+    data = chat(engine_server, body).json()
+    ids = []
+    for choice in data["choices"]:
+        calls = choice["message"]["tool_calls"]
+        assert_valid_calls([(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+        ids += [c["id"] for c in calls]
+    assert len(ids) == len(set(ids))
+    payloads = sse_payloads(chat(engine_server, {**body, "stream": True}).content)
+    for index in (0, 1):
+        _, calls, reason = reassemble(payloads, index)
+        assert_valid_calls(calls)
+        assert reason == "tool_calls"
+
+
+def test_json_schema_response_format_stream_and_nonstream(engine_server, model_name):
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+    body = {"model": model_name, "messages": MESSAGES, "response_format": fmt}
+    data = chat(engine_server, body).json()
+    validate("CreateChatCompletionResponse", data)
+    text = data["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(text), WEATHER)
+    content, calls, reason = reassemble(sse_payloads(chat(engine_server, {**body, "stream": True}).content))
+    assert (content, calls, reason) == (text, [], "stop")
+
+
+def test_schema_the_engine_cannot_compile_is_a_400_that_says_why(engine_server, model_name):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = chat(engine_server, {"model": model_name, "messages": MESSAGES, "response_format": fmt})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["message"].startswith("the structured-output constraint cannot be compiled:")
+    assert "look-around" in err["message"]
+
+
+def test_chat_logprobs_shape_and_real_bytes(engine_server, model_name):
+    messages = [{"role": "user", "content": "Write a long story about a cat in Paris."}]
+    body = {"model": model_name, "messages": messages, "max_tokens": 12, "logprobs": True, "top_logprobs": 3}
+    data = chat(engine_server, body).json()
+    validate("CreateChatCompletionResponse", data)
+    assert data["choices"][0]["finish_reason"] == "length"  # no end-of-text token among the entries
+    entries = data["choices"][0]["logprobs"]["content"]
+    assert len(entries) == data["usage"]["completion_tokens"] == 12
+    assert all(len(e["top_logprobs"]) == 3 for e in entries)
+    assert all(e["logprob"] <= 0 and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][-1]["logprob"] for e in entries)
+    # Greedy: the chosen token is the most likely one.
+    assert all(e["logprob"] == e["top_logprobs"][0]["logprob"] for e in entries)
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode() == data["choices"][0]["message"]["content"]
+    payloads = sse_payloads(chat(engine_server, {**body, "stream": True}).content)
+    streamed = [e for p in payloads for c in p["choices"] if c["logprobs"] for e in c["logprobs"]["content"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    for p in payloads:
+        validate("CreateChatCompletionStreamResponse", p)
+
+
+def test_completion_legacy_logprobs(engine_server, model_name):
+    r = requests.post(
+        engine_server + "/v1/completions",
+        json={"model": model_name, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "logprobs": 2},
+        timeout=300,
+    )
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 8
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(8)]
+    assert all(2 <= len(top) <= 3 and tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"]))
+
+
+# -- the OpenAI SDK --------------------------------------------------------------------------------
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    days: int
+
+
+def test_openai_sdk_tools_and_parse(engine_server, model_name):
+    sdk = openai.OpenAI(base_url=engine_server + "/v1", api_key="none", max_retries=0)
+    kw = {"model": model_name, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 120}
+    done = sdk.chat.completions.create(tool_choice="required", **kw)
+    calls = [(c.function.name, c.function.arguments) for c in done.choices[0].message.tool_calls]
+    assert_valid_calls(calls)
+    with sdk.chat.completions.stream(tool_choice="required", **kw) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in events and "tool_calls.function.arguments.done" in events
+    assert [(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == calls
+    assert [c.id for c in final.choices[0].message.tool_calls] != [c.id for c in done.choices[0].message.tool_calls]
+    parsed = sdk.chat.completions.parse(model=model_name, messages=MESSAGES, response_format=Weather, temperature=0, max_tokens=120)
+    assert isinstance(parsed.choices[0].message.parsed, Weather)
+
+
+# -- vLLM's own parsers through the adapter filter ---------------------------------------------------
+
+
+def test_vllm_registry_parser_through_the_adapter():
+    from vllm.tokenizers import get_tokenizer
+
+    from streamproxy.default_model import ensure_default_model
+    from streamproxy.filters.base import CONTENT, TOOL_ARGS, TOOL_CALL, Pipeline
+    from streamproxy.filters.chain import known_parser, parser_spec
+    from streamproxy.filters.toolset import ToolSet
+
+    tokenizer = get_tokenizer(str(ensure_default_model()))
+    assert known_parser("vllm:hermes", vllm_available=True) and known_parser("xlam", vllm_available=True)
+    assert not known_parser("no_such_parser", vllm_available=True)
+    spec = parser_spec("vllm:hermes", tokenizer=tokenizer, tools=TOOLS)
+    assert spec.keep_special_tokens  # vLLM's hermes asks for special tokens, as ours does
+    tools = ToolSet(SCHEMAS)
+    good = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+    bad = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'  # "days" missing
+    for text, expected in [
+        (good, ("Sure. ", [("get_weather", '{"city": "Paris", "days": 3}')], "tool_calls")),
+        (bad, (bad, [], "stop")),
+    ]:
+        for size in (1, 4, len(text)):
+            pipe = Pipeline([spec(tools)])
+            parts = []
+            for i in range(0, len(text), size):
+                piece = text[i : i + size]
+                parts += pipe.feed(piece, tokenizer.encode(piece, add_special_tokens=False))
+            tail, reason = pipe.finish("stop")
+            parts += tail
+            content = "".join(p.text for p in parts if p.kind == CONTENT)
+            calls = [[p.name, ""] for p in parts if p.kind == TOOL_CALL]
+            for p in parts:
+                if p.kind == TOOL_ARGS:
+                    calls[p.index][1] += p.text
+            assert (content, [tuple(c) for c in calls], reason) == expected, size

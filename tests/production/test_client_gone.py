@@ -1,0 +1,138 @@
+"""Clients that vanish or stop reading: no engine request is left running, and a
+client that never reads cannot make the server buffer without bound."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import time
+
+import psutil
+
+from engine_adapter.fake import FakeScript
+from support import chat_body, http_request, read_head, wait_until
+
+
+async def test_1000_clients_disconnecting_after_first_byte_leave_nothing_running(server):
+    srv = await server(FakeScript(text=" word", token_delay=0.01), max_model_len=100_000)
+    n = 1000
+    ids = [f"gone-{i}" for i in range(n)]
+    seen_first_byte = 0
+
+    async def client(rid: str) -> None:
+        nonlocal seen_first_byte
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(http_request("POST", "/v1/chat/completions", chat_body(stream=True, max_tokens=50_000), {"X-Request-Id": rid}))
+        await writer.drain()
+        first = await reader.read(1)
+        assert first == b"H"  # "HTTP/1.1 200 ..."
+        seen_first_byte += 1
+        writer.transport.abort()  # gone, without a goodbye
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(client(rid) for rid in ids))
+    assert seen_first_byte == n
+    assert await wait_until(lambda: not srv.runner.server.connections and srv.engine.num_running == 0, 10.0)
+    elapsed = time.monotonic() - t0
+    submitted = {s[0] for s in srv.engine.submitted}
+    assert submitted == set(ids)
+    assert sorted(srv.engine.aborted) == sorted(ids)  # each aborted exactly once
+    assert srv.state.admission.active == 0
+    assert len(srv.state.inflight) == 0
+    assert elapsed < 20, elapsed
+
+
+async def test_clients_vanishing_at_any_point_leave_nothing_running(server):
+    """Before the request is complete, right after it, and mid-stream, streaming and not."""
+    srv = await server(FakeScript(text=" word", ttft=0.05, token_delay=0.01), max_model_len=100_000)
+
+    async def client(i: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        req = http_request("POST", "/v1/completions", f'{{"prompt":"hi","max_tokens":50000,"stream":{"true" if i % 2 else "false"}}}'.encode(), {"X-Request-Id": f"v-{i}"})
+        point = i % 4
+        if point == 0:
+            writer.write(req[: len(req) // 2])  # half a request
+            await writer.drain()
+        else:
+            writer.write(req)
+            await writer.drain()
+            if point >= 2:
+                await asyncio.sleep(0.02 * point)
+        writer.transport.abort()
+
+    await asyncio.gather(*(client(i) for i in range(200)))
+    # Every connection's handler has ended (so nothing can still submit), and nothing runs.
+    assert await wait_until(lambda: not srv.runner.server.connections and srv.engine.num_running == 0, 10.0)
+    submitted = {s[0] for s in srv.engine.submitted}
+    assert submitted == set(srv.engine.aborted)
+    assert srv.state.admission.active == 0 and len(srv.state.inflight) == 0
+
+
+def _server_buffers(srv) -> list[int]:
+    return [h.transport.get_write_buffer_size() for h in srv.runner.server.connections if h.transport is not None]
+
+
+async def test_client_that_never_reads_is_bounded_then_ended(server):
+    """A fast stream (4 KiB per token, no delay) to clients that never read.
+
+    Bound (per stream): the transport buffer stays under aiohttp's 64 KiB
+    drain threshold + the loop's 64 KiB high-water mark + one write; once the
+    write is blocked for --write-stall-timeout the stream is ended, the
+    transport aborted (its buffer freed) and the engine request aborted.
+    """
+    stall = 0.5
+    word = "x" * 4095 + " "
+    srv = await server(FakeScript(text=word), max_model_len=10_000_000, write_stall_timeout=stall)
+    clients = 20
+    proc = psutil.Process(os.getpid())
+    gc.collect()
+    rss_before = proc.memory_info().rss
+    socks = []
+    for i in range(clients):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", srv.port))
+        await asyncio.get_running_loop().sock_sendall(
+            s, http_request("POST", "/v1/completions", b'{"prompt":"hi","max_tokens":5000000,"stream":true}', {"X-Request-Id": f"stuck-{i}"})
+        )
+        socks.append(s)
+    peak_buffer = 0
+    peak_total = 0
+    peak_rss = rss_before
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 10:
+            sizes = _server_buffers(srv)
+            if sizes:
+                peak_buffer = max(peak_buffer, max(sizes))
+                peak_total = max(peak_total, sum(sizes))
+            peak_rss = max(peak_rss, proc.memory_info().rss)
+            if len(srv.engine.aborted) == clients and srv.engine.num_running == 0:
+                break
+            await asyncio.sleep(0.005)
+        ended_after = time.monotonic() - t0
+        assert sorted(srv.engine.aborted) == sorted(f"stuck-{i}" for i in range(clients))
+        assert srv.engine.num_running == 0
+        # Each stream was ended about `stall` after its buffer filled.
+        assert ended_after < stall + 3.0, ended_after
+        per_stream_bound = 64 * 1024 + 64 * 1024 + 8 * 1024
+        assert peak_buffer <= per_stream_bound, peak_buffer
+        growth = peak_rss - rss_before
+        print(
+            f"\nnever-reading clients={clients}: peak transport buffer per stream={peak_buffer} B, "
+            f"all streams={peak_total} B, RSS growth={growth / 2**20:.1f} MiB, ended after {ended_after:.2f} s"
+        )
+        assert growth < 64 * 2**20, growth
+        # The connections were dropped (their buffers freed), and the server still serves.
+        assert await wait_until(lambda: not any(_server_buffers(srv)), 2.0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(http_request("GET", "/health"))
+        status, _ = await read_head(reader)
+        assert status == 200
+        writer.close()
+    finally:
+        for s in socks:
+            s.close()

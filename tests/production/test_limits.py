@@ -1,0 +1,178 @@
+"""Limits and overload: body and header caps, n and max_tokens, 429 at once,
+503 while loading, 503 after the engine died (in-flight streams get an error event)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from engine_adapter.fake import FakeScript
+from support import USER_HI, chat_body, http_request, read_head, stream_verdict, wait_until
+
+
+def _err(raw: bytes) -> dict:
+    data = json.loads(raw)
+    assert list(data) == ["error"] and set(data["error"]) == {"message", "type", "param", "code"}, data
+    return data["error"]
+
+
+async def test_body_over_cap_is_413(server, session):
+    srv = await server(max_body_bytes=2000)
+    async with session.post(
+        srv.url("/v1/chat/completions"), json={"messages": [{"role": "user", "content": "x" * 5000}]}
+    ) as resp:
+        assert resp.status == 413
+        err = _err(await resp.read())
+    assert err["code"] == "request_too_large" and "2000" in err["message"]
+    assert srv.engine.submitted == []
+
+
+async def _raw(port: int, data: bytes, *, closes: bool = False) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        status, headers = await read_head(reader)
+        body = await reader.readexactly(int(headers["content-length"]))
+        if closes:
+            assert await asyncio.wait_for(reader.read(), 2.0) == b""  # the server closed the connection
+        return status, headers, body
+    finally:
+        writer.close()
+
+
+async def test_header_too_large_is_431_with_openai_body(server, access_log):
+    srv = await server(max_header_bytes=1024)
+    big = http_request("POST", "/v1/chat/completions", chat_body(), {"X-Big": "y" * 2000})
+    status, headers, body = await _raw(srv.port, big, closes=True)
+    assert status == 431
+    assert headers["content-type"].startswith("application/json")
+    assert b"yyy" not in body  # the offending bytes are not echoed
+    err = _err(body)
+    assert err["code"] == "request_header_too_large" and err["type"] == "invalid_request_error"
+    assert srv.engine.submitted == []
+    assert any('"status":431' in line for line in access_log)
+    # A long request line (URL) is capped the same way.
+    status, _, body = await _raw(srv.port, http_request("GET", "/v1/models?" + "q" * 2000))
+    assert status == 431 and _err(body)["code"] == "request_header_too_large"
+    # Just under the cap is fine.
+    ok = http_request("POST", "/v1/chat/completions", chat_body(), {"X-Big": "y" * 900})
+    status, _, body = await _raw(srv.port, ok)
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "Hello world"
+
+
+async def test_too_many_headers_is_431(server):
+    srv = await server()
+    many = {f"X-H{i}": "v" for i in range(200)}
+    status, _, body = await _raw(srv.port, http_request("GET", "/v1/models", b"", many))
+    assert status == 431 and _err(body)["code"] == "request_header_too_large"
+
+
+async def test_malformed_http_is_400_with_openai_body(server):
+    srv = await server()
+    status, _, body = await _raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n")
+    assert status == 400 and _err(body)["type"] == "invalid_request_error"
+
+
+async def test_n_is_capped(server, session):
+    srv = await server(max_n=4)
+    async with session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "n": 5}) as resp:
+        assert resp.status == 400
+        err = _err(await resp.read())
+    assert err["param"] == "n"
+    async with session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "n": 4}) as resp:
+        assert resp.status == 200 and len((await resp.json())["choices"]) == 4
+
+
+async def test_max_tokens_is_capped_by_the_context(server, session):
+    srv = await server(max_model_len=100)
+    prompt_len = len("<|user|>hi\n<|assistant|>")
+    async with session.post(
+        srv.url("/v1/chat/completions"), json={"messages": USER_HI, "max_tokens": 100 - prompt_len + 1}
+    ) as resp:
+        assert resp.status == 400
+        err = _err(await resp.read())
+    assert err["code"] == "context_length_exceeded"
+    assert srv.engine.submitted == []
+
+
+async def test_over_capacity_is_429_at_once_never_5xx(server, session):
+    srv = await server(FakeScript(text=" x", token_delay=0.02), max_concurrent_requests=2, max_queued_requests=3)
+    url = srv.url("/v1/completions")
+
+    async def one(i: int) -> tuple[int, str | None, float, bytes]:
+        t0 = time.monotonic()
+        async with session.post(url, json={"prompt": "hi", "max_tokens": 15, "stream": i % 2 == 0}) as resp:
+            first = time.monotonic() - t0
+            return resp.status, resp.headers.get("Retry-After"), first, await resp.read()
+
+    results = await asyncio.gather(*(one(i) for i in range(40)))
+    statuses = [r[0] for r in results]
+    assert set(statuses) <= {200, 429}, statuses
+    rejected = [r for r in results if r[0] == 429]
+    assert len(rejected) >= 40 - 5 - 5  # at most 2 running + 3 waiting at any moment, a few finish meanwhile
+    for status, retry_after, first, raw in rejected:
+        assert retry_after is not None and int(retry_after) >= 1
+        assert first < 0.5  # answered at once, not after waiting
+        err = _err(raw)
+        assert err["type"] == "rate_limit_error" and err["code"] == "too_many_requests"
+    assert srv.state.admission.rejected == len(rejected)
+    assert srv.state.admission.active == 0 and srv.state.admission.queued == 0
+
+
+async def test_queue_zero_means_nobody_waits(server, session):
+    srv = await server(FakeScript(text=" x", token_delay=0.05), max_concurrent_requests=1, max_queued_requests=0)
+    holder = asyncio.ensure_future(session.post(srv.url("/v1/completions"), json={"prompt": "hi", "max_tokens": 10}))
+    assert await wait_until(lambda: srv.engine.num_running == 1, 2.0)
+    async with session.post(srv.url("/v1/completions"), json={"prompt": "hi", "max_tokens": 1}) as resp:
+        assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+    assert (await holder).status == 200
+
+
+async def test_engine_loading_is_503_with_retry_after(server, session):
+    srv = await server(load_delay=1.5, wait_ready=False)
+    async with session.get(srv.url("/health")) as resp:
+        assert resp.status == 503 and (await resp.json())["status"] == "loading"
+    for route, body in (("/v1/chat/completions", {"messages": USER_HI}), ("/v1/completions", {"prompt": "hi", "stream": True})):
+        async with session.post(srv.url(route), json=body) as resp:
+            assert resp.status == 503
+            assert int(resp.headers["Retry-After"]) > 0
+            err = _err(await resp.read())
+        assert err["code"] == "engine_loading" and err["type"] == "service_unavailable"
+    assert await wait_until(lambda: srv.engine.state == "ready", 3.0)
+    async with session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI}) as resp:
+        assert resp.status == 200
+
+
+async def test_engine_death_error_event_in_flight_then_503(server, session):
+    srv = await server(FakeScript(text=" x", token_delay=0.03))
+    url = srv.url("/v1/chat/completions")
+
+    async def stream() -> bytes:
+        async with session.post(url, json={"messages": USER_HI, "stream": True, "max_tokens": 1000}) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+    async def nonstream() -> tuple[int, bytes]:
+        async with session.post(url, json={"messages": USER_HI, "max_tokens": 1000}) as resp:
+            return resp.status, await resp.read()
+
+    streams = [asyncio.ensure_future(stream()) for _ in range(5)]
+    plain = asyncio.ensure_future(nonstream())
+    assert await wait_until(lambda: srv.engine.num_running == 6, 2.0)
+    await asyncio.sleep(0.1)
+    srv.engine.kill()
+    for body in await asyncio.gather(*streams):
+        assert stream_verdict(body) == "error"
+        assert b'"content":" x"' in body  # it was mid-stream
+    status, raw = await plain
+    assert status == 500 and _err(raw)["code"] == "engine_error"
+    # New requests: 503 upstream_unavailable with Retry-After; /health says so.
+    for body in ({"messages": USER_HI}, {"messages": USER_HI, "stream": True}):
+        async with session.post(url, json=body) as resp:
+            assert resp.status == 503 and int(resp.headers["Retry-After"]) > 0
+            err = _err(await resp.read())
+        assert err["code"] == "upstream_unavailable"
+    async with session.get(srv.url("/health")) as resp:
+        assert resp.status == 503
