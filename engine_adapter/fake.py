@@ -61,12 +61,13 @@ def split_words(text: str) -> list[str]:
 
 
 class _Choice:
-    __slots__ = ("index", "emitted", "text", "done")
+    __slots__ = ("index", "emitted", "text", "sent", "done")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.emitted = 0
-        self.text = ""
+        self.text = ""  # everything generated (for stop strings)
+        self.sent = 0  # how much of `text` has gone out
         self.done = False
 
 
@@ -248,12 +249,12 @@ class FakeEngine:
             token = run.tokens[position % len(run.tokens)]
             choice.emitted += 1
             finish = "length" if choice.emitted >= params.max_tokens else None
-            if params.stop and isinstance(token, str):
-                token, hit = self._apply_stop(choice, token, params)
-                if hit:
-                    finish = "stop"
             if finish is None and not run.repeat and choice.emitted >= len(run.tokens) and not params.ignore_eos:
                 finish = "stop"
+            if params.stop and isinstance(token, str):
+                token, hit = self._apply_stop(choice, token, params, final=finish is not None)
+                if hit:
+                    finish = "stop"
             if finish is not None:
                 choice.done = True
             logprobs = self._logprobs(run, position) if params.logprobs is not None else None
@@ -277,13 +278,24 @@ class FakeEngine:
         return [TokenLogprob(position, sampled.token, data, value, top[: run.params.logprobs or 0])]
 
     @staticmethod
-    def _apply_stop(choice: _Choice, token: str, params: GenerationParams) -> tuple[str, bool]:
-        before = len(choice.text)
+    def _apply_stop(choice: _Choice, token: str, params: GenerationParams, *, final: bool) -> tuple[str, bool]:
+        """What of `token` may go out now, as vLLM does it: text that could still
+        turn out to start a stop string is held back (max stop length - 1
+        characters) until it cannot, or until the output ends."""
         choice.text += token
-        for stop in params.stop:
-            at = choice.text.find(stop, max(0, before - len(stop) + 1))
-            if at >= 0:
-                end = at + len(stop) if params.include_stop_str_in_output else at
-                return choice.text[before:end] if end > before else "", True
-        return token, False
-
+        text = choice.text
+        longest = max(len(stop) for stop in params.stop)
+        start = max(0, choice.sent - longest + 1)
+        hits = [(at, stop) for stop in params.stop if (at := text.find(stop, start)) >= 0]
+        if hits:
+            at, stop = min(hits)
+            end = at + len(stop) if params.include_stop_str_in_output else at
+            out = text[choice.sent : end] if end > choice.sent else ""
+            choice.sent = max(end, choice.sent)
+            return out, True
+        safe = len(text) if final or params.include_stop_str_in_output else len(text) - (longest - 1)
+        if safe <= choice.sent:
+            return "", False
+        out = text[choice.sent : safe]
+        choice.sent = safe
+        return out, False

@@ -72,7 +72,10 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(request, _from_http_exception(exc, request))
+        response = _error(request, _from_http_exception(exc, request))
+        if "Allow" in exc.headers:  # a 405 must say which methods are allowed
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
@@ -84,12 +87,19 @@ async def _start_engine(app: web.Application) -> None:
     state = app[STATE_KEY]
 
     async def start() -> None:
+        limit = state.settings.engine_start_timeout
         try:
-            await state.engine.start()
+            async with asyncio.timeout(limit):
+                await state.engine.start()
             log.info("engine ready: serving %s", ", ".join(state.engine.info.served_names))
         except Exception as exc:
-            state.engine_error = str(exc)
-            log.exception("engine failed to start")
+            state.engine_error = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                log.error("engine did not start within %.0f s (--engine-start-timeout)", limit)
+            else:
+                log.exception("engine failed to start")
+            for callback in state.on_engine_failure:
+                callback()
 
     app[ENGINE_TASK_KEY] = asyncio.create_task(start(), name="engine-start")
 

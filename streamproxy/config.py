@@ -32,6 +32,7 @@ class Settings(msgspec.Struct, kw_only=True):
     nonstream_keepalive_interval: float = 15.0
     request_timeout: float = 600.0
     drain_timeout: float = 30.0
+    engine_start_timeout: float = 1800.0
     # Size and count limits.
     max_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
@@ -73,6 +74,7 @@ _FLAG_HELP: dict[str, str] = {
     "nonstream_keepalive_interval": "seconds between keepalive newlines of a non-streaming answer",
     "request_timeout": "seconds after which a non-streaming request is aborted",
     "drain_timeout": "seconds in-flight requests may finish after SIGTERM",
+    "engine_start_timeout": "seconds the engine may take to load before the server gives up and exits 1",
     "max_body_bytes": "largest request body accepted",
     "max_n": "largest 'n' accepted",
     "max_concurrent_requests": "requests generated at once (0: no limit)",

@@ -182,7 +182,7 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise InvalidRequest(
-                f"invalid role '{m.role}': expected one of system, developer, user, assistant, tool",
+                f"invalid role '{m.role}': expected one of system, developer, user, assistant, tool, function",
                 param=f"messages[{i}].role",
             )
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}

@@ -125,16 +125,26 @@ async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> 
     return ended
 
 
-async def serve(settings: Settings, engine: object, *, ready: asyncio.Event | None = None) -> None:
+async def serve(settings: Settings, engine: object, *, ready: asyncio.Event | None = None) -> int:
+    """Serve until a signal (exit code 0) or until the engine fails to start (1)."""
     listener = accesslog.configure(settings.access_log)
     app = create_app(settings, engine)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    engine_failed = False
+
+    def on_engine_failure() -> None:
+        nonlocal engine_failed
+        engine_failed = True
+        log.error("the engine could not start: shutting down")
+        stop.set()
+
+    app[STATE_KEY].on_engine_failure.append(on_engine_failure)
     runner = make_runner(app, settings)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
     await site.start()
     log.info("listening on http://%s:%d", settings.host, settings.port)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
     signals = 0
 
     def on_signal(sig: signal.Signals) -> None:
@@ -161,7 +171,10 @@ async def serve(settings: Settings, engine: object, *, ready: asyncio.Event | No
         if listener is not None:
             listener.stop()
         log.info("stopped")
+    return 1 if engine_failed else 0
 
 
 def run(settings: Settings, engine: object) -> None:
-    uvloop.run(serve(settings, engine))
+    code = uvloop.run(serve(settings, engine))
+    if code:
+        raise SystemExit(code)

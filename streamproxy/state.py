@@ -9,6 +9,7 @@ life of every generating request (request timeout, drain; see drain.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -31,6 +32,23 @@ class AppState:
         self.engine_error: str | None = None
         self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
         self.inflight = InFlight()
+        self._engine_ids: set[str] = set()
+        # Called when the engine cannot start (the server then exits non-zero).
+        self.on_engine_failure: list[Callable[[], None]] = []
+
+    def claim_engine_id(self, request_id: str) -> str:
+        """The engine request id for a request: its X-Request-Id, made unique
+        among requests in flight (two clients may send the same header, and
+        an abort must never reach the other one's request)."""
+        engine_id, n = request_id, 1
+        while engine_id in self._engine_ids:
+            n += 1
+            engine_id = f"{request_id}-{n}"
+        self._engine_ids.add(engine_id)
+        return engine_id
+
+    def release_engine_id(self, engine_id: str) -> None:
+        self._engine_ids.discard(engine_id)
 
     @property
     def ready(self) -> bool:

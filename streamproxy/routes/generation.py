@@ -100,7 +100,7 @@ async def run(
     rec = record(request)
     rec.generation = True
     rec.stream = stream
-    gen = Generation(engine, request["request_id"], prompt_ids, params)
+    gen = Generation(engine, state.claim_engine_id(request["request_id"]), prompt_ids, params)
     ticket = state.admission.enter()
     work: asyncio.Task[bytes] | None = None
     try:
@@ -138,7 +138,10 @@ async def run(
         if work is not None and not work.done():
             work.cancel()
         ticket.release()
-        await gen.abort_if_running()
+        try:
+            await gen.abort_if_running()
+        finally:
+            state.release_engine_id(gen.request_id)
 
 
 async def _stream(

@@ -29,8 +29,11 @@ async def get_model(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     state = app_state(request)
     engine_state = state.engine.state
-    status = 200 if engine_state == "ready" else 503
-    return web.json_response({"status": "ok" if status == 200 else engine_state}, status=status)
+    if engine_state == "ready":
+        return web.json_response({"status": "ok"})
+    # Load balancers and orchestrators may honour Retry-After while the model loads.
+    headers = {"Retry-After": "10"} if engine_state == "loading" else {}
+    return web.json_response({"status": engine_state}, status=503, headers=headers)
 
 
 async def version(request: web.Request) -> web.Response:

@@ -134,12 +134,6 @@ async def test_get_on_post_route_405(serve, path):
     assert_openai_error(resp.status, resp.headers, await resp.read(), expect_status=405, code="method_not_allowed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: app._from_http_exception rebuilds 405 as MethodNotAllowed and drops aiohttp's "
-    "Allow header, which RFC 9110 requires on a 405",
-)
 async def test_405_carries_allow_header(serve):
     client, _ = await serve()
     resp = await client.get("/v1/chat/completions")
