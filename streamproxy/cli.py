@@ -95,12 +95,17 @@ def build(argv: list[str]) -> tuple[Settings, Any]:
         ns = parser.parse_args(argv)
         settings = settings_from_namespace(ns)
         _check_tool_flags(settings, vllm_parsers=False)
+        _check_reasoning_flag(settings, vllm_parsers=False)
         return settings, _fake_engine(settings)
     if known.engine != "vllm":
         raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
     ns = _vllm_parser().parse_args(argv)
     settings = settings_from_namespace(ns)
     _check_tool_flags(settings, vllm_parsers=True)
+    _check_reasoning_flag(settings, vllm_parsers=True)
+    if ns.reasoning_parser:
+        # vLLM's own flag: the engine gets the bare name too (structured outputs wait for the thinking to end).
+        ns.reasoning_parser = ns.reasoning_parser.removeprefix("vllm:")
     return settings, _vllm_engine(ns, settings)
 
 
@@ -116,6 +121,15 @@ def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
         raise SystemExit(f"unknown --tool-call-parser {name!r} ({where})")
 
 
+def _check_reasoning_flag(settings: Settings, *, vllm_parsers: bool) -> None:
+    from .filters.chain import OWN_REASONING, known_reasoning_parser
+
+    name = settings.reasoning_parser
+    if name and not known_reasoning_parser(name, vllm_available=vllm_parsers):
+        where = "ours: " + ", ".join(sorted(OWN_REASONING)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
+        raise SystemExit(f"unknown --reasoning-parser {name!r} ({where})")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -125,10 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = args[0], args[1:]
     if command != "serve":
         raise SystemExit(f"unknown command {command!r}; try 'streamproxy serve --help'")
+    # Logging first (INFO), so start-up decisions (default model, KV cache) are seen;
+    # the level from the flags applies once they are parsed.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings, engine = build(rest)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.getLogger().setLevel(settings.log_level.upper())
     from .server import run
 
     run(settings, engine)
