@@ -18,12 +18,21 @@ the writer takes everything pending in one go, so when the writer is behind
 (slow socket) several steps coalesce into one write instead of queueing up.
 `get()` is cancellation-safe: a timeout around it (the writer's heartbeat
 deadline) loses nothing, unlike cancelling an async generator, which closes it.
+
+Push: while the consumer is idle and its socket keeps up, it `arm`s a sink
+(`sink(deltas) -> bool`) and the producer's `put` calls it synchronously,
+in the engine's own step: no future, no task wake-up, nothing pending. The
+sink returns False when it cannot take the step (socket behind, client gone):
+the stream disarms and the step is pending as usual, so the consumer wakes and
+goes on pulling (coalescing) until it arms again. An exception in the sink
+never reaches the producer: the stream disarms, keeps the exception and wakes
+the consumer, whose next `get_nowait` raises `PushFailed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -54,6 +63,9 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     # Structured output constraints (json schema, regex, choice, grammar) ride here.
     structured: dict[str, Any] | None = None
+    # The chat template kwargs the prompt was rendered with: an engine-side reasoning
+    # parser reads them (e.g. enable_thinking) to know when a constraint starts to apply.
+    template_kwargs: dict[str, Any] | None = None
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -138,10 +150,19 @@ class EngineRejected(Exception):
         self.param = param
 
 
+class PushFailed(Exception):
+    """The push sink raised; `__cause__` is what it raised."""
+
+
+Sink = Callable[[list[Delta]], bool]
+
+
 class OutputStream:
     """Single-consumer, cancellation-safe hand-over of engine steps."""
 
-    __slots__ = ("_pending", "_owned", "_waiter", "_closed", "_error", "prompt_tokens", "cached_tokens")
+    __slots__ = (
+        "_pending", "_owned", "_waiter", "_closed", "_error", "_sink", "_sink_error", "prompt_tokens", "cached_tokens",
+    )
 
     def __init__(self) -> None:
         self._pending: list[Delta] = []
@@ -149,11 +170,24 @@ class OutputStream:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._error: BaseException | None = None
+        self._sink: Sink | None = None
+        self._sink_error: BaseException | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
 
     # -- producer side (engine) --
     def put(self, deltas: list[Delta]) -> None:
+        sink = self._sink
+        if sink is not None:
+            try:
+                if sink(deltas):
+                    return
+            except Exception as exc:  # never into the engine's loop
+                self._sink = None
+                self._sink_error = exc
+                self._wake()
+                return
+            self._sink = None  # the consumer takes over (and pulls)
         pending = self._pending
         if not pending:
             self._pending = deltas
@@ -170,6 +204,7 @@ class OutputStream:
         if error is not None and self._error is None:
             self._error = error
         self._closed = True
+        self._sink = None
         self._wake()
 
     def _wake(self) -> None:
@@ -184,8 +219,20 @@ class OutputStream:
     def finished(self) -> bool:
         return self._closed and not self._pending
 
+    def arm(self, sink: Sink) -> bool:
+        """Let `put` hand steps straight to `sink` (only while nothing is pending)."""
+        if self._pending or self._closed or self._sink_error is not None:
+            return False
+        self._sink = sink
+        return True
+
+    def disarm(self) -> None:
+        self._sink = None
+
     def get_nowait(self) -> list[Delta] | None:
         """Everything pending, or None when nothing is (raises at the end)."""
+        if self._sink_error is not None:
+            raise PushFailed(repr(self._sink_error)) from self._sink_error
         pending = self._pending
         if pending:
             self._pending = []

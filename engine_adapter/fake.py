@@ -18,8 +18,9 @@ its bytes are the scripted token's own bytes (so a `bytes` token that is
 half a character reports exactly those bytes), and its top-k list is the
 token itself followed by made-up alternatives " alt1", " alt2", ... each one
 less likely by 1.0. The chat template puts `tools` (as JSON) before the
-messages, and `rendered` keeps what each render_chat call was given, so
-tests can see a tool-call round trip reach the template.
+messages, and `rendered` keeps what each render_chat call was given (and
+`template_kwargs` its chat_template_kwargs), so tests can see a tool-call
+round trip, or a thinking switch, reach the template.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class _Choice:
 
 
 class _Running:
-    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat")
+    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain")
 
     def __init__(self, request_id: str, stream: OutputStream, params: GenerationParams, start_at: float, script: FakeScript) -> None:
         self.request_id = request_id
@@ -82,6 +83,8 @@ class _Running:
         self.start_at = start_at
         self.repeat = script.tokens is None
         self.tokens: Sequence[str | bytes] = split_words(script.text) if script.tokens is None else script.tokens
+        # One choice, no stop strings, no logprobs: `FakeEngine._advance_plain`.
+        self.plain = params.n == 1 and not params.stop and params.logprobs is None
 
 
 class FakeEngine:
@@ -112,6 +115,7 @@ class FakeEngine:
         self.submitted: list[tuple[str, list[int], GenerationParams]] = []
         # render_chat's last (messages, tools), bounded: a benchmark renders millions.
         self.rendered: deque[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = deque(maxlen=64)
+        self.template_kwargs: deque[dict[str, Any] | None] = deque(maxlen=64)
         self.submitted_embeddings: list[tuple[str, list[int]]] = []
 
     # -- lifecycle ------------------------------------------------------
@@ -169,6 +173,7 @@ class FakeEngine:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         self.rendered.append((messages, tools))
+        self.template_kwargs.append(chat_template_kwargs)
         parts = [f"<|{m['role']}|>{m.get('content') or ''}\n" for m in messages]
         if tools:
             parts.insert(0, "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n")
@@ -207,12 +212,17 @@ class FakeEngine:
 
     async def _step_loop(self) -> None:
         delay = self.script.token_delay
+        last = time.monotonic()
         while True:
             if not self._running:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            await asyncio.sleep(delay)
-            now = time.monotonic()
+                last = time.monotonic()
+            # A step every `delay` seconds from the last one's start, like a model
+            # whose step time does not grow with the work the server does per
+            # step (its output handling, the writes pushed from the step).
+            await asyncio.sleep(max(0.0, last + delay - time.monotonic()))
+            now = last = time.monotonic()
             try:
                 finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
             except Exception as exc:  # a bug must fail the requests, not hang them
@@ -230,9 +240,11 @@ class FakeEngine:
 
     def _advance(self, run: _Running) -> bool:
         """Emit one token per unfinished choice; True when the request is done."""
-        deltas: list[Delta] = []
         params = run.params
         fail_after = self.script.fail_after
+        if run.plain and fail_after is None:
+            return self._advance_plain(run)
+        deltas: list[Delta] = []
         for choice in run.choices:
             if choice.done:
                 continue
@@ -265,6 +277,33 @@ class FakeEngine:
             run.stream.close()
             return True
         return False
+
+    @staticmethod
+    def _advance_plain(run: _Running) -> bool:
+        """`_advance` for the common request (n=1, no stop strings, no logprobs): same
+        output, less work per token, so a benchmark measures the server, not the fake."""
+        choice = run.choices[0]
+        tokens = run.tokens
+        position = choice.emitted
+        if not run.repeat and position >= len(tokens):
+            choice.done = True
+            run.stream.put([Delta(0, "", 0, "stop")])
+            run.stream.close()
+            return True
+        emitted = choice.emitted = position + 1
+        params = run.params
+        if emitted >= params.max_tokens:
+            finish: str | None = "length"
+        elif not run.repeat and emitted >= len(tokens) and not params.ignore_eos:
+            finish = "stop"
+        else:
+            finish = None
+        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, finish, [position])])
+        if finish is None:
+            return False
+        choice.done = True
+        run.stream.close()
+        return True
 
     def _logprobs(self, run: _Running, position: int) -> list[TokenLogprob]:
         token = run.tokens[position % len(run.tokens)]

@@ -12,7 +12,9 @@ Requests go in as token ids (the server rendered and counted the prompt) via
 per-request `RequestOutputCollector`, which already merges outputs when the
 consumer is behind; `VllmOutputStream` wraps it into the contract's
 `get_nowait()/get()` and turns each `RequestOutput` into `Delta`s. No task
-per request: the consumer awaits the collector's event directly.
+per request: the consumer awaits the collector's event directly, and while
+the client keeps up it is not woken at all: vLLM's output handler hands each
+step to the writer's sink through a hook on the collector's `put` (push).
 
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
@@ -30,14 +32,43 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Delta, EngineFailure, EngineRejected, EngineState, GenerationParams, ModelInfo, TokenLogprob, token_text
+from .base import (
+    Delta,
+    EngineFailure,
+    EngineRejected,
+    EngineState,
+    GenerationParams,
+    ModelInfo,
+    PushFailed,
+    Sink,
+    TokenLogprob,
+    token_text,
+)
 from .token_bytes import TokenBytes
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
 
 class VllmOutputStream:
-    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs")
+    """vLLM's `RequestOutputCollector` behind the contract's `get_nowait()/get()`, plus push.
+
+    Pull: the collector merges outputs while the consumer is behind; each
+    `get_nowait` takes what it holds and converts it to `Delta`s.
+
+    Push (`arm(sink)`): the collector's `put` is replaced on the instance (vLLM's
+    output handler calls `req_state.queue.put(request_output)` from its task
+    in this loop, and `put(exc)` for `propagate_error`). While armed and the
+    collector holds nothing, a `RequestOutput` is converted and handed to the
+    sink right there, in vLLM's output step. Anything else goes to vLLM's own
+    `put`: an exception, an output while one is pending (merged as before),
+    any output while disarmed. When the sink refuses, its converted Deltas are
+    kept (`_held`, taken before the collector's) and the consumer is woken;
+    when it raises, or converting raises, the error is kept for the consumer
+    (`PushFailed`) and nothing reaches vLLM's loop. The last output of the
+    request (`finished`) wakes the consumer to end the stream.
+    """
+
+    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs", "_sink", "_held", "_sink_error", "_hooked")
 
     def __init__(self, collector: Any, logprobs: Any = None) -> None:
         self._collector = collector
@@ -46,14 +77,76 @@ class VllmOutputStream:
         self.cached_tokens = 0
         # (TokenBytes, top-k) when the request asked for logprobs.
         self._logprobs = logprobs
+        self._sink: Sink | None = None
+        self._held: list[Delta] = []
+        self._sink_error: BaseException | None = None
+        self._hooked = False
 
     @property
     def finished(self) -> bool:
         return self._done
 
+    # -- push -----------------------------------------------------------
+    def arm(self, sink: Sink) -> bool:
+        if self._held or self._done or self._sink_error is not None or self._collector.output is not None:
+            return False
+        if not self._hooked:
+            self._hook()
+        self._sink = sink
+        return True
+
+    def disarm(self) -> None:
+        self._sink = None
+
+    def _hook(self) -> None:
+        collector = self._collector
+        original = collector.put  # vLLM's own (bound) put
+        stream = self
+
+        def put(output: Any) -> None:
+            if stream._sink is None or collector.output is not None or isinstance(output, BaseException):
+                original(output)
+            else:
+                stream._push(output)
+
+        collector.put = put
+        self._hooked = True
+
+    def _push(self, output: Any) -> None:
+        sink = self._sink
+        assert sink is not None
+        try:
+            deltas = self._convert(output)
+            if sink(deltas):
+                if self._done:  # the request's last output: wake the consumer to end the stream
+                    self._sink = None
+                    self._collector.ready.set()
+                return
+        except Exception as exc:  # never into vLLM's output handler
+            self._sink = None
+            self._sink_error = exc
+            self._collector.ready.set()
+            return
+        self._sink = None  # the consumer takes over (and pulls)
+        self._held = deltas
+        self._collector.ready.set()
+
+    # -- pull -----------------------------------------------------------
     def get_nowait(self) -> list[Delta] | None:
+        held = self._held
+        if held:  # what the sink refused comes first; the collector's on the next call
+            self._held = []
+            return held
+        if self._sink_error is not None:
+            raise PushFailed(repr(self._sink_error)) from self._sink_error
         if self._done:
             raise StopAsyncIteration
+        got = self._take()
+        if got is None:
+            self._collector.ready.clear()  # nothing to take: a wake-up of ours is used up
+        return got
+
+    def _take(self) -> list[Delta] | None:
         try:
             out = self._collector.get_nowait()
         except Exception as exc:  # EngineDeadError, EngineGenerateError, ...
@@ -61,6 +154,9 @@ class VllmOutputStream:
             raise EngineFailure(f"{type(exc).__name__}: {exc}") from exc
         if out is None:
             return None
+        return self._convert(out)
+
+    def _convert(self, out: Any) -> list[Delta]:
         if out.prompt_token_ids is not None:
             self.prompt_tokens = len(out.prompt_token_ids)
         self.cached_tokens = out.num_cached_tokens or 0
@@ -238,7 +334,12 @@ class VllmEngine:
 
         try:
             sampling = _sampling_params(params)
-            collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling)
+            # With --reasoning-parser, vLLM's structured outputs wait for the thinking to end;
+            # its parser must know the request's template switch (enable_thinking), as in vllm serve.
+            extra = {}
+            if params.structured is not None and params.template_kwargs is not None:
+                extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
+            collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
             raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
         except (VLLMClientError, ValueError, TypeError, RuntimeError) as exc:

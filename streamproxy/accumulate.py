@@ -1,11 +1,13 @@
 """Non-streaming counterpart of `stream.py`: gather each choice's whole answer.
 
 Sans-IO like the stream encoders: `step(deltas)` per engine step, then read
-`text(i)`, `tool_calls(i)`, `logprobs(i)`, `finish_reasons`, token counts.
+`text(i)`, `reasoning(i)`, `tool_calls(i)`, `logprobs(i)`, `finish_reasons`,
+token counts (`reasoning_tokens`: None unless the chain splits reasoning).
 Text goes through the same UTF-8 carry, so a character split across steps
 is whole in the answer. With a filter chain (tool calls) each choice runs
 the same `Pipeline` the stream encoder runs, so a non-stream answer is
-exactly what the stream would reassemble to: content parts joined, each
+exactly what the stream would reassemble to: content parts joined,
+reasoning parts joined, each
 tool call's (id, name, arguments) with the argument pieces joined, and the
 finish reason as the filters map it.
 """
@@ -16,15 +18,18 @@ from collections.abc import Sequence
 
 from engine_adapter.base import Delta, TokenLogprob
 
-from .filters.base import CONTENT, TOOL_CALL, FilterFactory, Part, Pipeline
+from .filters.base import CONTENT, REASONING, TOOL_CALL, FilterFactory, Part, Pipeline
 from .utf8 import Utf8Carry
 
 
 class Accumulator:
-    __slots__ = ("_parts", "_carries", "_pipes", "_calls", "_logprobs", "tokens", "finish_reasons", "prompt_tokens", "cached_tokens")
+    __slots__ = (
+        "_parts", "_reasoning", "_carries", "_pipes", "_calls", "_logprobs", "tokens", "finish_reasons", "prompt_tokens", "cached_tokens"
+    )
 
     def __init__(self, n: int, filters: FilterFactory | None = None, logprobs: bool = False) -> None:
         self._parts: list[list[str]] = [[] for _ in range(n)]
+        self._reasoning: list[list[str]] = [[] for _ in range(n)]
         self._carries = [Utf8Carry() for _ in range(n)]
         self._pipes = [Pipeline(filters()) for _ in range(n)] if filters is not None else None
         # Per choice: [id, name, [argument pieces]] per call, in index order.
@@ -62,6 +67,8 @@ class Accumulator:
         for p in parts:
             if p.kind == CONTENT:
                 self._parts[i].append(p.text)
+            elif p.kind == REASONING:
+                self._reasoning[i].append(p.text)
             elif p.kind == TOOL_CALL:
                 self._calls[i].append([p.id, p.name, []])
             else:
@@ -69,6 +76,17 @@ class Accumulator:
 
     def text(self, index: int) -> str:
         return "".join(self._parts[index])
+
+    def reasoning(self, index: int) -> str | None:
+        """The choice's thinking; None when there was none."""
+        return "".join(self._reasoning[index]) or None
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        if self._pipes is None:
+            return None
+        counts = [n for pipe in self._pipes if (n := pipe.reasoning_tokens) is not None]
+        return sum(counts) if counts else None
 
     def tool_calls(self, index: int) -> list[tuple[str, str, str]]:
         """(id, name, arguments) of each call of a choice."""

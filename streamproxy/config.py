@@ -28,6 +28,8 @@ class Settings(msgspec.Struct, kw_only=True):
     # Streaming keepalive and bounds (seconds).
     sse_heartbeat: float = 15.0
     write_stall_timeout: float = 30.0
+    # Write each engine step straight to the socket from the engine's step while the client keeps up.
+    stream_push: bool = True
     nonstream_keepalive_after: float = 60.0
     nonstream_keepalive_interval: float = 15.0
     request_timeout: float = 600.0
@@ -53,6 +55,11 @@ class Settings(msgspec.Struct, kw_only=True):
     # Tool calling in tool_choice "auto" (as in vLLM): a parser for the model's tool-call syntax.
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # Reasoning models (as in vLLM): the parser that splits the thinking from the answer,
+    # whether it is also sent under its older name, and chat template kwargs for every request.
+    reasoning_parser: str | None = None
+    reasoning_content_field: bool = True
+    default_chat_template_kwargs: dict[str, Any] | None = None
     # Fake engine knobs (--engine fake).
     fake_ttft: float = 0.0
     fake_token_delay: float = 0.0
@@ -70,6 +77,8 @@ _FLAG_HELP: dict[str, str] = {
     "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
     "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
+    "stream_push": "write each engine step to the socket from the engine's step while the client keeps up "
+    "(--no-stream-push: always from the request's task)",
     "nonstream_keepalive_after": "seconds before a non-streaming answer starts sending keepalive whitespace",
     "nonstream_keepalive_interval": "seconds between keepalive newlines of a non-streaming answer",
     "request_timeout": "seconds after which a non-streaming request is aborted",
@@ -92,6 +101,12 @@ _FLAG_HELP: dict[str, str] = {
     "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
     "tool_call_parser": "parser for the model's tool-call syntax: hermes, llama3_json, mistral, pythonic, "
     "or any name in vLLM's tool-parser registry",
+    "reasoning_parser": "split the model's thinking into message.reasoning: qwen3, deepseek_r1, "
+    "or any name in vLLM's reasoning-parser registry",
+    "reasoning_content_field": "also send the reasoning as `reasoning_content` (the older name LangChain, "
+    "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
+    "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "
+    "'{\"enable_thinking\": false}'); a request's own chat_template_kwargs win",
     "fake_ttft": "fake engine: seconds before the first token",
     "fake_token_delay": "fake engine: seconds between tokens",
     "fake_text": "fake engine: text repeated until max_tokens",
@@ -135,8 +150,25 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
 
 # List settings given as a repeated flag (a YAML list becomes `--flag a --flag b`).
 _REPEATABLE = {name for name in Settings.__struct_fields__ if isinstance(getattr(Settings(), name), list)}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 # Flags whose default is None and whose values are not ints.
-_FLAG_TYPE: dict[str, Any] = {"deprecation_link": str, "tool_call_parser": str}
+_FLAG_TYPE: dict[str, Any] = {
+    "deprecation_link": str,
+    "tool_call_parser": str,
+    "reasoning_parser": str,
+    "default_chat_template_kwargs": _json_object,
+}
 
 
 def _list_value(text: str) -> list[str]:
@@ -191,6 +223,8 @@ def expand_config_file(argv: list[str]) -> list[str]:
             flags.append(flag)
         elif value is False or value is None:
             continue
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]  # e.g. default_chat_template_kwargs
         elif isinstance(value, list):
             if str(key).replace("-", "_") in _REPEATABLE:
                 for v in value:

@@ -20,7 +20,9 @@ and `tool_choice` (auto, any -> required, tool -> a named function, none;
 becomes a JSON Schema response_format; `stop_sequences` become stop strings
 that stay in the engine's output so the stream can say which one matched
 (see `stopseq.py`). `thinking` and `output_config.effort` ride on the chat
-request's reasoning fields when the chat path has them.
+request's reasoning fields: thinking disabled -> `enable_thinking: false`
+for the template; thinking enabled/adaptive or an effort -> `reasoning_effort`
+(the effort, else "medium"), which turns thinking on (`params.template_kwargs`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .protocol.openai_chat import (
 
 # chat parameter -> Anthropic parameter, for errors raised by the chat path.
 CHAT_NAMES: list[tuple[str, str]] = [
+    ("reasoning_effort", "output_config.effort"),
     (".function.parameters", ".input_schema"),
     (".function.name", ".name"),
     ("response_format.json_schema.schema", "output_config.format.schema"),
@@ -180,14 +183,13 @@ def _response_format(req: CountTokensRequest) -> ResponseFormat | None:
 
 
 def _reasoning(req: CountTokensRequest) -> dict[str, Any]:
-    """thinking / output_config.effort -> the chat request's reasoning fields, where it has them."""
-    fields = ChatCompletionRequest.__struct_fields__
+    """thinking / output_config.effort -> the chat request's reasoning fields."""
     out: dict[str, Any] = {}
     thinking = req.thinking
     effort = req.output_config.effort if req.output_config is not None else None
     if thinking is not None and thinking.type == "disabled":
         out["chat_template_kwargs"] = {"enable_thinking": False}
-    elif "reasoning_effort" in fields and (effort is not None or thinking is not None):
+    elif effort is not None or thinking is not None:
         out["reasoning_effort"] = effort or "medium"
     return out
 

@@ -42,6 +42,7 @@ from .protocol.openai_responses import InputContent, InputItem, ResponsesRequest
 
 # chat parameter -> Responses parameter, for errors raised by the chat path.
 CHAT_NAMES: list[tuple[str, str]] = [
+    ("reasoning_effort", "reasoning.effort"),
     (".function.parameters", ".parameters"),
     (".function.name", ".name"),
     ("response_format.json_schema.schema", "text.format.schema"),
@@ -200,8 +201,8 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
     check_supported(req)
     extra: dict[str, Any] = {}
     effort = req.reasoning.effort if req.reasoning is not None else None
-    if effort is not None and "reasoning_effort" in ChatCompletionRequest.__struct_fields__:
-        extra["reasoning_effort"] = effort  # the reasoning path decides what an effort means
+    if effort is not None:
+        extra["reasoning_effort"] = effort  # thinking on ("none": off), see params.template_kwargs
     return ChatCompletionRequest(
         messages=messages(req),
         model=req.model,

@@ -18,6 +18,7 @@ from .protocol.openai_chat import ChatCompletionRequest, ChatMessage
 from .protocol.openai_completions import CompletionRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 def _check_range(name: str, value: float | None, low: float, high: float) -> None:
@@ -128,6 +129,29 @@ def sampling_params(
     if req.repetition_penalty is not None:
         params.repetition_penalty = req.repetition_penalty
     return params
+
+
+def template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any] | None) -> dict[str, Any]:
+    """The chat template's kwargs: the server's defaults < what `reasoning_effort` implies < the request's own.
+
+    An effort goes to the template as `reasoning_effort` and turns thinking on
+    (`enable_thinking`, off for "none") unless the request sets it itself, as
+    vLLM does; so a server started with thinking off thinks for a request that
+    asks for an effort.
+    """
+    out = dict(defaults) if defaults else {}
+    effort = req.reasoning_effort
+    own = req.chat_template_kwargs or {}
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise InvalidRequest(
+                f"invalid 'reasoning_effort' value '{effort}': expected one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
+            )
+        out["reasoning_effort"] = effort
+        if "enable_thinking" not in own:
+            out["enable_thinking"] = effort != "none"
+    out.update(own)
+    return out
 
 
 def chat_max_tokens(req: ChatCompletionRequest) -> int | None:

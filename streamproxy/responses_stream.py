@@ -91,7 +91,7 @@ class ResponsesEncoder(BlockEncoder):
             input_tokens=self.prompt_tokens,
             input_tokens_details=InputTokensDetails(cached_tokens=self.cached_tokens),
             output_tokens=self.tokens,
-            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=self.pipeline.reasoning_tokens or 0),
             total_tokens=self.prompt_tokens + self.tokens,
         )
 

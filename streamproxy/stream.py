@@ -19,12 +19,15 @@ chunk carries half a character whatever the engine emits.
 Two paths, chosen once per stream (not per token): with no filters and no
 logprobs, `_one_plain` turns a Delta straight into a content chunk (the
 template path above). Otherwise each choice runs a `filters.base.Pipeline`
-(its carry plus the request's filter chain, e.g. a tool-call parser) and
-`_one_parts` renders the parts it yields: content as `delta.content`, the
-first fragment of a tool call as `delta.tool_calls[{index, id, type,
-function: {name, arguments: ""}}]`, later argument pieces as
-`delta.tool_calls[{index, function: {arguments}}]`. A step's logprobs ride on
-the first chunk the step produces; tokens that produced no chunk yet (half a
+(its carry plus the request's filter chain, e.g. a reasoning splitter and a
+tool-call parser) and `_one_parts` renders the parts it yields: content as
+`delta.content`, reasoning as `delta.reasoning` (and `delta.reasoning_content`,
+its older name, unless the route turns that off), the first fragment of a
+tool call as `delta.tool_calls[{index, id, type, function: {name,
+arguments: ""}}]`, later argument pieces as
+`delta.tool_calls[{index, function: {arguments}}]`. With a reasoning
+splitter the usage carries `completion_tokens_details.reasoning_tokens`.
+A step's logprobs ride on the first chunk the step produces; tokens that produced no chunk yet (half a
 character, text a filter holds back) ride on the next one, at the latest on
 the finish chunk, so every token's entry is sent exactly once, in order.
 """
@@ -39,7 +42,7 @@ from engine_adapter.base import Delta, TokenLogprob
 
 from . import sse
 from .errors import APIError
-from .filters.base import CONTENT, TOOL_CALL, FilterFactory, Part, Pipeline, merge_content
+from .filters.base import CONTENT, REASONING, TOOL_CALL, FilterFactory, Part, Pipeline, merge_content
 from .logprobs import CompletionLogprobs, chat_entries
 from .utf8 import Utf8Carry
 
@@ -47,10 +50,12 @@ _dumps = orjson.dumps
 _NULL = b"null"
 
 
-def _usage_json(prompt: int, completion: int, cached: int | None) -> bytes:
+def _usage_json(prompt: int, completion: int, cached: int | None, reasoning: int | None = None) -> bytes:
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}  # type: ignore[assignment]
     return _dumps(usage)
 
 
@@ -206,7 +211,13 @@ class StreamEncoder:
     def usage_json(self) -> bytes:
         completion = sum(c.tokens for c in self.choices)
         cached = self.cached_tokens if self.report_cached_tokens else None
-        return _usage_json(self.prompt_tokens, completion, cached)
+        return _usage_json(self.prompt_tokens, completion, cached, self.reasoning_tokens)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Thinking tokens the choices' reasoning splitters counted; None without one."""
+        counts = [n for c in self.choices if c.pipeline is not None and (n := c.pipeline.reasoning_tokens) is not None]
+        return sum(counts) if counts else None
 
     def finish(self) -> bytes:
         """After the engine's last step: usage chunk (if asked) and [DONE]."""
@@ -230,9 +241,17 @@ class ChatStreamEncoder(StreamEncoder):
     text_close = b"}"
     finish_body = b'"delta":{}'
 
+    # Reasoning also under its older name, `reasoning_content` (--no-reasoning-content-field: off).
+    reasoning_content = True
+
     def _part_body(self, part: Part) -> bytes:
         if part.kind == CONTENT:
             return self.text_open + _dumps(part.text) + b"}"
+        if part.kind == REASONING:
+            text = _dumps(part.text)
+            if self.reasoning_content:
+                return b'"delta":{"reasoning":' + text + b',"reasoning_content":' + text + b"}"
+            return b'"delta":{"reasoning":' + text + b"}"
         if part.kind == TOOL_CALL:
             call = {
                 "index": part.index,

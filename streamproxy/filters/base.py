@@ -1,11 +1,13 @@
 """Parts, the filter protocol, and the per-choice pipeline that chains filters.
 
 Between the engine's text and the encoders, each choice of a request may run
-a chain of response filters (a tool-call parser, later a reasoning splitter).
-The chain speaks in `Part`s: a run of content text, the start of a tool call
-(index, id, name), a piece of a tool call's arguments. The engine's text
-enters as CONTENT parts; a filter consumes the kinds it understands and
-passes every other part through unchanged, in order, so filters compose.
+a chain of response filters (a reasoning splitter, a tool-call parser).
+The chain speaks in `Part`s: a run of content text, a run of the model's
+reasoning, the start of a tool call (index, id, name), a piece of a tool
+call's arguments. The engine's text enters as CONTENT parts; a filter
+consumes the kinds it understands and passes every other part through
+unchanged, in order, so filters compose (the reasoning splitter turns the
+thinking into REASONING parts, so a tool parser after it sees only content).
 
     feed(parts) -> parts     what can be said now (a filter may hold text back)
     flush()     -> parts     end of output: whatever is still held
@@ -14,7 +16,9 @@ passes every other part through unchanged, in order, so filters compose.
 `Pipeline` owns the choice's UTF-8 carry and the filter instances: `feed`
 turns one Delta's text into parts, `finish` flushes the chain in order (a
 filter's flushed parts still pass through the filters after it) and maps
-the finish reason. Everything here is sans-IO and synchronous.
+the finish reason; `reasoning_tokens` sums what the chain's reasoning
+splitters counted (None when the chain has none). Everything here is
+sans-IO and synchronous.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ..utf8 import Utf8Carry
 CONTENT = 0
 TOOL_CALL = 1  # first fragment of a tool call: index, id, name
 TOOL_ARGS = 2  # a piece of a tool call's arguments: index, text
+REASONING = 3  # a run of the model's reasoning (thinking) text
 
 
 class Part:
@@ -54,6 +59,8 @@ class Part:
             return f"Content({self.text!r})"
         if self.kind == TOOL_CALL:
             return f"ToolCall({self.index}, {self.name!r})"
+        if self.kind == REASONING:
+            return f"Reasoning({self.text!r})"
         return f"ToolArgs({self.index}, {self.text!r})"
 
     def __eq__(self, other: object) -> bool:
@@ -70,6 +77,10 @@ class Part:
 
 def content(text: str) -> Part:
     return Part(CONTENT, text)
+
+
+def reasoning(text: str) -> Part:
+    return Part(REASONING, text)
 
 
 def new_call_id() -> str:
@@ -123,6 +134,12 @@ class Pipeline:
             parts += f.flush()
             reason = f.finish_reason(reason)
         return [p for p in parts if p.text or p.kind != CONTENT], reason
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens the chain's reasoning splitters counted as thinking; None without one."""
+        counts = [n for f in self.filters if (n := getattr(f, "reasoning_tokens", None)) is not None]
+        return sum(counts) if counts else None
 
 
 def merge_content(parts: list[Part]) -> list[Part]:

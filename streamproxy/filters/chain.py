@@ -3,14 +3,20 @@
 `chat_filters(plan, parser)` returns a factory that makes one fresh chain
 per choice (so n > 1 keeps every choice's parse state apart), or None when
 the request needs no filter at all, which keeps the encoders on their
-plain-content fast path. Today the chain is at most one tool-call filter:
+plain-content fast path. The chain is a reasoning splitter (when the
+server has --reasoning-parser and the request thinks), then at most one
+tool-call filter, which so sees only the answer, never the thinking:
 
     tool_choice "none"/no tools   no filter
     "named"                       NamedToolEmitter (constrained JSON -> one call)
     "required"                    RequiredToolEmitter (constrained JSON array -> calls)
     "auto"                        the server's --tool-call-parser
 
-A reasoning splitter will go in front of the tool filter here.
+`reasoning_spec(name, ...)` resolves --reasoning-parser the same way:
+ours (`reasoning.OWN_REASONING`: qwen3, deepseek_r1) by name first, then
+vLLM's registry (`vllm_reasoning`), `vllm:NAME` for vLLM's even where we
+have our own. It reads the request's chat template kwargs: qwen3 with
+`enable_thinking: false` needs no splitter at all.
 
 `parser_spec(name, ...)` resolves --tool-call-parser: our own sans-IO parsers
 by name first (OWN_PARSERS), then any name in vLLM's registry through the
@@ -28,6 +34,7 @@ from .hermes import HermesParser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
 from .pythonic import PythonicParser
+from .reasoning import OWN_REASONING
 from .toolset import ToolSet
 
 OWN_PARSERS: dict[str, Any] = {
@@ -62,7 +69,51 @@ def parser_spec(name: str, *, tokenizer: Any, tools: list[dict[str, Any]]) -> An
     return VllmParserSpec(name.removeprefix(VLLM_PREFIX), tokenizer, tools)
 
 
-def chat_filters(plan: Any, parser: Any = None) -> FilterFactory | None:
+def known_reasoning_parser(name: str, *, vllm_available: bool) -> bool:
+    if name in OWN_REASONING:
+        return True
+    if not vllm_available:
+        return False
+    from .vllm_reasoning import registered
+
+    return registered(name.removeprefix(VLLM_PREFIX))
+
+
+class _OwnReasoning:
+    """Our splitter factory, with what the route asks of it."""
+
+    keep_special_tokens = False
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def __call__(self) -> Any:
+        return self.make()
+
+
+def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[str, Any]) -> Any:
+    """A factory of one reasoning filter per choice, with `.keep_special_tokens`; None: no splitting."""
+    if not name:
+        return None
+    own = OWN_REASONING.get(name)
+    if own is not None:
+        make = own(template_kwargs)
+        return None if make is None else _OwnReasoning(make)
+    from .vllm_reasoning import VllmReasoningSpec
+
+    return VllmReasoningSpec(name.removeprefix(VLLM_PREFIX), tokenizer, template_kwargs)
+
+
+def chat_filters(plan: Any, parser: Any = None, reasoning: Any = None) -> FilterFactory | None:
+    tools = _tool_filters(plan, parser)
+    if reasoning is None:
+        return tools
+    if tools is None:
+        return lambda: [reasoning()]
+    return lambda: [reasoning(), *tools()]
+
+
+def _tool_filters(plan: Any, parser: Any) -> FilterFactory | None:
     if plan is None or plan.mode == "none":
         return None
     if plan.mode == "named":

@@ -31,11 +31,17 @@ class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
 class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    # Only with a reasoning parser: how many completion tokens were thinking.
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class ModelCard(msgspec.Struct):

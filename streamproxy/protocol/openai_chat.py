@@ -99,6 +99,8 @@ class ChatCompletionRequest(msgspec.Struct):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning models: an effort turns thinking on (params.template_kwargs).
+    reasoning_effort: str | None = None
     # Tool calling (params.tool_plan) and structured outputs (params.structured_outputs).
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
@@ -130,6 +132,9 @@ class ResponseMessage(msgspec.Struct, omit_defaults=True):
     refusal: str | None
     # Left out when empty (omit_defaults), like OpenAI for plain answers.
     tool_calls: list[ResponseToolCall] = []
+    # The model's thinking (--reasoning-parser), and the same under its older name.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(msgspec.Struct):

@@ -3,9 +3,13 @@
 The route only composes: `structured.tool_plan` reads the tool fields (a 400
 for "auto" when the server has no tool-call parser), `structured.constraint`
 gives the engine its structured-output constraint (tool_choice required or
-named, response_format, vLLM's extensions), `filters.chain.chat_filters`
-picks the per-choice filter chain, and the same chain runs in the stream
-encoder and in the non-stream accumulator, so both answers agree.
+named, response_format, vLLM's extensions), `params.template_kwargs` merges
+the chat template kwargs (server defaults, reasoning_effort, the request's),
+`filters.chain.chat_filters` picks the per-choice filter chain (reasoning
+splitter, tool parser), and the same chain runs in the stream encoder and
+in the non-stream accumulator, so both answers agree. The thinking goes out
+as `reasoning`, and as `reasoning_content` too unless
+--no-reasoning-content-field.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from .. import params as P
 from .. import structured as S
 from ..accumulate import Accumulator
 from ..errors import InvalidRequest
-from ..filters.chain import chat_filters, parser_spec
+from ..filters.chain import chat_filters, parser_spec, reasoning_spec
 from ..logprobs import chat_choice_logprobs, chat_entries
-from ..protocol.common import PromptTokensDetails, Usage
+from ..protocol.common import CompletionTokensDetails, PromptTokensDetails, Usage
 from ..protocol.openai_chat import (
     ChatChoice,
     ChatCompletion,
@@ -39,14 +43,21 @@ from .body import decode_body
 _encode = msgspec.json.Encoder().encode
 
 
-def render_prompt(engine: Any, messages: list[dict[str, Any]], req: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+def render_prompt(
+    engine: Any,
+    messages: list[dict[str, Any]],
+    req: Any,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """`template_kwargs`: the merged kwargs (`params.template_kwargs`); the request's own when None."""
     try:
         return engine.render_chat(
             messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             tools=tools,
-            chat_template_kwargs=req.chat_template_kwargs,
+            chat_template_kwargs=req.chat_template_kwargs if template_kwargs is None else template_kwargs,
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
@@ -56,15 +67,18 @@ def render_prompt(engine: Any, messages: list[dict[str, Any]], req: Any, tools: 
         raise
 
 
-def _message(acc: Accumulator, i: int) -> ResponseMessage:
+def _message(acc: Accumulator, i: int, reasoning_content: bool) -> ResponseMessage:
     calls = acc.tool_calls(i)
     text = acc.text(i)
+    thinking = acc.reasoning(i)
     return ResponseMessage(
         role="assistant",
         # Only tool calls: content is null, as OpenAI sends it.
         content=(text or None) if calls else text,
         refusal=None,
         tool_calls=[ResponseToolCall(id=cid, function=FunctionCall(name=name, arguments=args)) for cid, name, args in calls],
+        reasoning=thinking,
+        reasoning_content=thinking if reasoning_content else None,
     )
 
 
@@ -77,7 +91,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = S.tool_plan(req, auto_parser=auto_parser)
     constraint = S.constraint(req, plan)
     messages = P.chat_messages(req.messages)
-    prompt_ids = render_prompt(engine, messages, req, plan.tools if plan is not None else None)
+    template_kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    prompt_ids = render_prompt(engine, messages, req, plan.tools if plan is not None else None, template_kwargs)
     params = P.sampling_params(
         req,
         prompt_len=len(prompt_ids),
@@ -87,12 +102,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         logprobs=P.chat_logprobs(req),
     )
     params.structured = constraint
+    params.template_kwargs = template_kwargs
     parser = None
     if plan is not None and plan.mode == "auto":
         parser = parser_spec(auto_parser, tokenizer=getattr(engine, "tokenizer", None), tools=plan.tools)  # type: ignore[arg-type]
         if parser.keep_special_tokens:
             params.skip_special_tokens = False  # the parser reads its tags from the text
-    filters = chat_filters(plan, parser)
+    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=getattr(engine, "tokenizer", None), template_kwargs=template_kwargs)
+    if reasoning is not None and reasoning.keep_special_tokens:
+        params.skip_special_tokens = False
+    filters = chat_filters(plan, parser, reasoning)
+    reasoning_content = settings.reasoning_content_field
     want_logprobs = params.logprobs is not None
     forced_call = plan is not None and plan.mode in ("required", "named")
     response_id = "chatcmpl-" + request["request_id"]
@@ -114,6 +134,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
         if forced_call:
             enc.role_content = b"null"
+        enc.reasoning_content = reasoning_content
         return enc
 
     def accumulator() -> Accumulator:
@@ -124,12 +145,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         for i in range(params.n):
             lp = acc.logprobs(i)
             logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
-            choices.append(ChatChoice(index=i, message=_message(acc, i), logprobs=logprobs, finish_reason=acc.finish_reasons[i]))
+            choices.append(ChatChoice(index=i, message=_message(acc, i, reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i]))
+        thought = acc.reasoning_tokens
         usage = Usage(
             prompt_tokens=acc.prompt_tokens,
             completion_tokens=acc.completion_tokens,
             total_tokens=acc.prompt_tokens + acc.completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=acc.cached_tokens),
+            completion_tokens_details=None if thought is None else CompletionTokensDetails(reasoning_tokens=thought),
         )
         return _encode(ChatCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT))
 

@@ -4,10 +4,11 @@ The Responses and Anthropic routes convert their request into a
 `ChatCompletionRequest` (`convert_responses`, `convert_anthropic`); from
 there everything is the chat path's own code, composed the way
 `routes/chat.py` composes it: `structured.tool_plan` and `constraint`, the
-chat template (with the tools), `params.sampling_params`, and
-`filters.chain.chat_filters` for the per-choice filter chain. So a feature
-added to chat (a tool-call parser, a reasoning splitter) reaches these APIs
-with no code here.
+chat template (with the tools and `params.template_kwargs`: server
+defaults, the reasoning effort, the request's), `params.sampling_params`,
+and `filters.chain.chat_filters` for the per-choice filter chain
+(`reasoning_spec` first, then the tool parser). So a feature added to chat
+reaches these APIs with no code here.
 
 Errors raised on the way name the chat path's parameters; `renamed` puts
 them in the calling API's words (`max_tokens` -> `max_output_tokens`,
@@ -26,7 +27,7 @@ from .. import params as P
 from .. import structured as S
 from ..errors import InvalidRequest
 from ..filters.base import FilterFactory
-from ..filters.chain import chat_filters, parser_spec
+from ..filters.chain import chat_filters, parser_spec, reasoning_spec
 from ..protocol.openai_chat import ChatCompletionRequest
 from ..state import AppState
 from .chat import render_prompt
@@ -75,7 +76,8 @@ def prompt(state: AppState, engine: Engine, req: ChatCompletionRequest, *, count
     settings = state.settings
     auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
     plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None))
-    ids = render_prompt(engine, P.chat_messages(req.messages), req, plan.tools if plan is not None else None)
+    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    ids = render_prompt(engine, P.chat_messages(req.messages), req, plan.tools if plan is not None else None, kwargs)
     return plan, ids
 
 
@@ -104,4 +106,9 @@ def prepare(state: AppState, engine: Engine, req: ChatCompletionRequest, *, cap_
         parser = parser_spec(state.settings.tool_call_parser, tokenizer=getattr(engine, "tokenizer", None), tools=plan.tools)  # type: ignore[arg-type]
         if parser.keep_special_tokens:
             params.skip_special_tokens = False  # the parser reads its tags from the text
-    return Prepared(prompt_ids, params, chat_filters(plan, parser), capped)
+    kwargs = P.template_kwargs(req, state.settings.default_chat_template_kwargs)
+    params.template_kwargs = kwargs
+    reasoning = reasoning_spec(state.settings.reasoning_parser, tokenizer=getattr(engine, "tokenizer", None), template_kwargs=kwargs)
+    if reasoning is not None and reasoning.keep_special_tokens:
+        params.skip_special_tokens = False
+    return Prepared(prompt_ids, params, chat_filters(plan, parser, reasoning), capped)

@@ -5,10 +5,11 @@ there this module runs the same life cycle for all of them:
 
     ticket = admission.enter()              429 at once when over capacity
     stream:   headers out (submitting first when a slot is free, so engine
-              rejections are still HTTP 400s), keepalives while queued (at
-              most --request-timeout), pump_sse(out, encoder)
+              rejections are still HTTP 400s), the encoder's keepalives while
+              queued (at most --request-timeout), pump_sse(out, encoder)
     else:     wait for a slot + submit + collect in one background task, and
-              respond_nonstream (keepalive newlines if slow, request timeout)
+              respond_nonstream (keepalive newlines if slow, request timeout;
+              an error after the early 200 in the route's error shape)
     finally:  release the slot; if the engine is not done (disconnect, error,
               timeout, write stall, drain) -> abort
 
@@ -29,6 +30,7 @@ from aiohttp import web
 
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream
 
+from .. import sse
 from ..accumulate import Accumulator
 from ..accesslog import Record, record
 from ..admission import Ticket
@@ -131,6 +133,7 @@ async def run(
                 life=state.inflight.lifetime(settings.request_timeout, timed_out),
                 stall_timeout=settings.write_stall_timeout,
                 record=rec,
+                error_body=_error_body(request),
             )
         finally:
             rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
@@ -161,9 +164,12 @@ async def _stream(
                 await response.prepare(request)
                 if out is None:
                     # Queued: the headers are out, keep the connection warm until a slot frees.
-                    out = await _wait_for_slot(response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall)
+                    out = await _wait_for_slot(
+                        response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall, getattr(encoder, "keepalive", sse.KEEPALIVE)
+                    )
                 await pump_sse(
-                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec
+                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec,
+                    push=getattr(settings, "stream_push", True),
                 )
         except TimeoutError:
             if not life.expired:
@@ -194,6 +200,14 @@ async def _stream(
     return response
 
 
+def _error_body(request: web.Request) -> Callable[[APIError], bytes] | None:
+    """The route's error shape for an error after the early 200 (see app._error), if it has its own."""
+    render = getattr(request.match_info.handler, "error_response", None)
+    if render is None:
+        return None
+    return lambda exc: render(exc).body
+
+
 async def _wait_for_slot(
     response: web.StreamResponse,
     transport: asyncio.BaseTransport | None,
@@ -203,10 +217,11 @@ async def _wait_for_slot(
     limit: float,
     heartbeat: float,
     stall: float,
+    keepalive: bytes,
 ) -> OutputStream:
     try:
         async with asyncio.timeout(limit if limit > 0 else None):
-            outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall)
+            outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall, keepalive)
     except TimeoutError:
         raise QueueTimeout(f"no generation slot became free within {limit:g} seconds; retry later") from None
     return await gen.submit()

@@ -12,8 +12,7 @@ Servers (one per test session each, all subprocesses on free loopback ports):
 - `fake_heartbeat_server`: SSE keepalive comments between the chunks.
 - `fake_tool_server`: the fake engine scripted to answer with a hermes
   `<tool_call>` block, served with `--enable-auto-tool-choice
-  --tool-call-parser hermes` (issue 3). Until the server has those flags the
-  fixture xfails the tests that use it.
+  --tool-call-parser hermes`.
 - `fake_parallel_tool_server`: the same with two calls in one answer.
 - `fake_json_server`: the fake engine answering with one JSON object (for
   `response_format` / structured output through the clients).
@@ -202,19 +201,10 @@ def fake_heartbeat_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-def _needs_issue3(exc: ServerFailed) -> bool:
-    return "unrecognized arguments" in exc.log or "no such option" in exc.log
-
-
 @pytest.fixture(scope="session")
 def fake_tool_server(tmp_path_factory: pytest.TempPathFactory):
     args = ["--fake-text", TOOL_TEXT, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    try:
-        server = _start_fake(tmp_path_factory, "fake-tools", args)
-    except ServerFailed as exc:
-        if _needs_issue3(exc):
-            pytest.xfail("needs issue 3: `serve --engine fake` does not take --enable-auto-tool-choice --tool-call-parser yet")
-        raise
+    server = _start_fake(tmp_path_factory, "fake-tools", args)
     yield server.base
     server.stop()
 
@@ -222,12 +212,7 @@ def fake_tool_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def fake_parallel_tool_server(tmp_path_factory: pytest.TempPathFactory):
     args = ["--fake-text", PARALLEL_TEXT, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    try:
-        server = _start_fake(tmp_path_factory, "fake-parallel-tools", args)
-    except ServerFailed as exc:
-        if _needs_issue3(exc):
-            pytest.xfail("needs issue 3: `serve --engine fake` does not take --enable-auto-tool-choice --tool-call-parser yet")
-        raise
+    server = _start_fake(tmp_path_factory, "fake-parallel-tools", args)
     yield server.base
     server.stop()
 

@@ -23,7 +23,6 @@ from .wirecheck import assert_wire_ok
 
 CLIENT = "langchain"
 PROMPT = [HumanMessage("Say hello in five words.")]
-needs_issue3 = pytest.mark.xfail(strict=False, reason="needs issue 3 (tool calling / structured outputs)")
 
 
 def chat(target: Target, wire, **kw) -> ChatOpenAI:
@@ -99,7 +98,6 @@ class Weather(BaseModel):
     temperature_c: int
 
 
-@needs_issue3
 def test_bind_tools_invoke_and_stream(fake_tool_server, wire):
     llm = chat(Target("fake", fake_tool_server, "fake"), wire, max_tokens=100, stop=[END]).bind_tools([get_weather])
     msg = llm.invoke([HumanMessage("Weather in Paris?")])
@@ -125,7 +123,6 @@ def test_bind_tools_invoke_and_stream(fake_tool_server, wire):
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
-@needs_issue3
 def test_bind_tools_parallel_stream_merges_by_index(fake_parallel_tool_server, wire):
     """LangChain merges streamed tool-call fragments by `index`: two calls must stay two."""
     llm = chat(Target("fake", fake_parallel_tool_server, "fake"), wire, max_tokens=100, stop=[END]).bind_tools([get_weather])
@@ -141,7 +138,6 @@ def test_bind_tools_parallel_stream_merges_by_index(fake_parallel_tool_server, w
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
-@needs_issue3
 def test_with_structured_output_json_schema_fake(fake_json_server, wire):
     llm = chat(Target("fake", fake_json_server, "fake"), wire, max_tokens=100, stop=[END])
     result = llm.with_structured_output(Weather).invoke([HumanMessage("Weather in Paris as JSON")])
@@ -152,7 +148,6 @@ def test_with_structured_output_json_schema_fake(fake_json_server, wire):
 
 
 @pytest.mark.engine
-@needs_issue3
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_with_structured_output_real_engine(engine_target: Target, wire, method):
     llm = chat(engine_target, wire, max_tokens=60)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from .capture import Exchange
 from .conftest import END, PARALLEL_ARGS, TOOL_ARGS, WEATHER_TOOL, Target
 from .wirecheck import assert_wire_ok, stream_chunks
 
 OPENAI_NODE = "openai-node"
 AI_SDK = "ai-sdk"
-needs_issue3 = pytest.mark.xfail(strict=False, reason="needs issue 3 (tool calling)")
 
 
 def natural_end(target: Target) -> dict:
@@ -70,7 +67,6 @@ def test_openai_node_stream_helper(target: Target, node_runner):
     assert_wire_ok(exchanges(out), OPENAI_NODE)
 
 
-@needs_issue3
 def test_openai_node_tools(fake_tool_server, node_runner):
     config = {
         "base": fake_tool_server + "/v1", "model": "fake", "max_tokens": 100, "stop": [END], "tools": [WEATHER_TOOL],
@@ -108,7 +104,6 @@ def test_ai_sdk_generate_and_stream_text(target: Target, node_runner):
     assert_wire_ok(exchanges(out), AI_SDK, min_exchanges=2)
 
 
-@needs_issue3
 def test_ai_sdk_tools(fake_tool_server, node_runner):
     config = {
         "base": fake_tool_server + "/v1", "model": "fake", "max_tokens": 100, "stop": [END],
@@ -125,7 +120,6 @@ def test_ai_sdk_tools(fake_tool_server, node_runner):
     assert_wire_ok(exchanges(out), AI_SDK, min_exchanges=2)
 
 
-@needs_issue3
 def test_node_parallel_tool_calls(fake_parallel_tool_server, node_runner):
     base = {"base": fake_parallel_tool_server + "/v1", "model": "fake", "max_tokens": 100, "stop": [END], "prompt": "Weather in Paris and London?"}
     out = node_runner("openai_sdk.mjs", {**base, "tools": [WEATHER_TOOL], "cases": ["tools_stream_helper"]}, OPENAI_NODE)

@@ -19,7 +19,6 @@ from .wirecheck import assert_wire_ok, stream_chunks
 
 CLIENT = "openai-python"
 PROMPT = [{"role": "user", "content": "Say hello in five words."}]
-needs_issue3 = pytest.mark.xfail(strict=False, reason="needs issue 3 (tool calling / structured outputs)")
 
 
 def sync_client(target: Target, wire) -> openai.OpenAI:
@@ -163,7 +162,6 @@ def fake_target(base: str) -> Target:
     return Target("fake", base, "fake")
 
 
-@needs_issue3
 def test_tools_auto_non_stream_and_stream(fake_tool_server, wire):
     client = sync_client(fake_target(fake_tool_server), wire)
     kw = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
@@ -189,7 +187,6 @@ def test_tools_auto_non_stream_and_stream(fake_tool_server, wire):
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
-@needs_issue3
 def test_tools_stream_helper_parses_arguments(fake_tool_server, wire):
     client = sync_client(fake_target(fake_tool_server), wire)
     with client.chat.completions.stream(
@@ -206,7 +203,6 @@ def test_tools_stream_helper_parses_arguments(fake_tool_server, wire):
     assert_wire_ok(wire.exchanges, CLIENT)
 
 
-@needs_issue3
 def test_parallel_tool_calls(fake_parallel_tool_server, wire):
     client = sync_client(fake_target(fake_parallel_tool_server), wire)
     kw = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris and London?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
@@ -221,7 +217,6 @@ def test_parallel_tool_calls(fake_parallel_tool_server, wire):
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
-@needs_issue3
 def test_logprobs_stream_and_non_stream(target: Target, wire):
     client = sync_client(target, wire)
     kw = dict(model=target.model, messages=PROMPT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
@@ -236,7 +231,6 @@ def test_logprobs_stream_and_non_stream(target: Target, wire):
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
-@needs_issue3
 def test_parse_response_format_pydantic_fake(fake_json_server, wire):
     client = sync_client(fake_target(fake_json_server), wire)
     r = client.chat.completions.parse(
@@ -256,7 +250,6 @@ def test_parse_response_format_pydantic_fake(fake_json_server, wire):
 
 
 @pytest.mark.engine
-@needs_issue3
 def test_named_tool_choice_real_engine(engine_target: Target, wire):
     client = sync_client(engine_target, wire)
     kw = dict(
@@ -275,7 +268,6 @@ def test_named_tool_choice_real_engine(engine_target: Target, wire):
 
 
 @pytest.mark.engine
-@needs_issue3
 def test_parse_json_schema_real_engine(engine_target: Target, wire):
     client = sync_client(engine_target, wire)
     r = client.chat.completions.parse(

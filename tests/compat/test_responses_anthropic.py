@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import anthropic
 import openai
-import pytest
 
 from .conftest import Target
-
-needs_issue5 = pytest.mark.xfail(strict=False, reason="needs issue 5 (Responses / Anthropic Messages APIs)")
-pytestmark = needs_issue5
 
 
 def test_openai_responses_create_and_stream(target: Target, wire):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import openai
-import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
@@ -21,7 +20,6 @@ from .conftest import END, WEATHER_TOOL, Target
 from .wirecheck import assert_wire_ok, stream_chunks
 
 PROMPT = [{"role": "user", "content": "Say hello in five words."}]
-needs_issue3 = pytest.mark.xfail(strict=False, reason="needs issue 3 (tool calling)")
 
 
 def oai(target: Target, wire) -> openai.OpenAI:
@@ -93,7 +91,6 @@ def test_trap_system_fingerprint_present(target: Target, wire):
     assert_wire_ok(wire.exchanges, "openai-python", min_exchanges=2)
 
 
-@needs_issue3
 def test_trap_tool_calls_index_and_first_fragment_arguments(fake_parallel_tool_server, wire):
     target = Target("fake", fake_parallel_tool_server, "fake")
     chunks, raw = stream(target, wire, tools=[WEATHER_TOOL], stop=[END], max_tokens=100, messages=[{"role": "user", "content": "Weather?"}])
