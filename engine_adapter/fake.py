@@ -98,6 +98,7 @@ class FakeEngine:
         load_delay: float = 0.0,
         runner: str = "generate",
         embedding_dim: int = 8,
+        record: bool = True,
     ) -> None:
         self.script = script or FakeScript()
         names = served_names or [model_name]
@@ -110,13 +111,18 @@ class FakeEngine:
         self._running: dict[str, _Running] = {}
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        # Observability for tests.
-        self.aborted: list[str] = []
-        self.submitted: list[tuple[str, list[int], GenerationParams]] = []
+        # Observability for tests; a served fake engine (record=False) keeps
+        # nothing, so its memory stays flat however long it runs.
+        self.aborted: list[str] | deque[str] = [] if record else deque(maxlen=0)
+        self.submitted: list[tuple[str, list[int], GenerationParams]] | deque[tuple[str, list[int], GenerationParams]] = (
+            [] if record else deque(maxlen=0)
+        )
         # render_chat's last (messages, tools), bounded: a benchmark renders millions.
         self.rendered: deque[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = deque(maxlen=64)
         self.template_kwargs: deque[dict[str, Any] | None] = deque(maxlen=64)
-        self.submitted_embeddings: list[tuple[str, list[int]]] = []
+        self.submitted_embeddings: list[tuple[str, list[int]]] | deque[tuple[str, list[int]]] = (
+            [] if record else deque(maxlen=0)
+        )
 
     # -- lifecycle ------------------------------------------------------
     @property

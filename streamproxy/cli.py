@@ -29,7 +29,9 @@ def _fake_engine(settings: Settings) -> Any:
         token_delay=settings.fake_token_delay,
         fail_after=settings.fake_fail_after,
     )
-    return FakeEngine(script, served_names=settings.served_model_name or ["fake"], max_model_len=settings.fake_max_model_len)
+    return FakeEngine(
+        script, served_names=settings.served_model_name or ["fake"], max_model_len=settings.fake_max_model_len, record=False
+    )
 
 
 def _vllm_parser() -> argparse.ArgumentParser:
