@@ -41,7 +41,9 @@ from ..stream import StreamEncoder
 from ..writer import (
     SSE_HEADERS,
     StreamOutcome,
+    SSEResponse,
     WriteStalled,
+    finish_response,
     client_gone,
     collect,
     pump_sse,
@@ -153,7 +155,8 @@ async def _stream(
     settings = state.settings
     heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
     out = await gen.submit() if ticket.granted else None
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    # Admitted at once: the headers leave with the first frame. Queued: now.
+    response = SSEResponse(headers=SSE_HEADERS) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
     outcome = StreamOutcome()
     life = state.inflight.lifetime()
@@ -184,7 +187,7 @@ async def _stream(
             # After the headers (a queued request's submit, or its wait timed out).
             outcome.error = exc
             await write(response, transport, encoder.error(exc), stall)
-        await response.write_eof()
+        await finish_response(response, outcome.tail, stall)
     except (WriteStalled, ConnectionResetError) as exc:
         client_gone(request, exc, rec)
     finally:

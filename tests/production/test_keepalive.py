@@ -110,7 +110,7 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
         outcome = await pump_sse(request, response, out, encoder, heartbeat=0.1, stall_timeout=1.0)
         await producer
         request["beats"] = outcome.heartbeats
-        await response.write_eof()
+        await response.write_eof(outcome.tail)  # the usage/[DONE] frames ride with the last chunk
         return response
 
     app = web.Application()
