@@ -192,17 +192,7 @@ class _Pump:
         self.pushed += 1
         if data:
             transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-            # self.wrote(deltas), inlined: this runs once per stream per engine step.
-            now = self.written_at = perf_counter()
-            tokens = deltas[0].num_tokens if len(deltas) == 1 else sum(d.num_tokens for d in deltas)
-            if tokens > 0:
-                last = self.last_text_at
-                if last is None:
-                    if self.record is not None:
-                        self.record.first_token(now)
-                else:
-                    INTER_TOKEN_LATENCY.observe((now - last) / tokens)
-                self.last_text_at = now
+            self.wrote(deltas)
         return True
 
     def wrote(self, deltas: list[Delta]) -> None:
