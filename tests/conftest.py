@@ -12,6 +12,7 @@ marked `engine` in any folder shares the same server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -32,18 +33,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def engine_server(tmp_path_factory: pytest.TempPathFactory):
+def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]):
+    """Start `python -m streamproxy serve ARGS` on a free loopback port, yield its
+    base URL once /health is 200, stop it after. The server exits 1 when its
+    engine cannot start, so a dead engine fails the fixture at once."""
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("engine") / "server.log"
+    log_path = tmp_path_factory.mktemp(name) / "server.log"
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    cmd = [
-        sys.executable, "-m", "streamproxy", "serve",
-        "--host", "127.0.0.1", "--port", str(port),
-        "-O0", "--max-model-len", "2048", "--max-num-seqs", "32",
-        "--sse-heartbeat", "5",
-    ]
+    cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -68,6 +66,18 @@ def engine_server(tmp_path_factory: pytest.TempPathFactory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def launch_server(tmp_path_factory: pytest.TempPathFactory):
+    """`with launch_server(name, args) as base_url:` for a test module's own server."""
+    return lambda name, args: contextlib.contextmanager(run_server)(tmp_path_factory, name, args)
+
+
+@pytest.fixture(scope="session")
+def engine_server(tmp_path_factory: pytest.TempPathFactory):
+    args = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32", "--sse-heartbeat", "5"]
+    yield from run_server(tmp_path_factory, "engine", args)
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,17 @@ class Usage(msgspec.Struct, omit_defaults=True):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
+def usage(prompt: int, completion: int, cached: int, reasoning: int | None = None) -> Usage:
+    """A non-stream answer's usage; reasoning tokens only when a reasoning parser counted them."""
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        completion_tokens_details=None if reasoning is None else CompletionTokensDetails(reasoning_tokens=reasoning),
+    )
+
+
 class ModelCard(msgspec.Struct):
     id: str
     created: int

@@ -26,7 +26,7 @@ from ..accumulate import Accumulator
 from ..errors import InvalidRequest
 from ..filters.chain import chat_filters, parser_spec, reasoning_spec
 from ..logprobs import chat_choice_logprobs, chat_entries
-from ..protocol.common import CompletionTokensDetails, PromptTokensDetails, Usage
+from ..protocol.common import usage
 from ..protocol.openai_chat import (
     ChatChoice,
     ChatCompletion,
@@ -146,15 +146,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             lp = acc.logprobs(i)
             logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
             choices.append(ChatChoice(index=i, message=_message(acc, i, reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i]))
-        thought = acc.reasoning_tokens
-        usage = Usage(
-            prompt_tokens=acc.prompt_tokens,
-            completion_tokens=acc.completion_tokens,
-            total_tokens=acc.prompt_tokens + acc.completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=acc.cached_tokens),
-            completion_tokens_details=None if thought is None else CompletionTokensDetails(reasoning_tokens=thought),
-        )
-        return _encode(ChatCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT))
+        used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
+        return _encode(ChatCompletion(id=response_id, created=created, model=model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT))
 
     return await generation.run(
         request,

@@ -18,7 +18,7 @@ from .. import structured as S
 from ..accumulate import Accumulator
 from ..logprobs import CompletionLogprobs
 from ..errors import InvalidRequest
-from ..protocol.common import PromptTokensDetails, Usage
+from ..protocol.common import usage
 from ..protocol.openai_completions import Completion, CompletionChoice, decode_request
 from ..state import SYSTEM_FINGERPRINT, app_state
 from ..stream import CompletionStreamEncoder
@@ -88,13 +88,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             CompletionChoice(index=i, text=acc.text(i), logprobs=logprobs(acc, i), finish_reason=acc.finish_reasons[i])
             for i in range(params.n)
         ]
-        usage = Usage(
-            prompt_tokens=acc.prompt_tokens,
-            completion_tokens=acc.completion_tokens,
-            total_tokens=acc.prompt_tokens + acc.completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=acc.cached_tokens),
-        )
-        return _encode(Completion(id=response_id, created=created, model=model, choices=choices, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT))
+        used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
+        return _encode(Completion(id=response_id, created=created, model=model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT))
 
     return await generation.run(
         request,

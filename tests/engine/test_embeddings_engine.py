@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import openai
@@ -15,16 +12,6 @@ import pytest
 import requests
 
 pytestmark = pytest.mark.engine
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model_dir() -> Path:
@@ -34,39 +21,10 @@ def _model_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def embed_server(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("embed") / "server.log"
-    cmd = [
-        sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(_model_dir()), "--served-model-name", "all-MiniLM-L6-v2", "-O0",
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(log_path.read_text()[-4000:])
-                try:
-                    health = requests.get(base + "/health", timeout=2)
-                    if health.status_code == 200:
-                        break
-                    if "dead" in health.text:
-                        raise RuntimeError("embedding engine failed to start:\n" + log_path.read_text()[-4000:])
-                except requests.ConnectionError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("embedding server not ready:\n" + log_path.read_text()[-4000:])
-                time.sleep(1)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def embed_server(launch_server):
+    args = ["--model", str(_model_dir()), "--served-model-name", "all-MiniLM-L6-v2", "-O0"]
+    with launch_server("embed", args) as base:
+        yield base
 
 
 def _cos(a, b):
