@@ -39,12 +39,14 @@ from .base import (
     EngineState,
     GenerationParams,
     ModelInfo,
+    OutputStream,
     PushFailed,
     Sink,
     TokenLogprob,
     token_text,
 )
 from .token_bytes import TokenBytes
+from .vllm_direct import DirectRoute, eligible
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
@@ -251,9 +253,13 @@ def _sampling_params(params: GenerationParams) -> Any:
 
 
 class VllmEngine:
-    def __init__(self, engine_args: Any, served_names: list[str], root: str) -> None:
+    def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True) -> None:
         self._args = engine_args
         self._llm: Any = None
+        # Plain requests' outputs straight from the engine core (vllm_direct.py), when possible.
+        self._want_direct = direct_outputs
+        self._direct: DirectRoute | None = None
+        self._supported_tasks: Any = None
         self._tokenizer: Any = None
         self._token_bytes: TokenBytes | None = None
         self._state: EngineState = "loading"
@@ -280,11 +286,21 @@ class VllmEngine:
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
         self.vocab_size = config.get_vocab_size()
+        if self._want_direct and self.info.runner == "generate":
+            from vllm.v1.engine.detokenizer import uses_fast_detokenizer
+
+            if uses_fast_detokenizer(self._tokenizer):
+                self._supported_tasks = await self._llm.get_supported_tasks()
+                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer)
+            else:
+                log.info("direct outputs off: the tokenizer has no incremental fast decoder")
         self._state = "ready"
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
         self._state = "dead"
+        if self._direct is not None:
+            self._direct.fail_all(EngineFailure("the engine was shut down"))
         if llm is not None:
             llm.shutdown()
 
@@ -324,7 +340,7 @@ class VllmEngine:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     # -- generation -----------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> VllmOutputStream:
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> VllmOutputStream | OutputStream:
         from vllm.inputs import tokens_input
 
         llm = self._llm
@@ -339,6 +355,8 @@ class VllmEngine:
             extra = {}
             if params.structured is not None and params.template_kwargs is not None:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
+            if self._direct is not None and eligible(params):
+                return await self._generate_direct(request_id, tokens_input(prompt_ids), sampling, params, extra)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
             raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
@@ -347,6 +365,26 @@ class VllmEngine:
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
         stream = VllmOutputStream(collector, logprobs)
         stream.prompt_tokens = len(prompt_ids)
+        return stream
+
+    async def _generate_direct(self, request_id: str, prompt: Any, sampling: Any, params: GenerationParams,
+                               extra: dict[str, Any]) -> OutputStream:
+        """AsyncLLM.add_request for one choice, with the outputs routed to us (vllm_direct.py)."""
+        llm, direct = self._llm, self._direct
+        assert direct is not None
+        processor = llm.input_processor
+        request = processor.process_inputs(request_id, prompt, sampling, supported_tasks=self._supported_tasks)
+        if "reasoning_parser_kwargs" in extra:
+            request.reasoning_parser_kwargs = extra["reasoning_parser_kwargs"]
+        processor.assign_request_id(request)  # vLLM's internal id: ours plus a random suffix
+        llm.check_admission(request_id=request.request_id)
+        llm._run_output_handler()  # started lazily, as add_request does
+        stream = direct.add(request, request_id, params)
+        try:
+            await llm.engine_core.add_request_async(request)
+        except BaseException:
+            direct.discard(request_id)
+            raise
         return stream
 
     async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
@@ -369,9 +407,18 @@ class VllmEngine:
         return final.outputs.data.tolist()
 
     async def abort(self, request_id: str) -> None:
-        if self._llm is not None and not self._llm.errored:
-            await self._llm.abort(request_id)
+        llm = self._llm
+        if llm is None or llm.errored:
+            return
+        if self._direct is not None:
+            internal = self._direct.discard(request_id)
+            if internal is not None:
+                await llm.engine_core.abort_requests_async([internal])
+                return
+        await llm.abort(request_id)
 
     @property
     def num_running(self) -> int:
-        return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
+        if self._llm is None:
+            return 0
+        return self._llm.get_num_unfinished_requests() + (len(self._direct) if self._direct is not None else 0)

@@ -64,7 +64,7 @@ def _vllm_engine(ns: argparse.Namespace, settings: Settings) -> Any:
     names = ns.served_model_name or [model]
     settings.model = model
     settings.served_model_name = names
-    return VllmEngine(engine_args, names, root=model)
+    return VllmEngine(engine_args, names, root=model, direct_outputs=settings.direct_outputs)
 
 
 # KV cache for CPU engines when none is configured. Without it vLLM's CPU

@@ -207,3 +207,40 @@ def test_tokenize_counts_match_billed_usage(engine_server, model_name):
     assert tok["count"] == out["usage"]["prompt_tokens"]
     back = requests.post(engine_server + "/detokenize", json={"tokens": tok["tokens"]}, timeout=30).json()
     assert back["prompt"] == prompt
+
+
+def _metric(base: str, name: str) -> float:
+    text = requests.get(base + "/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def test_direct_route_text_equals_vllms_path(engine_server, model_name):
+    """A plain request goes the direct route (engine_adapter/vllm_direct.py); one with
+    logprobs goes through vLLM's OutputProcessor. Greedy, they must say the same, token
+    for token, streamed and not, with the same usage and finish reason. Only vLLM's path
+    feeds vLLM's per-request histograms; both feed its token counters."""
+    finished, generated = "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total"
+    messages = [{"role": "user", "content": "Write a short poem about the sea, with an emoji or two: 🌊"}]
+    for stream in (True, False):
+        results = []
+        for extra in ({}, {"logprobs": True}):
+            body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **extra}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            before = _metric(engine_server, finished), _metric(engine_server, generated)
+            r = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            time.sleep(0.5)  # vLLM's stat loggers record after the step's outputs are handed over
+            after = _metric(engine_server, finished), _metric(engine_server, generated)
+            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
+            assert after[1] - before[1] > 0
+            if stream:
+                chunks = _chunks(r.content)
+                text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+                finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+                results.append((text, finish, chunks[-1]["usage"]))
+            else:
+                data = r.json()
+                results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
+        direct, vllm_path = results
+        assert direct[0] and direct == vllm_path

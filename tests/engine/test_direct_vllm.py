@@ -1,0 +1,182 @@
+"""The direct output route (engine_adapter/vllm_direct.py) against vLLM's own classes.
+
+No engine is started here: `EngineCoreOutput`s are built by hand and fed to a
+`DirectRoute` installed on a stand-in OutputProcessor, with the default
+model's real tokenizer. The text must equal what vLLM's own
+`FastIncrementalDetokenizer` makes of the same tokens (also for characters
+split across tokens and for a stop token), other requests' outputs must reach
+vLLM's processor untouched, and errors must end direct streams, never the
+output handler. tests/engine/test_real_engine.py checks the same route end to
+end against vLLM's path on the running engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapter.base import Delta, EngineFailure, GenerationParams
+from engine_adapter.vllm_direct import DirectRoute, eligible
+
+pytestmark = pytest.mark.engine
+
+TEXT = "Héllo, wörld! 日本語のテキスト 🎉🎉 done."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from vllm.tokenizers.registry import get_tokenizer
+
+    from streamproxy.default_model import ensure_default_model
+
+    return get_tokenizer(str(ensure_default_model(progress=False)))
+
+
+class StandInProcessor:
+    """Records what reaches vLLM's side."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+        self.errors: list[Exception] = []
+
+    def process_outputs(self, outputs, timestamp=None, stats=None, weight_version=None):
+        from vllm.v1.engine.output_processor import OutputProcessorOutput
+
+        self.seen.append([o.request_id for o in outputs])
+        return OutputProcessorOutput(request_outputs=[], reqs_to_abort=["from-vllm"])
+
+    def propagate_error(self, e: Exception) -> None:
+        self.errors.append(e)
+
+
+def _request(request_id: str, prompt_ids: list[int], **sampling):
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    return EngineCoreRequest(request_id, prompt_ids, None, SamplingParams(**sampling), None, 0.0, None, None, None)
+
+
+def _output(request_id: str, ids: list[int], finish=None):
+    from vllm.v1.engine import EngineCoreOutput
+
+    return EngineCoreOutput(request_id=request_id, new_token_ids=ids, finish_reason=finish)
+
+
+def _vllm_text(tokenizer, prompt_ids: list[int], steps: list[list[int]], stop_terminated_last: bool, **sampling) -> str:
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    detok = FastIncrementalDetokenizer(tokenizer, _request("v", prompt_ids, **sampling))
+    for i, ids in enumerate(steps):
+        detok.update(list(ids), stop_terminated_last and i == len(steps) - 1)
+    return detok.output_text
+
+
+def _drain(stream) -> list[Delta]:
+    got: list[Delta] = []
+    while True:
+        try:
+            step = stream.get_nowait()
+        except StopAsyncIteration:
+            return got
+        assert step is not None, "the stream neither has output nor is finished"
+        got.extend(step)
+
+
+@pytest.mark.parametrize("per_step", [1, 3])
+def test_text_equals_vllms_detokenizer(tokenizer, per_step):
+    from vllm.v1.engine import FinishReason
+
+    prompt = tokenizer.encode("A prompt: ", add_special_tokens=False)
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    steps = [ids[i:i + per_step] for i in range(0, len(ids), per_step)]
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    stream = route.add(_request("r-1", prompt), "r", GenerationParams(max_tokens=len(ids)))
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        route.process_outputs([_output("r-1", step, FinishReason.LENGTH if last else None)])
+    deltas = _drain(stream)
+    assert "".join(d.text for d in deltas) == _vllm_text(tokenizer, prompt, steps, False) == TEXT
+    assert sum(d.num_tokens for d in deltas) == len(ids)
+    assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+    assert len(route) == 0 and route.internal_ids == {}
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
+    from vllm.v1.engine import FinishReason
+
+    eos = tokenizer.eos_token_id
+    ids = tokenizer.encode(" the end", add_special_tokens=False)
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    params = GenerationParams(max_tokens=9, include_stop_str_in_output=include, skip_special_tokens=False)
+    stream = route.add(_request("s-1", [1, 2]), "s", params)
+    route.process_outputs([_output("s-1", ids)])
+    route.process_outputs([_output("s-1", [eos], FinishReason.STOP)])
+    deltas = _drain(stream)
+    expected = _vllm_text(tokenizer, [1, 2], [ids, [eos]], True, include_stop_str_in_output=include, skip_special_tokens=False)
+    assert "".join(d.text for d in deltas) == expected
+    assert expected.endswith(tokenizer.eos_token) is include
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].token_ids == [eos]
+    assert sum(d.num_tokens for d in deltas) == len(ids) + 1
+
+
+def test_mixed_batch_other_requests_reach_vllm(tokenizer):
+    vllm_side = StandInProcessor()
+    route = DirectRoute(vllm_side, tokenizer)
+    stream = route.add(_request("d-1", [5]), "d", GenerationParams(max_tokens=4))
+    ids = tokenizer.encode(" hi", add_special_tokens=False)
+    result = route.process_outputs([_output("x-1", [7]), _output("d-1", ids), _output("y-1", [8])])
+    assert vllm_side.seen == [["x-1", "y-1"]]  # in order, without the direct one
+    assert result.reqs_to_abort == ["from-vllm"]  # vLLM's answer, passed back as it is
+    assert [d.text for d in _drain_pending(stream)] == [" hi"]
+    # Only direct outputs: vLLM's processor is not called, the handler gets an empty result.
+    result = route.process_outputs([_output("d-1", ids)])
+    assert vllm_side.seen == [["x-1", "y-1"]] and result.request_outputs == [] and result.reqs_to_abort == []
+    route.uninstall()
+    assert vllm_side.process_outputs.__self__ is vllm_side
+
+
+def _drain_pending(stream) -> list[Delta]:
+    got = stream.get_nowait()
+    assert got is not None
+    return got
+
+
+def test_discard_and_errors_end_direct_streams(tokenizer):
+    vllm_side = StandInProcessor()
+    route = DirectRoute(vllm_side, tokenizer)
+    a = route.add(_request("a-1", [5]), "a", GenerationParams(max_tokens=4))
+    b = route.add(_request("b-1", [5]), "b", GenerationParams(max_tokens=4))
+    assert route.discard("a") == "a-1" and route.discard("a") is None
+    assert a.finished and len(route) == 1
+    # An output for a discarded request is vLLM's business (it ignores unknown ids).
+    route.process_outputs([_output("a-1", [9])])
+    assert vllm_side.seen == [["a-1"]]
+    boom = RuntimeError("engine core died")
+    route.propagate_error(boom)
+    assert vllm_side.errors == [boom] and len(route) == 0
+    with pytest.raises(EngineFailure, match="engine core died"):
+        b.get_nowait()
+
+
+def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    bad = route.add(_request("bad-1", [5]), "bad", GenerationParams(max_tokens=4))
+    good = route.add(_request("good-1", [5]), "good", GenerationParams(max_tokens=4))
+    odd = route.add(_request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
+    route.requests["bad-1"].decoder = object()  # its decoder breaks
+    ok = tokenizer.encode(" ok", add_special_tokens=False)
+    route.process_outputs([_output("bad-1", ok), _output("good-1", ok), _output("odd-1", ["not a token id"])])
+    assert [d.text for d in good.get_nowait()] == [" ok"]
+    with pytest.raises(EngineFailure, match="AttributeError"):
+        bad.get_nowait()
+    assert "bad-1" not in route.requests and "bad" not in route.internal_ids
+    got = odd.get_nowait()  # an id the tokenizer cannot take decodes to nothing (as vLLM) and the stream goes on
+    assert got is not None and got[0].text == "" and got[0].num_tokens == 1
+
+
+def test_eligible():
+    assert eligible(GenerationParams(max_tokens=1))
+    assert eligible(GenerationParams(max_tokens=1, structured={"json": {}}, stop_token_ids=[3]))
+    assert not eligible(GenerationParams(max_tokens=1, n=2))
+    assert not eligible(GenerationParams(max_tokens=1, stop=["x"]))
+    assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
