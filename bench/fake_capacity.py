@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     ap.add_argument("--server-args", default="", help="extra flags for `streamproxy serve --engine fake`")
     ap.add_argument("--quick", action="store_true", help="3 s per level, 300 idle streams")
+    ap.add_argument("--only-idle", action="store_true", help="skip the CPU levels: only the idle-memory test")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the server
     if args.quick:
@@ -188,29 +189,30 @@ def main(argv: list[str] | None = None) -> int:
                    "CPU / (finished requests x max_tokens), request handling included"}
     rows: list[dict] = []
     idle = prof = None
-    srv = fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp)
-    srv.start()
-    try:
-        srv.wait_ready(60)
-        meta["sanity"] = "{tokens} tokens in 2 requests, {bytes_per_request} bytes/request".format(
-            **uvloop.run(_sanity(srv, args.endpoint, args.max_tokens)))
-        for conc in levels:
-            r = uvloop.run(_level(srv, conc, args.seconds, args.endpoint, args.max_tokens))
-            rows.append(r)
-            print(f"c={conc:5d}: {r['us_per_chunk']:6.2f} µs/chunk (stat {r['us_per_chunk_stat']:6.2f}, "
-                  f"kernel {r['kernel_share'] * 100:.0f}%)  "
-                  f"server {r['server_cores']:.2f} cores  client {r['client_cores']:.2f}  other "
-                  f"{r['other_cores']:.2f}  {r['chunks_per_s']:8.0f} chunks/s  "
-                  f"{r['tok_per_s_per_stream']:.1f} tok/s/stream  errors {r['errors']}", flush=True)
-            if r["errors"]:
-                print(f"   first error: {r['first_error']}", flush=True)
-        if args.profile:
-            out = RESULTS / f"profile-fake-c{args.profile}-{stamp}.speedscope.json"
-            prof = profile_under_load(srv, args.profile, args.profile_seconds, args.endpoint, args.max_tokens, out,
-                                      rate=args.profile_rate, native=args.native)
-            print(f"\nprofile at {args.profile} streams: {prof['speedscope']}\n{prof['summary']}\n", flush=True)
-    finally:
-        srv.stop(10)
+    if not args.only_idle:
+        srv = fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp)
+        srv.start()
+        try:
+            srv.wait_ready(60)
+            meta["sanity"] = "{tokens} tokens in 2 requests, {bytes_per_request} bytes/request".format(
+                **uvloop.run(_sanity(srv, args.endpoint, args.max_tokens)))
+            for conc in levels:
+                r = uvloop.run(_level(srv, conc, args.seconds, args.endpoint, args.max_tokens))
+                rows.append(r)
+                print(f"c={conc:5d}: {r['us_per_chunk']:6.2f} µs/chunk (stat {r['us_per_chunk_stat']:6.2f}, "
+                      f"kernel {r['kernel_share'] * 100:.0f}%)  "
+                      f"server {r['server_cores']:.2f} cores  client {r['client_cores']:.2f}  other "
+                      f"{r['other_cores']:.2f}  {r['chunks_per_s']:8.0f} chunks/s  "
+                      f"{r['tok_per_s_per_stream']:.1f} tok/s/stream  errors {r['errors']}", flush=True)
+                if r["errors"]:
+                    print(f"   first error: {r['first_error']}", flush=True)
+            if args.profile:
+                out = RESULTS / f"profile-fake-c{args.profile}-{stamp}.speedscope.json"
+                prof = profile_under_load(srv, args.profile, args.profile_seconds, args.endpoint, args.max_tokens, out,
+                                          rate=args.profile_rate, native=args.native)
+                print(f"\nprofile at {args.profile} streams: {prof['speedscope']}\n{prof['summary']}\n", flush=True)
+        finally:
+            srv.stop(10)
     if args.idle_streams:
         isrv = fake_server(["--fake-ttft", "3600", "--fake-token-delay", str(args.token_delay), *extra],
                            stamp + "-idle")

@@ -16,8 +16,9 @@ engine's own sampling parameters.
 request's writer (consumer). The engine `put`s one list of `Delta`s per step;
 the writer takes everything pending in one go, so when the writer is behind
 (slow socket) several steps coalesce into one write instead of queueing up.
-`get()` is cancellation-safe: a timeout around it (the writer's heartbeat
-deadline) loses nothing, unlike cancelling an async generator, which closes it.
+`get()` is cancellation-safe: a timeout around it loses nothing, unlike
+cancelling an async generator, which closes it; `wait(timeout)` (the
+writer's heartbeat deadline) waits for output without taking it.
 
 Push: while the consumer is idle and its socket keeps up, it `arm`s a sink
 (`sink(deltas) -> bool`) and the producer's `put` calls it synchronously,
@@ -251,11 +252,32 @@ class OutputStream:
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             await waiter
 
+    async def wait(self, timeout: float) -> None:
+        """Until something is pending (or the end, or a sink error), at most `timeout` s; takes nothing.
+
+        A bare timer on the waiter: lighter than `asyncio.timeout()` around
+        `get()` for a consumer that waits out a deadline per idle stream.
+        """
+        if self._pending or self._closed or self._sink_error is not None:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
     def __aiter__(self) -> OutputStream:
         return self
 
     async def __anext__(self) -> list[Delta]:
         return await self.get()
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Engine(Protocol):

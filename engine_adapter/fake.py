@@ -26,6 +26,7 @@ round trip, or a thinking switch, reach the template.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -61,6 +62,12 @@ def split_words(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+", text) or [text]
 
 
+@functools.lru_cache(maxsize=16)
+def _script_words(text: str) -> tuple[str, ...]:
+    """`split_words`, once per script text: every request shares the same (immutable) words."""
+    return tuple(split_words(text))
+
+
 class _Choice:
     __slots__ = ("index", "emitted", "text", "sent", "done")
 
@@ -82,7 +89,7 @@ class _Running:
         self.choices = [_Choice(i) for i in range(params.n)]
         self.start_at = start_at
         self.repeat = script.tokens is None
-        self.tokens: Sequence[str | bytes] = split_words(script.text) if script.tokens is None else script.tokens
+        self.tokens: Sequence[str | bytes] = _script_words(script.text) if script.tokens is None else script.tokens
         # One choice, no stop strings, no logprobs: `FakeEngine._advance_plain`.
         self.plain = params.n == 1 and not params.stop and params.logprobs is None
 

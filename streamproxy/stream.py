@@ -110,11 +110,18 @@ class StreamEncoder:
         head += str(created).encode() + b',"model":' + _dumps(model)
         if system_fingerprint is not None:
             head += b',"system_fingerprint":' + _dumps(system_fingerprint)
-        self._head = b"data: " + head
-        self._choice_open = [self._head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
+        head = b"data: " + head
+        # The head is kept once, as the start of each choice's opening (see `_head`; n >= 1).
+        self._head_len = len(head)
+        self._choice_open = [head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
         self._tail_plain = b'}]}\n\n'
 
     # -- helpers --------------------------------------------------------
+    @property
+    def _head(self) -> bytes:
+        """`data: {"id":...,"model":...`: what every chunk of the stream starts with."""
+        return self._choice_open[0][: self._head_len]
+
     def _close(self) -> bytes:
         """End of one chunk: plain, or with the running usage (continuous_usage_stats)."""
         if not self.continuous_usage:

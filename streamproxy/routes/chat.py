@@ -30,12 +30,13 @@ from ..protocol.common import usage
 from ..protocol.openai_chat import (
     ChatChoice,
     ChatCompletion,
+    ChatCompletionRequest,
     FunctionCall,
     ResponseMessage,
     ResponseToolCall,
     decode_request,
 )
-from ..state import SYSTEM_FINGERPRINT, app_state
+from ..state import SYSTEM_FINGERPRINT, AppState, app_state
 from ..stream import ChatStreamEncoder
 from . import generation
 from .body import decode_body
@@ -84,7 +85,14 @@ def _message(acc: Accumulator, i: int, reasoning_content: bool) -> ResponseMessa
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
-    req = await decode_body(request, decode_request)
+    # Everything is planned in a plain function and handed straight to
+    # generation.run: this coroutine's frame lives as long as the stream, and
+    # so keeps neither the decoded body, its messages, nor the prompt's ids.
+    return await generation.run(request, state, **_plan(request, state, await decode_body(request, decode_request)))
+
+
+def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> dict[str, Any]:
+    """generation.run's arguments for one decoded chat request."""
     engine = state.require_engine(req.model)
     settings = state.settings
     auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
@@ -111,52 +119,98 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=getattr(engine, "tokenizer", None), template_kwargs=template_kwargs)
     if reasoning is not None and reasoning.keep_special_tokens:
         params.skip_special_tokens = False
-    filters = chat_filters(plan, parser, reasoning)
-    reasoning_content = settings.reasoning_content_field
-    want_logprobs = params.logprobs is not None
-    forced_call = plan is not None and plan.mode in ("required", "named")
-    response_id = "chatcmpl-" + request["request_id"]
-    created = int(time.time())
-    model = req.model or engine.info.name
     options = req.stream_options
+    out = _ChatOutput(
+        response_id="chatcmpl-" + request["request_id"],
+        created=int(time.time()),
+        model=req.model or engine.info.name,
+        n=params.n,
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.continuous_usage_stats),
+        filters=chat_filters(plan, parser, reasoning),
+        logprobs=params.logprobs is not None,
+        forced_call=plan is not None and plan.mode in ("required", "named"),
+        reasoning_content=settings.reasoning_content_field,
+    )
+    return {
+        "engine": engine,
+        "prompt_ids": prompt_ids,
+        "params": params,
+        "stream": req.stream,
+        "encoder": out.encoder,
+        "render": out.render,
+        "accumulator": out.accumulator,
+    }
 
-    def encoder() -> ChatStreamEncoder:
+
+class _ChatOutput:
+    """What shapes one request's answer (stream encoder, or accumulator + JSON body).
+
+    One small object instead of closures over the handler's locals: it is
+    kept for the whole stream, the request body and prompt are not.
+    """
+
+    __slots__ = (
+        "response_id", "created", "model", "n", "include_usage", "continuous_usage", "filters", "logprobs",
+        "forced_call", "reasoning_content",
+    )
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        n: int,
+        include_usage: bool,
+        continuous_usage: bool,
+        filters: Any,
+        logprobs: bool,
+        forced_call: bool,
+        reasoning_content: bool,
+    ) -> None:
+        self.response_id = response_id
+        self.created = created
+        self.model = model
+        self.n = n
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.filters = filters
+        self.logprobs = logprobs
+        self.forced_call = forced_call
+        self.reasoning_content = reasoning_content
+
+    def encoder(self) -> ChatStreamEncoder:
         enc = ChatStreamEncoder(
-            response_id=response_id,
-            created=created,
-            model=model,
-            n=params.n,
-            include_usage=bool(options and options.include_usage),
-            continuous_usage=bool(options and options.continuous_usage_stats),
+            response_id=self.response_id,
+            created=self.created,
+            model=self.model,
+            n=self.n,
+            include_usage=self.include_usage,
+            continuous_usage=self.continuous_usage,
             system_fingerprint=SYSTEM_FINGERPRINT,
-            filters=filters,
-            logprobs=want_logprobs,
+            filters=self.filters,
+            logprobs=self.logprobs,
         )
-        if forced_call:
+        if self.forced_call:
             enc.role_content = b"null"
-        enc.reasoning_content = reasoning_content
+        enc.reasoning_content = self.reasoning_content
         return enc
 
-    def accumulator() -> Accumulator:
-        return Accumulator(params.n, filters, want_logprobs)
+    def accumulator(self) -> Accumulator:
+        return Accumulator(self.n, self.filters, self.logprobs)
 
-    def render(acc: Accumulator) -> bytes:
+    def render(self, acc: Accumulator) -> bytes:
         choices = []
-        for i in range(params.n):
+        for i in range(self.n):
             lp = acc.logprobs(i)
             logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
-            choices.append(ChatChoice(index=i, message=_message(acc, i, reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i]))
+            choices.append(
+                ChatChoice(index=i, message=_message(acc, i, self.reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
+            )
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
-        return _encode(ChatCompletion(id=response_id, created=created, model=model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT))
-
-    return await generation.run(
-        request,
-        state,
-        engine,
-        prompt_ids=prompt_ids,
-        params=params,
-        stream=req.stream,
-        encoder=encoder,
-        render=render,
-        accumulator=accumulator,
-    )
+        return _encode(
+            ChatCompletion(
+                id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
+            )
+        )

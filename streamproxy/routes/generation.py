@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from aiohttp import web
 
@@ -63,13 +64,14 @@ class Generation:
     def __init__(self, engine: Engine, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
         self.engine = engine
         self.request_id = request_id
-        self.prompt_ids = prompt_ids
+        self.prompt_ids: list[int] | None = prompt_ids
         self.params = params
         self.out: OutputStream | None = None
 
     async def submit(self) -> OutputStream:
+        prompt_ids, self.prompt_ids = self.prompt_ids, None  # the engine's now: not kept for the stream's life
         try:
-            self.out = await self.engine.generate(self.request_id, self.prompt_ids, self.params)
+            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)  # type: ignore[arg-type]
         except APIError:
             raise
         except EngineFailure as exc:
@@ -105,6 +107,7 @@ async def run(
     rec.generation = True
     rec.stream = stream
     gen = Generation(engine, state.claim_engine_id(request["request_id"]), prompt_ids, params)
+    del prompt_ids  # `gen` hands them to the engine; this frame lives as long as the stream
     ticket = state.admission.enter()
     work: asyncio.Task[bytes] | None = None
     try:
@@ -112,27 +115,14 @@ async def run(
             return await _stream(request, state, gen, ticket, encoder(), rec)
         settings = state.settings
         acc = accumulator() if accumulator is not None else Accumulator(params.n)
-
-        async def finish() -> bytes:
-            await ticket.wait()
-            out = await gen.submit()
-            await collect(out, acc, rec)
-            return render(acc)
-
-        def timed_out() -> APIError:
-            limit = f"{settings.request_timeout:g} seconds"
-            if not ticket.granted:
-                return QueueTimeout(f"no generation slot became free within {limit}; retry later")
-            return GenerationTimeout(f"generation did not finish within {limit}")
-
-        work = asyncio.ensure_future(finish())
+        work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
         try:
             return await respond_nonstream(
                 request,
                 work,
                 keepalive_after=settings.nonstream_keepalive_after,
                 keepalive_interval=settings.nonstream_keepalive_interval,
-                life=state.inflight.lifetime(settings.request_timeout, timed_out),
+                life=state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout)),
                 stall_timeout=settings.write_stall_timeout,
                 record=rec,
                 error_body=_error_body(request),
@@ -147,6 +137,23 @@ async def run(
             await gen.abort_if_running()
         finally:
             state.release_engine_id(gen.request_id)
+
+
+# The non-streaming path's pieces are module functions, not closures in `run`:
+# a closure's cells would be made for every request, a stream's included, and
+# kept as long as it runs.
+async def _finish(gen: Generation, ticket: Ticket, acc: Accumulator, rec: Record, render: Callable[[Accumulator], bytes]) -> bytes:
+    await ticket.wait()
+    out = await gen.submit()
+    await collect(out, acc, rec)
+    return render(acc)
+
+
+def _timed_out(ticket: Ticket, timeout: float) -> APIError:
+    limit = f"{timeout:g} seconds"
+    if not ticket.granted:
+        return QueueTimeout(f"no generation slot became free within {limit}; retry later")
+    return GenerationTimeout(f"generation did not finish within {limit}")
 
 
 async def _stream(
