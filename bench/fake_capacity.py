@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 
-from . import loadgen, procstat
+from . import loadgen, procstat, write_floor
 from .profile import profile_under_load
 from .servers import RESULTS, Server, fake_server
 
@@ -133,13 +133,21 @@ def markdown(meta: dict, levels: list[dict], idle: dict | None) -> str:
     lines = [f"# streamproxy fake-engine capacity ({meta['when']})", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "when"]
     lines += ["", "| streams | µs CPU/chunk (schedstat) | µs CPU/chunk (stat) | kernel share | server cores "
-              "| client cores | other cores | chunks/s | tok/s per stream | requests | errors |", "|" + "---|" * 11]
+              "| client cores | other cores | chunks/s | tok/s per stream | requests | errors | write floor µs/chunk |",
+              "|" + "---|" * 12]
     for r in levels:
+        floor = r.get("write_floor_us")
         lines.append(f"| {r['concurrency']} | {r['us_per_chunk']:.2f} | {r['us_per_chunk_stat']:.2f} | "
                      f"{r['kernel_share'] * 100:.0f}% | "
                      f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | {r['other_cores']:.2f} | "
                      f"{r['chunks_per_s']:.0f} | {r['tok_per_s_per_stream']:.1f} | {r['requests']} | "
-                     f"{r['errors']} |")
+                     f"{r['errors']} | {'n/a' if floor is None else f'{floor:.2f}'} |")
+    if any(r.get("write_floor_us") is not None for r in levels):
+        lines += ["", "Write floor: the same number of loopback TCP connections, one frame of the same size per "
+                  "connection per step at the same step interval, written through uvloop transports by a bare "
+                  "loop (bench/write_floor.py): no HTTP, no encoding, no engine. It is what one write per chunk "
+                  "costs the sender here; on loopback the kernel charges it for delivering to the reader too."]
+    lines += _targets(levels, idle)
     if idle:
         lines += ["", "| idle streams | headers received | RSS before MiB | RSS open MiB | KiB per idle stream "
                   "| RSS after close MiB | KiB/stream kept after close | RSS after 2nd open+close MiB "
@@ -149,6 +157,28 @@ def markdown(meta: dict, levels: list[dict], idle: dict | None) -> str:
                   f"{idle['rss_after_close_mib']:.1f} | {idle['kib_per_stream_kept_after_close']:.2f} | "
                   f"{idle['rss_after_2nd_cycle_mib']:.1f} | {idle['kib_per_stream_growth_2nd_cycle']:.2f} |"]
     return "\n".join(lines)
+
+
+# Issue 7's targets for this benchmark.
+TARGET_US_PER_CHUNK = (256, 6.0)
+TARGET_KIB_PER_IDLE_STREAM = 16.0
+
+
+def _targets(levels: list[dict], idle: dict | None) -> list[str]:
+    lines = []
+    conc, bound = TARGET_US_PER_CHUNK
+    for r in levels:
+        if r["concurrency"] == conc:
+            met = "yes" if r["us_per_chunk"] <= bound else "**no**"
+            lines.append(f"| server CPU per streamed chunk at {conc} streams at most {bound:g} µs | "
+                         f"{r['us_per_chunk']:.2f} µs | {met} |")
+    if idle:
+        kib = idle["kib_per_idle_stream"]
+        met = "yes" if kib < TARGET_KIB_PER_IDLE_STREAM else "**no**"
+        lines.append(f"| an idle open stream under {TARGET_KIB_PER_IDLE_STREAM:g} KiB | {kib:.2f} KiB | {met} |")
+    if not lines:
+        return []
+    return ["", "## Targets (issue 7)", "", "| target | measured | met |", "|---|---|---|", *lines]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-args", default="", help="extra flags for `streamproxy serve --engine fake`")
     ap.add_argument("--quick", action="store_true", help="3 s per level, 300 idle streams")
     ap.add_argument("--only-idle", action="store_true", help="skip the CPU levels: only the idle-memory test")
+    ap.add_argument("--no-floor", action="store_true", help="skip the write-floor measurement per level")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the server
     if args.quick:
@@ -194,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         srv.start()
         try:
             srv.wait_ready(60)
-            meta["sanity"] = "{tokens} tokens in 2 requests, {bytes_per_request} bytes/request".format(
-                **uvloop.run(_sanity(srv, args.endpoint, args.max_tokens)))
+            sanity = uvloop.run(_sanity(srv, args.endpoint, args.max_tokens))
+            meta["sanity"] = "{tokens} tokens in 2 requests, {bytes_per_request} bytes/request".format(**sanity)
+            chunk_bytes = max(1, sanity["bytes_per_request"] // args.max_tokens)
             for conc in levels:
                 r = uvloop.run(_level(srv, conc, args.seconds, args.endpoint, args.max_tokens))
                 rows.append(r)
@@ -206,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['tok_per_s_per_stream']:.1f} tok/s/stream  errors {r['errors']}", flush=True)
                 if r["errors"]:
                     print(f"   first error: {r['first_error']}", flush=True)
+                if not args.no_floor:
+                    r["write_floor_us"], _ = write_floor.measure(conc, max(64, 256 // conc), chunk_bytes, args.token_delay,
+                                                                 transport_mode=True)
+                    print(f"         write floor at {conc} connections: {r['write_floor_us']:.2f} µs/chunk", flush=True)
             if args.profile:
                 out = RESULTS / f"profile-fake-c{args.profile}-{stamp}.speedscope.json"
                 prof = profile_under_load(srv, args.profile, args.profile_seconds, args.endpoint, args.max_tokens, out,

@@ -85,7 +85,39 @@ def markdown(rows: list[dict], meta: dict) -> str:
                 lines.append(f"| {model} | {conc} | **ratio** | "
                              + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
         lines.append("")
+    lines += targets(med)
     return "\n".join(lines)
+
+
+# Issue 7's targets, checked on the medians: (model, concurrency, metric, bound, what).
+# A ratio is streamproxy / vLLM; "min" means the ratio must be at least the bound.
+TARGETS = [
+    ("tiny", 64, "fe_cpu_ms_per_1k", ("max", 0.35), "front-end CPU per token at most 0.35x vLLM's"),
+    ("tiny", 256, "fe_cpu_ms_per_1k", ("max", 0.35), "front-end CPU per token at most 0.35x vLLM's"),
+    ("tiny", 256, "tok_per_s", ("min", 1.05), "output tok/s at least 1.05x vLLM's"),
+    ("tiny", 64, "ttft_p50_ms", ("max", 1.0), "TTFT p50 no worse than vLLM's"),
+    ("tiny", 256, "ttft_p50_ms", ("max", 1.0), "TTFT p50 no worse than vLLM's"),
+] + [
+    ("smollm2", conc, key, ("min" if key == "tok_per_s" else "max", 1.0), "default model: no metric worse than vLLM's")
+    for conc in (1, 64, 256)
+    for key in ("tok_per_s", "ttft_p50_ms", "itl_p50_ms", "fe_cpu_ms_per_1k")
+]
+
+
+def targets(med: dict) -> list[str]:
+    """The targets this run measured, each with its ratio and whether it is met."""
+    lines = ["## Targets (issue 7)", "", "| model | conc | target | ratio | met |", "|---|---|---|---|---|"]
+    titles = {k: t for k, t, _ in METRICS}
+    seen = False
+    for model, conc, key, (kind, bound), what in TARGETS:
+        a, b = med.get((model, conc, "streamproxy")), med.get((model, conc, "vllm"))
+        if a is None or b is None:
+            continue
+        seen = True
+        r = ratio(a[key], b[key])
+        met = "n/a" if math.isnan(r) else ("yes" if (r >= bound if kind == "min" else r <= bound) else "**no**")
+        lines.append(f"| {model} | {conc} | {what} ({titles[key]}) | {_fmt('{:.2f}', r)} | {met} |")
+    return lines + [""] if seen else []
 
 
 def chart(rows: list[dict], path: Path) -> None:
