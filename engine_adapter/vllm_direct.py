@@ -41,9 +41,39 @@ from .base import Delta, EngineFailure, GenerationParams, OutputStream
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
+# The vLLM releases whose AsyncLLM internals this module was checked against
+# (tests/engine/test_direct_vllm.py and the end-to-end test in test_real_engine.py).
+# On any other release the route stays off: were vLLM's output handler to stop
+# calling `process_outputs`, a direct request would wait forever.
+CHECKED_VLLM = ("0.32.",)
+
 # FinishReason (an IntEnum) -> its API string, by value.
 _FINISH = ("stop", "length", "abort", "error", "repetition")
 _STOP = 0
+
+
+def unsupported(llm: Any) -> str | None:
+    """Why the direct route cannot be used with this engine (None: it can)."""
+    import inspect
+
+    import vllm
+
+    if not vllm.__version__.startswith(CHECKED_VLLM):
+        return f"vLLM {vllm.__version__} is not a release it was checked against ({', '.join(CHECKED_VLLM)}x)"
+    needed = {
+        "AsyncLLM": (llm, ("_run_output_handler", "check_admission", "output_processor", "input_processor", "engine_core")),
+        "OutputProcessor": (getattr(llm, "output_processor", None), ("process_outputs", "propagate_error")),
+        "InputProcessor": (getattr(llm, "input_processor", None), ("process_inputs", "assign_request_id")),
+        "EngineCoreClient": (getattr(llm, "engine_core", None), ("add_request_async", "abort_requests_async")),
+    }
+    for owner, (obj, names) in needed.items():
+        missing = [n for n in names if not hasattr(obj, n)]
+        if missing:
+            return f"{owner} has no {', '.join(missing)}"
+    params = list(inspect.signature(llm.output_processor.process_outputs).parameters)
+    if params[:3] != ["engine_core_outputs", "engine_core_timestamp", "iteration_stats"]:
+        return f"OutputProcessor.process_outputs takes {params}"
+    return None
 
 
 def eligible(params: GenerationParams) -> bool:

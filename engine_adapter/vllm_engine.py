@@ -46,7 +46,7 @@ from .base import (
     token_text,
 )
 from .token_bytes import TokenBytes
-from .vllm_direct import DirectRoute, eligible
+from .vllm_direct import DirectRoute, eligible, unsupported
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
@@ -289,11 +289,15 @@ class VllmEngine:
         if self._want_direct and self.info.runner == "generate":
             from vllm.v1.engine.detokenizer import uses_fast_detokenizer
 
-            if uses_fast_detokenizer(self._tokenizer):
+            reason = unsupported(self._llm)
+            if reason is None and not uses_fast_detokenizer(self._tokenizer):
+                reason = "the tokenizer has no fast incremental decoder"
+            if reason is None:
                 self._supported_tasks = await self._llm.get_supported_tasks()
                 self._direct = DirectRoute(self._llm.output_processor, self._tokenizer)
+                log.info("direct outputs on: plain requests skip vLLM's OutputProcessor")
             else:
-                log.info("direct outputs off: the tokenizer has no incremental fast decoder")
+                log.warning("direct outputs off (every request takes vLLM's output path): %s", reason)
         self._state = "ready"
 
     async def close(self) -> None:

@@ -180,3 +180,29 @@ def test_eligible():
     assert not eligible(GenerationParams(max_tokens=1, n=2))
     assert not eligible(GenerationParams(max_tokens=1, stop=["x"]))
     assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
+
+
+def test_unsupported_names_what_is_missing(monkeypatch):
+    from engine_adapter import vllm_direct
+
+    class Part:
+        def __init__(self, *names):
+            for n in names:
+                setattr(self, n, lambda *a, **k: None)
+
+    class Processor:
+        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, weight_version=None):
+            return None
+
+        def propagate_error(self, e):
+            return None
+
+    llm = Part("_run_output_handler", "check_admission")
+    llm.output_processor = Processor()
+    llm.input_processor = Part("process_inputs", "assign_request_id")
+    llm.engine_core = Part("add_request_async", "abort_requests_async")
+    assert vllm_direct.unsupported(llm) is None
+    del llm.engine_core.abort_requests_async
+    assert vllm_direct.unsupported(llm) == "EngineCoreClient has no abort_requests_async"
+    monkeypatch.setattr(vllm_direct, "CHECKED_VLLM", ("0.1.",))
+    assert "is not a release it was checked against" in vllm_direct.unsupported(llm)
