@@ -29,6 +29,7 @@ from .config import Settings
 from .cors import Cors
 from .deprecation import DEPRECATIONS_KEY, Deprecations
 from .errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
+from .metrics import watch_engine
 from .routes import add_routes
 from .state import STATE_KEY, AppState
 
@@ -129,6 +130,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         log.warning("--health/metrics-requires-api-key without --api-key: there is no key to require")
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE_KEY] = AppState(settings, engine)
+    watch_engine(engine)
     app.on_response_prepare.append(accesslog.on_prepare)
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)

@@ -20,6 +20,7 @@ exposed through a collector in the same text format (`_bucket`, `_count`,
 from __future__ import annotations
 
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
@@ -104,6 +105,10 @@ SSE_HEARTBEATS = HEARTBEATS.labels("sse")
 NONSTREAM_HEARTBEATS = HEARTBEATS.labels("nonstream")
 WRITE_STALLS = Counter("streamproxy_write_stalls", "Streams ended because the client stopped reading (--write-stall-timeout)")
 ADMISSION_REJECTIONS = Counter("streamproxy_admission_rejections", "Requests answered 429 at once: no slot and no room to wait")
+ENGINE_REQUESTS = Gauge(
+    "streamproxy_engine_requests",
+    "Requests the engine holds for this server (in vLLM's output path or the direct route): 0 when idle, or requests leak",
+)
 ENGINE_ABORTS = Counter(
     "streamproxy_engine_aborts",
     "Engine requests aborted because the response ended early (client gone, write stall, timeout, drain)",
@@ -112,3 +117,14 @@ ENGINE_ABORTS = Counter(
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def watch_engine(engine: object) -> None:
+    """`streamproxy_engine_requests` reads this engine's `num_running` (weakly: an old app's engine can go)."""
+    ref = weakref.ref(engine)
+
+    def held() -> float:
+        current = ref()
+        return float(getattr(current, "num_running", 0)) if current is not None else 0.0
+
+    ENGINE_REQUESTS.set_function(held)

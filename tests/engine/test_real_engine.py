@@ -162,9 +162,10 @@ def _raw_stream_then_close(base: str, body: dict, read_bytes: int) -> None:
 
 
 def _wait_idle(base: str, timeout: float = 20.0) -> float:
+    """Until vLLM runs nothing and the engine adapter holds nothing (direct route included)."""
     deadline = time.monotonic() + timeout
     while True:
-        n = running_requests(base)
+        n = running_requests(base) + _metric(base, "streamproxy_engine_requests")
         if n == 0 or time.monotonic() > deadline:
             return n
         time.sleep(0.2)
@@ -189,6 +190,7 @@ def test_disconnect_non_stream_aborts(engine_server, model_name):
         while running_requests(engine_server) == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert running_requests(engine_server) >= 1
+        assert _metric(engine_server, "streamproxy_engine_requests") >= 1
     assert _wait_idle(engine_server) == 0
 
 

@@ -25,6 +25,7 @@ FAMILIES = {
     "streamproxy_write_stalls": "counter",
     "streamproxy_admission_rejections": "counter",
     "streamproxy_engine_aborts": "counter",
+    "streamproxy_engine_requests": "gauge",
 }
 
 
@@ -60,6 +61,7 @@ async def test_metrics_families_and_counts(server, session):
     await holder.content.readuntil(b"\n\n")
     while b'"text":" w"' not in await holder.content.readuntil(b"\n\n"):
         pass  # until its first token
+    assert _value(await _metrics(session, srv), "streamproxy_engine_requests") == 1  # the engine holds it
     async with session.post(srv.url("/v1/completions"), json={"prompt": "hi"}) as resp:
         assert resp.status == 429
     holder.close()
@@ -87,6 +89,7 @@ async def test_metrics_families_and_counts(server, session):
     ttft_sum = delta("streamproxy_time_to_first_token_seconds_sum")
     assert 0.25 < ttft_sum < 1.0, ttft_sum
     assert _value(after, "streamproxy_active_streams") == 0
+    assert _value(after, "streamproxy_engine_requests") == 0  # nothing left in the engine
     assert _value(after, "streamproxy_requests_running") == 0 and _value(after, "streamproxy_requests_queued") == 0
 
 
