@@ -10,13 +10,17 @@ streams on the 1-layer model that is about 18 of the 51 µs the server
 spent per streamed token.
 
 `DirectRoute` takes the outputs of the requests that need none of that
-(one choice, no stop strings, no logprobs, a fast tokenizer; see
-`eligible`): installed on the engine's `OutputProcessor` *instance* (its
-`process_outputs` and `propagate_error` wrapped), per output it does one
-dict lookup, one `tokenizers` `DecodeStream.step` per new token (primed with
-the prompt, exactly as vLLM's detokenizer is) and one
-`OutputStream.put([Delta])`, which, while the client keeps up, writes the
-frame from this very call (push). Every other request still goes through
+(one choice, no logprobs, a fast tokenizer; see `eligible`): installed on
+the engine's `OutputProcessor` *instance* (its `process_outputs` and
+`propagate_error` wrapped), per output it does one dict lookup, one
+`tokenizers` `DecodeStream.step` per new token (primed with the prompt,
+exactly as vLLM's detokenizer is) and one `OutputStream.put([Delta])`,
+which, while the client keeps up, writes the frame from this very call
+(push). A request with stop strings uses vLLM's own incremental detokenizer
+instead of the bare `DecodeStream` (its stop-string search, hold-back,
+truncation, `min_tokens` and surplus-token trimming, unchanged), and a stop
+string it finds is aborted in the engine core through the handler's
+`reqs_to_abort`, as vLLM's processor does. Every other request still goes through
 vLLM's `OutputProcessor`, unchanged; both kinds share the one engine-core
 client and output-handler task, so they can be mixed freely.
 
@@ -78,17 +82,19 @@ def unsupported(llm: Any) -> str | None:
 
 def eligible(params: GenerationParams) -> bool:
     """Requests the direct route can serve with output identical to vLLM's own path."""
-    return params.n == 1 and not params.stop and params.logprobs is None
+    return params.n == 1 and params.logprobs is None
 
 
 class DirectRequest:
     """One direct request: its stream, its decoder, and what the first output sets."""
 
-    __slots__ = ("stream", "decoder", "external_id", "prefilling", "include_stop", "skip_special")
+    __slots__ = ("stream", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop", "skip_special")
 
-    def __init__(self, stream: OutputStream, decoder: Any, external_id: str, params: GenerationParams) -> None:
+    def __init__(self, stream: OutputStream, decoder: Any, external_id: str, params: GenerationParams,
+                 stop_detokenizer: Any = None) -> None:
         self.stream = stream
-        self.decoder = decoder
+        self.decoder = decoder  # a DecodeStream; None with stop strings
+        self.stop_detokenizer = stop_detokenizer  # vLLM's incremental detokenizer, with stop strings
         self.external_id = external_id
         self.prefilling = True
         self.include_stop = params.include_stop_str_in_output
@@ -106,6 +112,10 @@ class DirectRoute:
 
         assert tuple(str(FinishReason(i)) for i in range(len(_FINISH))) == _FINISH, "vLLM's FinishReason changed"
         self._processor = output_processor
+        from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+        self._tokenizer = tokenizer
+        self._stop_detokenizer = FastIncrementalDetokenizer
         self._rust_tokenizer = tokenizer._tokenizer
         self._decode_stream = tokenizers.decoders.DecodeStream
         self._result = OutputProcessorOutput
@@ -129,8 +139,12 @@ class DirectRoute:
         """Register an `EngineCoreRequest` (before it is sent to the engine core)."""
         stream = OutputStream()
         stream.prompt_tokens = len(request.prompt_token_ids)
-        decoder = self._decode_stream(ids=request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
-        self.requests[request.request_id] = DirectRequest(stream, decoder, external_id, params)
+        if params.stop:
+            req = DirectRequest(stream, None, external_id, params, self._stop_detokenizer(self._tokenizer, request))
+        else:
+            decoder = self._decode_stream(ids=request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+            req = DirectRequest(stream, decoder, external_id, params)
+        self.requests[request.request_id] = req
         self.internal_ids[external_id] = request.request_id
         return stream
 
@@ -160,38 +174,51 @@ class DirectRoute:
         if not requests:
             return self._vllm_process_outputs(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version=weight_version)
         rest = []
+        aborts: list[str] = []  # stopped on a stop string while the engine core goes on
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
                 rest.append(output)
                 continue
             try:
-                self._one(req, output, iteration_stats)
+                if req.stop_detokenizer is None:
+                    self._one(req, output, iteration_stats)
+                else:
+                    self._one_with_stop_strings(req, output, iteration_stats, aborts)
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
                 self._forget(output.request_id, req)
                 req.stream.close(EngineFailure(f"{type(exc).__name__}: {exc}"))
+                if output.finish_reason is None:
+                    aborts.append(output.request_id)
         if rest:
-            return self._vllm_process_outputs(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
-        return self._result(request_outputs=[], reqs_to_abort=[])
+            result = self._vllm_process_outputs(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+            result.reqs_to_abort.extend(aborts)
+            return result
+        return self._result(request_outputs=[], reqs_to_abort=aborts)
 
     def _forget(self, internal_id: str, req: DirectRequest) -> None:
         del self.requests[internal_id]
         self.internal_ids.pop(req.external_id, None)
 
-    def _one(self, req: DirectRequest, output: Any, stats: Any) -> None:
-        ids = output.new_token_ids
-        reason = output.finish_reason
-        stream = req.stream
+    @staticmethod
+    def _count(req: DirectRequest, output: Any, stats: Any) -> None:
+        """vLLM's iteration token counters, and the cached prompt tokens from the first output."""
         if stats is not None:
-            stats.num_generation_tokens += len(ids)
+            stats.num_generation_tokens += len(output.new_token_ids)
         if req.prefilling:
             req.prefilling = False
             prefill = output.prefill_stats
             if prefill is not None:
-                stream.cached_tokens = prefill.num_cached_tokens
+                req.stream.cached_tokens = prefill.num_cached_tokens
                 if stats is not None:
                     stats.prompt_token_stats.update_from_output(prefill)
+
+    def _one(self, req: DirectRequest, output: Any, stats: Any) -> None:
+        ids = output.new_token_ids
+        reason = output.finish_reason
+        stream = req.stream
+        self._count(req, output, stats)
         decode = ids
         if reason is not None:
             self._forget(output.request_id, req)
@@ -208,6 +235,28 @@ class DirectRoute:
         else:
             stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
             stream.close()
+
+    def _one_with_stop_strings(self, req: DirectRequest, output: Any, stats: Any, aborts: list[str]) -> None:
+        """`_one` through vLLM's own detokenizer: what OutputProcessor.process_outputs does for text."""
+        ids = output.new_token_ids
+        reason = output.finish_reason
+        self._count(req, output, stats)
+        detok = req.stop_detokenizer
+        before = detok.num_output_tokens()
+        if detok.update(ids, reason == _STOP):  # a stop string: the output ends here
+            if reason is None:
+                aborts.append(output.request_id)  # the engine core would go on
+            reason = _STOP
+        kept = detok.num_output_tokens() - before  # tokens past the stop string are dropped (as vLLM)
+        if kept < len(ids):
+            ids = ids[:kept]
+        text = detok.get_next_output_text(reason is not None, True)
+        if reason is None:
+            req.stream.put([Delta(0, text, len(ids), None, ids)])
+        else:
+            self._forget(output.request_id, req)
+            req.stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
+            req.stream.close()
 
     def _step(self, req: DirectRequest, token: int) -> str:
         try:

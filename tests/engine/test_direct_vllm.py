@@ -48,11 +48,12 @@ class StandInProcessor:
         self.errors.append(e)
 
 
-def _request(request_id: str, prompt_ids: list[int], **sampling):
+def _request(request_id: str, prompt_ids: list[int], external_id: str | None = None, **sampling):
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
-    return EngineCoreRequest(request_id, prompt_ids, None, SamplingParams(**sampling), None, 0.0, None, None, None)
+    return EngineCoreRequest(request_id, prompt_ids, None, SamplingParams(**sampling), None, 0.0, None, None, None,
+                             external_req_id=external_id)
 
 
 def _output(request_id: str, ids: list[int], finish=None):
@@ -178,7 +179,7 @@ def test_eligible():
     assert eligible(GenerationParams(max_tokens=1))
     assert eligible(GenerationParams(max_tokens=1, structured={"json": {}}, stop_token_ids=[3]))
     assert not eligible(GenerationParams(max_tokens=1, n=2))
-    assert not eligible(GenerationParams(max_tokens=1, stop=["x"]))
+    assert eligible(GenerationParams(max_tokens=1, stop=["x"]))
     assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
 
 
@@ -206,3 +207,64 @@ def test_unsupported_names_what_is_missing(monkeypatch):
     assert vllm_direct.unsupported(llm) == "EngineCoreClient has no abort_requests_async"
     monkeypatch.setattr(vllm_direct, "CHECKED_VLLM", ("0.1.",))
     assert "is not a release it was checked against" in vllm_direct.unsupported(llm)
+
+
+# Stop strings: the route against vLLM's own OutputProcessor, fed the same engine-core outputs.
+STOP_CASES = {
+    "mid-text, one token a step": dict(stop=["wörld"], per_step=1),
+    "surplus tokens in the step": dict(stop=["日本"], per_step=4),
+    "kept in the output": dict(stop=["日本"], per_step=3, include_stop_str_in_output=True),
+    "never found: the hold-back comes out at the end": dict(stop=["zzz", "Hé!"], per_step=2),
+    "min_tokens skips the early matches": dict(stop=["l"], per_step=1, min_tokens=6),
+    "several, the first to appear wins": dict(stop=["🎉", "wörld", "done"], per_step=2),
+}
+
+
+def _steps(ids: list[int], per_step: int) -> list[list[int]]:
+    return [ids[i:i + per_step] for i in range(0, len(ids), per_step)]
+
+
+@pytest.mark.parametrize("case", list(STOP_CASES))
+def test_stop_strings_as_vllms_output_processor(tokenizer, case):
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    spec = dict(STOP_CASES[case])
+    per_step = spec.pop("per_step")
+    prompt = tokenizer.encode("A prompt: ", add_special_tokens=False)
+    steps = _steps(tokenizer.encode(TEXT, add_special_tokens=False), per_step)
+
+    def finish(i: int):
+        return FinishReason.LENGTH if i == len(steps) - 1 else None
+
+    # vLLM's path.
+    processor = OutputProcessor(tokenizer, log_stats=False)
+    processor.add_request(_request("v-1", prompt, "v", output_kind=RequestOutputKind.DELTA, **spec), None)
+    v_text, v_ids, v_finish, v_aborted = "", [], None, False
+    for i, step in enumerate(steps):
+        result = processor.process_outputs([_output("v-1", list(step), finish(i))])
+        v_aborted |= "v-1" in result.reqs_to_abort
+        for out in result.request_outputs:
+            v_text += out.outputs[0].text
+            v_ids += list(out.outputs[0].token_ids)
+            v_finish = out.outputs[0].finish_reason or v_finish
+    # The direct route.
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    params = GenerationParams(max_tokens=len(steps) * per_step, stop=spec["stop"], min_tokens=spec.get("min_tokens", 0),
+                              include_stop_str_in_output=spec.get("include_stop_str_in_output", False))
+    stream = route.add(_request("d-1", prompt, **spec), "d", params)
+    d_aborted = False
+    for i, step in enumerate(steps):
+        result = route.process_outputs([_output("d-1", list(step), finish(i))])
+        d_aborted |= "d-1" in result.reqs_to_abort
+    deltas = _drain(stream)
+    assert "".join(d.text for d in deltas) == v_text
+    assert [t for d in deltas for t in d.token_ids] == v_ids
+    assert sum(d.num_tokens for d in deltas) == len(v_ids)
+    assert deltas[-1].finish_reason == v_finish and d_aborted == v_aborted
+    assert len(route) == 0
+    if case == "mid-text, one token a step":  # the oracle itself is not vacuous
+        assert v_text == "Héllo, " and v_finish == "stop" and v_aborted
+    if case == "never found: the hold-back comes out at the end":
+        assert v_text == TEXT and v_finish == "length" and not v_aborted

@@ -223,10 +223,13 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
     feeds vLLM's per-request histograms; both feed its token counters."""
     finished, generated = "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total"
     messages = [{"role": "user", "content": "Write a short poem about the sea, with an emoji or two: 🌊"}]
-    for stream in (True, False):
+    stop: list[str] = []
+    for stream in (True, False, True):
         results = []
         for extra in ({}, {"logprobs": True}):
             body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **extra}
+            if stop:
+                body["stop"] = stop
             if stream:
                 body["stream_options"] = {"include_usage": True}
             before = _metric(engine_server, finished), _metric(engine_server, generated)
@@ -246,3 +249,8 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
                 results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
         direct, vllm_path = results
         assert direct[0] and direct == vllm_path
+        if not stop:  # the last round again with a stop string from the middle of the answer
+            words = direct[0].split()
+            stop = [words[len(words) // 2]]
+        else:
+            assert direct[1] == ["stop"] and stop[0] not in direct[0]
