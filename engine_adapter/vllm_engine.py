@@ -16,6 +16,12 @@ per request: the consumer awaits the collector's event directly, and while
 the client keeps up it is not woken at all: vLLM's output handler hands each
 step to the writer's sink through a hook on the collector's `put` (push).
 
+That is vLLM's own output path. Requests with one choice and no logprobs
+skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
+in vLLM's output handler and puts `Delta`s on a plain `OutputStream`
+(`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
+not checked against).
+
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
 and comes back as `EngineRejected` (a 400 that quotes the compiler). With

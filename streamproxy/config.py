@@ -30,7 +30,7 @@ class Settings(msgspec.Struct, kw_only=True):
     write_stall_timeout: float = 30.0
     # Write each engine step straight to the socket from the engine's step while the client keeps up.
     stream_push: bool = True
-    # vLLM: plain requests' outputs go from the engine core straight to their streams (engine_adapter/vllm_direct.py).
+    # vLLM: one-choice requests without logprobs go from the engine core straight to their streams (engine_adapter/vllm_direct.py).
     direct_outputs: bool = True
     nonstream_keepalive_after: float = 60.0
     nonstream_keepalive_interval: float = 15.0
@@ -79,7 +79,7 @@ _FLAG_HELP: dict[str, str] = {
     "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
     "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
-    "direct_outputs": "vLLM engine: serve plain requests (n=1, no stop strings, no logprobs) from the engine core's outputs "
+    "direct_outputs": "vLLM engine: serve requests with n=1 and no logprobs from the engine core's outputs "
     "directly instead of through vLLM's OutputProcessor (--no-direct-outputs: vLLM's path for all)",
     "stream_push": "write each engine step to the socket from the engine's step while the client keeps up "
     "(--no-stream-push: always from the request's task)",
