@@ -108,12 +108,11 @@ class DirectRoute:
         import tokenizers
 
         from vllm.v1.engine import FinishReason
+        from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
         from vllm.v1.engine.output_processor import OutputProcessorOutput
 
         assert tuple(str(FinishReason(i)) for i in range(len(_FINISH))) == _FINISH, "vLLM's FinishReason changed"
         self._processor = output_processor
-        from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
-
         self._tokenizer = tokenizer
         self._stop_detokenizer = FastIncrementalDetokenizer
         self._rust_tokenizer = tokenizer._tokenizer
