@@ -180,10 +180,12 @@ class DirectRoute:
                 rest.append(output)
                 continue
             try:
+                self._count(req, output, iteration_stats)
                 if req.stop_detokenizer is None:
-                    self._one(req, output, iteration_stats)
+                    text, ids, reason = self._text(req, output)
                 else:
-                    self._one_with_stop_strings(req, output, iteration_stats, aborts)
+                    text, ids, reason = self._text_with_stop_strings(req, output, aborts)
+                self._emit(req, output.request_id, text, ids, reason)
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
                 self._forget(output.request_id, req)
@@ -197,7 +199,7 @@ class DirectRoute:
         return self._result(request_outputs=[], reqs_to_abort=aborts)
 
     def _forget(self, internal_id: str, req: DirectRequest) -> None:
-        del self.requests[internal_id]
+        self.requests.pop(internal_id, None)
         self.internal_ids.pop(req.external_id, None)
 
     @staticmethod
@@ -213,33 +215,22 @@ class DirectRoute:
                 if stats is not None:
                     stats.prompt_token_stats.update_from_output(prefill)
 
-    def _one(self, req: DirectRequest, output: Any, stats: Any) -> None:
+    def _text(self, req: DirectRequest, output: Any) -> tuple[str, list[int], int | None]:
+        """The step's text by the bare DecodeStream; its token ids and finish reason as they came."""
         ids = output.new_token_ids
         reason = output.finish_reason
-        stream = req.stream
-        self._count(req, output, stats)
         decode = ids
-        if reason is not None:
-            self._forget(output.request_id, req)
-            if reason == _STOP and ids and not req.include_stop:
-                decode = ids[:-1]  # the EOS / stop token is counted, not shown (as vLLM)
+        if reason == _STOP and ids and not req.include_stop:
+            decode = ids[:-1]  # the EOS / stop token is counted, not shown (as vLLM)
         if len(decode) == 1:
-            text = self._step(req, decode[0])
-        elif decode:
-            text = "".join([self._step(req, token) for token in decode])
-        else:
-            text = ""
-        if reason is None:
-            stream.put([Delta(0, text, len(ids), None, ids)])
-        else:
-            stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
-            stream.close()
+            return self._step(req, decode[0]), ids, reason
+        return "".join([self._step(req, token) for token in decode]), ids, reason
 
-    def _one_with_stop_strings(self, req: DirectRequest, output: Any, stats: Any, aborts: list[str]) -> None:
-        """`_one` through vLLM's own detokenizer: what OutputProcessor.process_outputs does for text."""
+    @staticmethod
+    def _text_with_stop_strings(req: DirectRequest, output: Any, aborts: list[str]) -> tuple[str, list[int], int | None]:
+        """The same through vLLM's own detokenizer: what OutputProcessor.process_outputs does for text."""
         ids = output.new_token_ids
         reason = output.finish_reason
-        self._count(req, output, stats)
         detok = req.stop_detokenizer
         before = detok.num_output_tokens()
         if detok.update(ids, reason == _STOP):  # a stop string: the output ends here
@@ -249,13 +240,15 @@ class DirectRoute:
         kept = detok.num_output_tokens() - before  # tokens past the stop string are dropped (as vLLM)
         if kept < len(ids):
             ids = ids[:kept]
-        text = detok.get_next_output_text(reason is not None, True)
+        return detok.get_next_output_text(reason is not None, True), ids, reason
+
+    def _emit(self, req: DirectRequest, internal_id: str, text: str, ids: list[int], reason: int | None) -> None:
         if reason is None:
             req.stream.put([Delta(0, text, len(ids), None, ids)])
-        else:
-            self._forget(output.request_id, req)
-            req.stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
-            req.stream.close()
+            return
+        self._forget(internal_id, req)
+        req.stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
+        req.stream.close()
 
     def _step(self, req: DirectRequest, token: int) -> str:
         try:

@@ -187,6 +187,16 @@ class VllmOutputStream:
                 return got
             await self._collector.ready.wait()
 
+    async def wait(self, timeout: float) -> None:
+        """Until there is something to take (or the end, or a sink error), at most `timeout` s; takes nothing."""
+        if self._held or self._done or self._sink_error is not None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._collector.ready.wait()
+        except TimeoutError:
+            pass
+
     def __aiter__(self) -> VllmOutputStream:
         return self
 

@@ -261,8 +261,6 @@ async def pump_sse(
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
     arm = getattr(out, "arm", None) if push and _can_push(response, transport) else None
-    # `OutputStream.wait(timeout)`: a bare timer per idle wait, no asyncio.timeout() (a stream type without it gets one).
-    timed_wait = hasattr(out, "wait")
     try:
         while True:
             deltas = out.get_nowait()
@@ -278,14 +276,8 @@ async def pump_sse(
                         continue
                     # Woken by output or by the deadline: the top of the loop takes what is
                     # pending, or sees that nothing was written meanwhile (heartbeat).
-                    if timed_wait:
-                        await out.wait(silent_for)  # type: ignore[attr-defined]
-                        continue
-                    try:
-                        async with asyncio.timeout(silent_for):
-                            deltas = await out.get()
-                    except TimeoutError:
-                        continue
+                    await out.wait(silent_for)
+                    continue
             # Pull: the sink is disarmed (or was never armed); everything pending at once.
             encoder.prompt_tokens = out.prompt_tokens
             data = encoder.step(deltas)

@@ -15,6 +15,7 @@ as `reasoning`, and as `reasoning_content` too unless
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -143,6 +144,7 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
     }
 
 
+@dataclass(slots=True, kw_only=True)
 class _ChatOutput:
     """What shapes one request's answer (stream encoder, or accumulator + JSON body).
 
@@ -150,35 +152,16 @@ class _ChatOutput:
     kept for the whole stream, the request body and prompt are not.
     """
 
-    __slots__ = (
-        "response_id", "created", "model", "n", "include_usage", "continuous_usage", "filters", "logprobs",
-        "forced_call", "reasoning_content",
-    )
-
-    def __init__(
-        self,
-        *,
-        response_id: str,
-        created: int,
-        model: str,
-        n: int,
-        include_usage: bool,
-        continuous_usage: bool,
-        filters: Any,
-        logprobs: bool,
-        forced_call: bool,
-        reasoning_content: bool,
-    ) -> None:
-        self.response_id = response_id
-        self.created = created
-        self.model = model
-        self.n = n
-        self.include_usage = include_usage
-        self.continuous_usage = continuous_usage
-        self.filters = filters
-        self.logprobs = logprobs
-        self.forced_call = forced_call
-        self.reasoning_content = reasoning_content
+    response_id: str
+    created: int
+    model: str
+    n: int
+    include_usage: bool
+    continuous_usage: bool
+    filters: Any
+    logprobs: bool
+    forced_call: bool
+    reasoning_content: bool
 
     def encoder(self) -> ChatStreamEncoder:
         enc = ChatStreamEncoder(

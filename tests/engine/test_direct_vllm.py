@@ -268,3 +268,16 @@ def test_stop_strings_as_vllms_output_processor(tokenizer, case):
         assert v_text == "Héllo, " and v_finish == "stop" and v_aborted
     if case == "never found: the hold-back comes out at the end":
         assert v_text == TEXT and v_finish == "length" and not v_aborted
+
+
+def test_a_failing_last_output_ends_its_stream_and_nothing_escapes(tokenizer):
+    from vllm.v1.engine import FinishReason
+
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    stream = route.add(_request("f-1", [5]), "f", GenerationParams(max_tokens=4))
+    route.requests["f-1"].decoder = object()  # breaks on the request's last output
+    result = route.process_outputs([_output("f-1", tokenizer.encode(" ok", add_special_tokens=False), FinishReason.LENGTH)])
+    assert result.reqs_to_abort == []  # the engine core already finished it
+    with pytest.raises(EngineFailure, match="AttributeError"):
+        stream.get_nowait()
+    assert len(route) == 0 and route.internal_ids == {}

@@ -293,3 +293,20 @@ async def test_vllm_n2_children_push_separately():
     c.put(tok("a", index=0))
     c.put(tok("x", index=1))
     assert [(step[0].index, step[0].text) for step in sink.got] == [(0, "a"), (1, "x")]
+
+
+async def test_vllm_wait_returns_at_the_deadline_or_on_output_and_takes_nothing():
+    c = Collector()
+    s = VllmOutputStream(c)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await s.wait(0.05)  # nothing comes: back at the deadline
+    assert loop.time() - start >= 0.04
+    loop.call_later(0.01, c.put, tok("a"))
+    start = loop.time()
+    await s.wait(5.0)  # woken by the output, long before the deadline
+    assert loop.time() - start < 1.0
+    assert texts(s.get_nowait()) == ["a"]  # still there for the taker
+    c.put(tok("z", finished=True))
+    assert texts(s.get_nowait()) == ["z"]
+    await asyncio.wait_for(s.wait(5.0), 1.0)  # ended: returns at once
