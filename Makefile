@@ -45,7 +45,7 @@ LLAMAINDEX_STAMP := $(LLAMAINDEX_VENV)/.installed
 COMPAT           := $(NODE_STAMP) $(LLAMAINDEX_STAMP)
 
 test: $(STAMP) $(COMPAT)
-	$(BIN)/python -m streamproxy.default_model
+	$(BIN)/python -m engine_adapter.default_model
 	$(BIN)/pytest -q tests
 
 test-fast: $(STAMP) $(COMPAT)

@@ -41,7 +41,7 @@ DEFAULT_TINY_ARGS = "--dtype float32"
 
 
 def model_path(name: str) -> str:
-    from streamproxy import default_model
+    from engine_adapter import default_model
 
     if name == "tiny":
         return str(default_model.build_tiny_model(progress=True))

@@ -106,7 +106,6 @@ class DirectRoute:
 
     def __init__(self, output_processor: Any, tokenizer: Any) -> None:
         import tokenizers
-
         from vllm.v1.engine import FinishReason
         from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
         from vllm.v1.engine.output_processor import OutputProcessorOutput

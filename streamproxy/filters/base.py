@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..utf8 import Utf8Carry
+from streamproxy.core.utf8 import Utf8Carry
 
 CONTENT = 0
 TOOL_CALL = 1  # first fragment of a tool call: index, id, name

@@ -14,13 +14,13 @@ tool-call filter, which so sees only the answer, never the thinking:
 
 `reasoning_spec(name, ...)` resolves --reasoning-parser the same way:
 ours (`reasoning.OWN_REASONING`: qwen3, deepseek_r1) by name first, then
-vLLM's registry (`vllm_reasoning`), `vllm:NAME` for vLLM's even where we
+vLLM's registry (`engine_adapter.vllm_reasoning_parsers`), `vllm:NAME` for vLLM's even where we
 have our own. It reads the request's chat template kwargs: qwen3 with
 `enable_thinking: false` needs no splitter at all.
 
 `parser_spec(name, ...)` resolves --tool-call-parser: our own sans-IO parsers
 by name first (OWN_PARSERS), then any name in vLLM's registry through the
-adapter in `vllm_tools` (which needs the engine's tokenizer); `vllm:NAME`
+adapter in `engine_adapter.vllm_tool_parsers` (which needs the engine's tokenizer); `vllm:NAME`
 takes vLLM's parser even where we have our own.
 """
 
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import FilterFactory
-from .constrained import NamedToolEmitter, RequiredToolEmitter
-from .hermes import HermesParser
-from .llama3_json import Llama3JsonParser
-from .mistral import MistralParser
-from .pythonic import PythonicParser
-from .reasoning import OWN_REASONING
-from .toolset import ToolSet
+from streamproxy.filters.base import FilterFactory
+from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
+from streamproxy.filters.hermes import HermesParser
+from streamproxy.filters.llama3_json import Llama3JsonParser
+from streamproxy.filters.mistral import MistralParser
+from streamproxy.filters.pythonic import PythonicParser
+from streamproxy.filters.reasoning import OWN_REASONING
+from streamproxy.filters.toolset import ToolSet
 
 OWN_PARSERS: dict[str, Any] = {
     "hermes": HermesParser,
@@ -54,7 +54,7 @@ def known_parser(name: str, *, vllm_available: bool) -> bool:
         return True
     if not vllm_available:
         return False
-    from .vllm_tools import registered
+    from engine_adapter.vllm_tool_parsers import registered
 
     return registered(name.removeprefix(VLLM_PREFIX))
 
@@ -64,7 +64,7 @@ def parser_spec(name: str, *, tokenizer: Any, tools: list[dict[str, Any]]) -> An
     own = OWN_PARSERS.get(name)
     if own is not None:
         return own
-    from .vllm_tools import VllmParserSpec
+    from engine_adapter.vllm_tool_parsers import VllmParserSpec
 
     return VllmParserSpec(name.removeprefix(VLLM_PREFIX), tokenizer, tools)
 
@@ -74,7 +74,7 @@ def known_reasoning_parser(name: str, *, vllm_available: bool) -> bool:
         return True
     if not vllm_available:
         return False
-    from .vllm_reasoning import registered
+    from engine_adapter.vllm_reasoning_parsers import registered
 
     return registered(name.removeprefix(VLLM_PREFIX))
 
@@ -99,7 +99,7 @@ def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[st
     if own is not None:
         make = own(template_kwargs)
         return None if make is None else _OwnReasoning(make)
-    from .vllm_reasoning import VllmReasoningSpec
+    from engine_adapter.vllm_reasoning_parsers import VllmReasoningSpec
 
     return VllmReasoningSpec(name.removeprefix(VLLM_PREFIX), tokenizer, template_kwargs)
 

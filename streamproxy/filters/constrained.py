@@ -23,8 +23,8 @@ named function; "length" (cut off mid-JSON) is always kept.
 
 from __future__ import annotations
 
-from .base import CONTENT, Part, content, tool_args, tool_call
-from .jsonscan import WHITESPACE, ValueScan, loads
+from streamproxy.filters.base import CONTENT, Part, content, tool_args, tool_call
+from streamproxy.filters.jsonscan import WHITESPACE, ValueScan, loads
 
 
 class _Emitter:

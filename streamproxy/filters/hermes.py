@@ -14,9 +14,9 @@ body is not a JSON object, the block simply runs to the next `</tool_call>`
 
 from __future__ import annotations
 
-from .base import Part
-from .jsonscan import WHITESPACE, ValueScan
-from .toolparse import ToolCallParser, json_call, tag_overlap
+from streamproxy.filters.base import Part
+from streamproxy.filters.jsonscan import WHITESPACE, ValueScan
+from streamproxy.filters.toolparse import ToolCallParser, json_call, tag_overlap
 
 START = "<tool_call>"
 END = "</tool_call>"

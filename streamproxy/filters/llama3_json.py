@@ -11,9 +11,9 @@ ends call mode: the rest is content.
 
 from __future__ import annotations
 
-from .base import Part
-from .jsonscan import ValueScan
-from .toolparse import WS, ToolCallParser, json_call
+from streamproxy.filters.base import Part
+from streamproxy.filters.jsonscan import ValueScan
+from streamproxy.filters.toolparse import WS, ToolCallParser, json_call
 
 BOT = "<|python_tag|>"
 

@@ -13,9 +13,9 @@ tokens, so the request keeps special tokens in the text.
 
 from __future__ import annotations
 
-from .base import Part
-from .jsonscan import ValueScan, loads, skip_ws, value_end
-from .toolparse import WS, ToolCallParser, json_call, tag_overlap
+from streamproxy.filters.base import Part
+from streamproxy.filters.jsonscan import ValueScan, loads, skip_ws, value_end
+from streamproxy.filters.toolparse import WS, ToolCallParser, json_call, tag_overlap
 
 BOT = "[TOOL_CALLS]"
 ARGS = "[ARGS]"

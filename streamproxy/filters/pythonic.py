@@ -16,8 +16,8 @@ import ast
 import json
 from typing import Any
 
-from .base import Part
-from .toolparse import WS, ToolCallParser
+from streamproxy.filters.base import Part
+from streamproxy.filters.toolparse import WS, ToolCallParser
 
 _START, _LIST, _TEXT = range(3)
 _NAMES = {"null": None, "true": True, "false": False, "None": None, "True": True, "False": False}

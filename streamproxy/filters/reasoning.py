@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import CONTENT, Part, content, reasoning
-from .toolparse import tag_overlap
+from streamproxy.filters.base import CONTENT, Part, content, reasoning
+from streamproxy.filters.toolparse import tag_overlap
 
 START = "<think>"
 END = "</think>"

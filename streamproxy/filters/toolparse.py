@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import CONTENT, Part, content, tool_args, tool_call
-from .jsonscan import loads, members
-from .toolset import ToolSet
+from streamproxy.filters.base import CONTENT, Part, content, tool_args, tool_call
+from streamproxy.filters.jsonscan import loads, members
+from streamproxy.filters.toolset import ToolSet
 
 WS = " \t\r\n"
 

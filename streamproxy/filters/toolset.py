@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from .jsonscan import loads
+from streamproxy.filters.jsonscan import loads
 
 _CACHE_SIZE = 512
 _validators: OrderedDict[bytes, Any] = OrderedDict()

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from .common import encode as encode  # noqa: F401  (re-export for the route)
+from streamproxy.protocol.common import encode as encode  # noqa: F401  (re-export for the route)
 
 
 class EmbeddingRequest(msgspec.Struct):

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .common import ResponseFormat, StreamOptions, Usage
+from streamproxy.protocol.common import ResponseFormat, StreamOptions, Usage
 
 
 class ContentPart(msgspec.Struct):

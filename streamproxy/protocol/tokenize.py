@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from .openai_chat import ChatMessage
+from streamproxy.protocol.openai_chat import ChatMessage
 
 
 class TokenizeRequest(msgspec.Struct):

@@ -10,7 +10,6 @@ import anthropic
 import openai
 import pytest
 import requests
-
 from unit.api_events import anthropic_order, anthropic_text, check_anthropic, check_responses, named_events, responses_order, responses_text
 
 pytestmark = pytest.mark.engine

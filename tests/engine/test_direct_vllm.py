@@ -26,7 +26,7 @@ TEXT = "Héllo, wörld! 日本語のテキスト 🎉🎉 done."
 def tokenizer():
     from vllm.tokenizers.registry import get_tokenizer
 
-    from streamproxy.default_model import ensure_default_model
+    from engine_adapter.default_model import ensure_default_model
 
     return get_tokenizer(str(ensure_default_model(progress=False)))
 

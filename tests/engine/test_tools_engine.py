@@ -204,7 +204,7 @@ def test_openai_sdk_tools_and_parse(engine_server, model_name):
 def test_vllm_registry_parser_through_the_adapter():
     from vllm.tokenizers import get_tokenizer
 
-    from streamproxy.default_model import ensure_default_model
+    from engine_adapter.default_model import ensure_default_model
     from streamproxy.filters.base import CONTENT, TOOL_ARGS, TOOL_CALL, Pipeline
     from streamproxy.filters.chain import known_parser, parser_spec
     from streamproxy.filters.toolset import ToolSet

@@ -17,10 +17,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
 from http_support import wait_until  # noqa: E402
-from streamproxy.app import create_app  # noqa: E402
+
+from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
 from streamproxy.config import Settings  # noqa: E402
+from streamproxy.http.app import create_app  # noqa: E402
 
 Serve = Callable[..., Awaitable[tuple[Any, FakeEngine]]]
 

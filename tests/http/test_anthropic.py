@@ -16,9 +16,9 @@ import pytest
 import requests
 from anthropic.types import Message, TextBlock, ToolUseBlock
 from http_support import USER_HI_PROMPT_TOKENS
+from unit.api_events import anthropic_order, anthropic_text, check_anthropic, named_events
 
 from engine_adapter.fake import FakeScript
-from unit.api_events import anthropic_order, anthropic_text, check_anthropic, named_events
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from http_support import USER_HI, USER_HI_PROMPT_TOKENS, sse_payloads
 
 from engine_adapter.fake import FakeScript
-from http_support import sse_payloads, USER_HI, USER_HI_PROMPT_TOKENS
 
 TEXT = "aé€😀z"
 # "é" = C3 A9, "€" = E2 82 AC, "😀" = F0 9F 98 80, each split across deltas.

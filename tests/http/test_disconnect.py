@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_adapter.fake import FakeScript
 from http_support import USER_HI, wait_until
+
+from engine_adapter.fake import FakeScript
 
 SLOW = FakeScript(text=" word", token_delay=0.05)  # one token, repeated
 

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from engine_adapter.fake import FakeEngine
-from streamproxy.app import create_app
 from streamproxy.config import Settings
+from streamproxy.http.app import create_app
 
 
 @pytest.fixture

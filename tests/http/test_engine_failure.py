@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from http_support import USER_HI, assert_openai_error, normalize_created, sse_frames
+
 from engine_adapter.fake import FakeScript
-from http_support import assert_openai_error, normalize_created, sse_frames, USER_HI
-from streamproxy.state import SYSTEM_FINGERPRINT
+from streamproxy.http.state import SYSTEM_FINGERPRINT
 
 FAILING = FakeScript(text="Hello! This is a fake streamed answer. ", fail_after=3, token_delay=0.005)
 ERROR_EVENT = (

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from http_support import USER_HI, sse_payloads
 
 from engine_adapter.base import GenerationParams
-from http_support import sse_payloads, USER_HI
 
 SAMPLING = {
     "temperature": 0.7,

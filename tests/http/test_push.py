@@ -15,10 +15,10 @@ import json
 import socket
 
 import pytest
+from http_support import USER_HI, normalize_created, sse_payloads, wait_until
 
 from engine_adapter.fake import FakeScript
-from http_support import USER_HI, normalize_created, sse_payloads, wait_until
-from streamproxy import writer
+from streamproxy.http import writer
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import openai
 import pytest
 from http_support import USER_HI, assert_openai_error, sse_payloads, validate
 from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
+from unit.api_events import anthropic_order, check_anthropic, check_responses, named_events, responses_order
 
 from engine_adapter.fake import FakeScript
-from unit.api_events import anthropic_order, check_anthropic, check_responses, named_events, responses_order
 
 QWEN = ["<think>", "\nThe user", " says hi", ".\n", "</think>", "\n\n", "Hello", " there!"]
 THOUGHT, ANSWER = "\nThe user says hi.\n", "\n\nHello there!"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from http_support import USER_HI, sse_payloads, wait_until
 
 from engine_adapter.fake import FakeScript
-from http_support import sse_payloads, USER_HI, wait_until
 
 REQUESTS = [
     ("POST", "/v1/chat/completions", {"messages": USER_HI}, 200),

@@ -14,9 +14,9 @@ import openai
 import pytest
 from http_support import USER_HI_PROMPT_TOKENS, assert_openai_error
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
+from unit.api_events import check_responses, named_events, responses_order, responses_text
 
 from engine_adapter.fake import FakeScript
-from unit.api_events import check_responses, named_events, responses_order, responses_text
 
 WEATHER = {
     "type": "function",

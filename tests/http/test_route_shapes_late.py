@@ -14,9 +14,9 @@ import asyncio
 import json
 
 from http_support import USER_HI
+from unit.api_events import check_anthropic, named_events
 
 from engine_adapter.fake import FakeScript
-from unit.api_events import check_anthropic, named_events
 
 LATE = dict(nonstream_keepalive_after=0.05, nonstream_keepalive_interval=0.03)
 

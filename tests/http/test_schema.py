@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
+from http_support import USER_HI, sse_payloads, validate, validator_with
 
 from engine_adapter.fake import FakeScript
-from http_support import sse_payloads, USER_HI, validate, validator_with
 
 
 def test_schema_helper_is_strict():

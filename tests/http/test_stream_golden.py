@@ -6,10 +6,10 @@ import json
 import time
 
 import pytest
+from http_support import DONE, USER_HI, USER_HI_PROMPT_TOKENS, assert_created_sane, normalize_created, sse_payloads
 
 from engine_adapter.fake import FakeScript
-from http_support import assert_created_sane, DONE, normalize_created, sse_payloads, USER_HI, USER_HI_PROMPT_TOKENS
-from streamproxy.state import SYSTEM_FINGERPRINT
+from streamproxy.http.state import SYSTEM_FINGERPRINT
 
 FP = SYSTEM_FINGERPRINT.encode()
 

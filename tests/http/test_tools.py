@@ -11,9 +11,9 @@ import json
 
 import openai
 import pytest
+from http_support import assert_openai_error, sse_payloads, validate
 
 from engine_adapter.fake import FakeScript
-from http_support import assert_openai_error, sse_payloads, validate
 
 USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
 WEATHER = {

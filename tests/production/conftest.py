@@ -25,13 +25,14 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
-from streamproxy import accesslog  # noqa: E402
-from streamproxy.app import create_app  # noqa: E402
-from streamproxy.config import Settings  # noqa: E402
-from streamproxy.server import make_runner  # noqa: E402
-from streamproxy.state import STATE_KEY, AppState  # noqa: E402
 from support import wait_until  # noqa: E402
+
+from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
+from streamproxy.config import Settings  # noqa: E402
+from streamproxy.http import accesslog  # noqa: E402
+from streamproxy.http.app import create_app  # noqa: E402
+from streamproxy.http.server import make_runner  # noqa: E402
+from streamproxy.http.state import STATE_KEY, AppState  # noqa: E402
 
 HARD_LIMIT = 120.0
 

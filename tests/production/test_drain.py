@@ -19,10 +19,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from support import USER_HI, data_payloads, stream_verdict, wait_until
 
 from engine_adapter.fake import FakeScript
-from streamproxy.server import drain
-from support import USER_HI, data_payloads, stream_verdict, wait_until
+from streamproxy.http.server import drain
 
 ROOT = Path(__file__).resolve().parents[2]
 

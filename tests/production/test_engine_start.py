@@ -8,7 +8,7 @@ import socket
 
 from engine_adapter.fake import FakeEngine
 from streamproxy.config import Settings
-from streamproxy.server import serve
+from streamproxy.http.server import serve
 
 
 def _port() -> int:

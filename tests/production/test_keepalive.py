@@ -9,12 +9,12 @@ import time
 
 import pytest
 from aiohttp import web
-
-from engine_adapter.base import OutputStream, Delta
-from engine_adapter.fake import FakeScript
-from streamproxy.stream import ChatStreamEncoder
-from streamproxy.writer import SSE_HEADERS, pump_sse
 from support import DONE, KEEPALIVE, USER_HI, data_payloads, frames, stream_verdict, wait_until
+
+from engine_adapter.base import Delta, OutputStream
+from engine_adapter.fake import FakeScript
+from streamproxy.core.stream import ChatStreamEncoder
+from streamproxy.http.writer import SSE_HEADERS, pump_sse
 
 
 async def _timed_frames(session, url: str, body: dict) -> list[tuple[float, bytes]]:

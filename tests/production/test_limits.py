@@ -7,8 +7,9 @@ import asyncio
 import json
 import time
 
-from engine_adapter.fake import FakeScript
 from support import USER_HI, chat_body, http_request, read_head, stream_verdict, wait_until
+
+from engine_adapter.fake import FakeScript
 
 
 def _err(raw: bytes) -> dict:

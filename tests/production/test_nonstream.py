@@ -9,9 +9,9 @@ import json
 import httpx
 import openai
 import pytest
+from support import USER_HI, stream_verdict, wait_until
 
 from engine_adapter.fake import FakeScript
-from support import USER_HI, stream_verdict, wait_until
 
 SLOW4 = FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.1)  # ~0.4 s
 KEEPALIVE = {"nonstream_keepalive_after": 0.1, "nonstream_keepalive_interval": 0.05}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.base import Delta
-from streamproxy.accumulate import Accumulator
+from streamproxy.core.accumulate import Accumulator
 
 TEXT = "aé€😀"
 DATA = TEXT.encode("utf-8")

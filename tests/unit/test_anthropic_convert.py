@@ -7,9 +7,10 @@ import json
 import msgspec
 import pytest
 
-from streamproxy import anthropic_errors
-from streamproxy import convert_anthropic as C
-from streamproxy import params as P
+from streamproxy.apis.anthropic import convert as C
+from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.apis.anthropic.protocol import decode_count_request, decode_request
+from streamproxy.core import params as P
 from streamproxy.errors import (
     APIError,
     AuthenticationError,
@@ -23,10 +24,9 @@ from streamproxy.errors import (
     UnsupportedMediaType,
 )
 from streamproxy.filters.base import CONTENT, Part, Pipeline
-from streamproxy.protocol.anthropic_messages import decode_count_request, decode_request
+from streamproxy.filters.stopseq import StopSequenceFilter
+from streamproxy.http.routes.chatlike import renamed
 from streamproxy.protocol.openai_chat import NamedToolChoice
-from streamproxy.routes.chatlike import renamed
-from streamproxy.stopseq import StopSequenceFilter
 
 
 def chat(body: dict):

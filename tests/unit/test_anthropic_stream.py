@@ -13,8 +13,8 @@ import anthropic.types as at
 import pytest
 
 from engine_adapter.base import Delta
-from streamproxy import blockstream
-from streamproxy.anthropic_stream import PING, AnthropicEncoder
+from streamproxy.apis.anthropic.stream import PING, AnthropicEncoder
+from streamproxy.core import blockstream
 from streamproxy.errors import EngineError, InvalidRequest, RateLimited, ServiceUnavailable
 from streamproxy.filters.base import CONTENT, Part
 from streamproxy.filters.hermes import HermesParser

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.base import GenerationParams
-from streamproxy import params as P
+from streamproxy.core import params as P
 from streamproxy.errors import ContextLengthExceeded, InvalidRequest
 from streamproxy.protocol import openai_chat, openai_completions
 from streamproxy.protocol.openai_chat import ChatCompletionRequest, ChatMessage, ContentPart, FunctionCall, ToolCall

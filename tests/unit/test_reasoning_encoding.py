@@ -13,18 +13,18 @@ import json
 import pytest
 
 from engine_adapter.base import Delta
-from streamproxy import params as P
-from streamproxy.accumulate import Accumulator
+from streamproxy.apis.anthropic.convert import to_chat as anthropic_chat
+from streamproxy.apis.anthropic.protocol import decode_request as decode_anthropic
+from streamproxy.apis.responses.convert import to_chat as responses_chat
+from streamproxy.apis.responses.protocol import decode_request as decode_responses
 from streamproxy.cli import build
 from streamproxy.config import expand_config_file
-from streamproxy.convert_anthropic import to_chat as anthropic_chat
-from streamproxy.convert_responses import to_chat as responses_chat
+from streamproxy.core import params as P
+from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.chain import chat_filters, reasoning_spec
-from streamproxy.protocol.anthropic_messages import decode_request as decode_anthropic
 from streamproxy.protocol.openai_chat import decode_request as decode_chat
-from streamproxy.protocol.openai_responses import decode_request as decode_responses
-from streamproxy.stream import ChatStreamEncoder
 
 from .openai_schema import validate
 

@@ -16,7 +16,7 @@ from streamproxy.filters.base import CONTENT, REASONING, TOOL_CALL, Part, Pipeli
 from streamproxy.filters.chain import chat_filters, known_reasoning_parser, reasoning_spec
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.reasoning import OWN_REASONING, ThinkSplitter
-from streamproxy.stopseq import StopSequenceFilter
+from streamproxy.filters.stopseq import StopSequenceFilter
 
 from .filter_support import TOOLS, bytewise, every_split, outcome, run
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from streamproxy import convert_responses as C
-from streamproxy import params as P
+from streamproxy.apis.responses import convert as C
+from streamproxy.apis.responses.protocol import decode_request
+from streamproxy.core import params as P
 from streamproxy.errors import InvalidRequest
+from streamproxy.http.routes.chatlike import renamed
 from streamproxy.protocol.openai_chat import NamedToolChoice
-from streamproxy.protocol.openai_responses import decode_request
-from streamproxy.routes.chatlike import renamed
 
 
 def chat(body: dict):

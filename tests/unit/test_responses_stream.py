@@ -12,13 +12,13 @@ import json
 import pytest
 
 from engine_adapter.base import Delta
-from streamproxy import blockstream
+from streamproxy.apis.responses.protocol import ReasoningEcho, Response, TextEcho, TextFormat
+from streamproxy.apis.responses.stream import ResponsesEncoder
+from streamproxy.core import blockstream
 from streamproxy.errors import EngineError, ServerShuttingDown
 from streamproxy.filters.base import CONTENT, Part
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.toolset import ToolSet
-from streamproxy.protocol.openai_responses import ReasoningEcho, Response, TextEcho, TextFormat
-from streamproxy.responses_stream import ResponsesEncoder
 
 from .api_events import check_responses, named_events, responses_order, responses_text
 

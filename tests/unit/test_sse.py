@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamproxy import sse
-from streamproxy.sse import SSEParser
+from streamproxy.core import sse
+from streamproxy.core.sse import SSEParser
 
 # ---------------------------------------------------------------- encoding
 

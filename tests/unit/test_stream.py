@@ -7,8 +7,8 @@ import json
 import pytest
 
 from engine_adapter.base import Delta
+from streamproxy.core.stream import ChatStreamEncoder, CompletionStreamEncoder
 from streamproxy.errors import ContextLengthExceeded, EngineError
-from streamproxy.stream import ChatStreamEncoder, CompletionStreamEncoder
 
 from .openai_schema import errors as schema_errors
 

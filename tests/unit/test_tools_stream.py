@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 
 from engine_adapter.base import Delta, TokenLogprob, token_text
-from streamproxy.accumulate import Accumulator
+from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.stream import ChatStreamEncoder, CompletionStreamEncoder
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
 from streamproxy.filters.hermes import HermesParser
-from streamproxy.stream import ChatStreamEncoder, CompletionStreamEncoder
 
 from .filter_support import TOOLS
 from .openai_schema import errors as schema_errors

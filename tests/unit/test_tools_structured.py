@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from streamproxy import structured as S
+from streamproxy.core import structured as S
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters import toolset
 from streamproxy.protocol.openai_chat import decode_request

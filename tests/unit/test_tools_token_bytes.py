@@ -33,7 +33,7 @@ class _HFLike:
 @pytest.fixture(scope="module")
 def smollm():
     if not TOKENIZER_JSON.exists():
-        pytest.skip("default model not prepared (python -m streamproxy.default_model)")
+        pytest.skip("default model not prepared (python -m engine_adapter.default_model)")
     from tokenizers import Tokenizer
 
     return _HFLike(Tokenizer.from_file(str(TOKENIZER_JSON)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamproxy.utf8 import Utf8Carry
+from streamproxy.core.utf8 import Utf8Carry
 
 # One character of each UTF-8 length: 1, 2, 3 and 4 bytes.
 TEXT = "aé€😀"

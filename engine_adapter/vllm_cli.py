@@ -1,0 +1,67 @@
+"""`streamproxy serve --engine vllm`: vLLM's own engine flags and the engine they build.
+
+The parser takes every engine flag of `vllm serve`, added by vLLM's own
+`AsyncEngineArgs.add_cli_args` (not copied), so `--max-model-len`,
+`--tensor-parallel-size`, ... mean what they mean there. With no `--model`
+the default model is prepared from its PyPI package and served under a
+stable name. Only the CLI imports this module, and only on the vllm path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable
+
+from engine_adapter.vllm_engine import VllmEngine
+
+log = logging.getLogger("streamproxy.engine.vllm")
+
+# KV cache for CPU engines when none is configured. Without it vLLM's CPU
+# worker reserves --gpu-memory-utilization (0.92) of the machine's memory and
+# refuses to start when anything else holds more than 8% of it.
+DEFAULT_CPU_KV_CACHE_GIB = 4
+
+
+def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """vLLM's engine flags plus the server's own (added by `add_own_flags`)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    p = FlexibleArgumentParser(prog="streamproxy serve", description="OpenAI-compatible server, vLLM in-process")
+    p.add_argument("model_tag", nargs="?", default=None, help="model folder or hub id (same as --model)")
+    AsyncEngineArgs.add_cli_args(p)
+    add_own_flags(p)
+    p.set_defaults(model=None)
+    return p
+
+
+def engine(ns: argparse.Namespace, *, direct_outputs: bool) -> VllmEngine:
+    """The engine the parsed flags describe; `ns.model` and `ns.served_model_name` are filled in."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+
+    if ns.reasoning_parser:
+        # vLLM's own flag: the engine gets the bare name too (structured outputs wait for the thinking to end).
+        ns.reasoning_parser = ns.reasoning_parser.removeprefix("vllm:")
+    model = ns.model_tag or ns.model
+    if model is None:
+        model = str(ensure_default_model(progress=True))
+        if not ns.served_model_name:
+            ns.served_model_name = [DEFAULT_MODEL_NAME]
+    ns.model = model
+    ns.served_model_name = ns.served_model_name or [model]
+    _default_cpu_kv_cache(ns)
+    return VllmEngine(AsyncEngineArgs.from_cli_args(ns), ns.served_model_name, root=model, direct_outputs=direct_outputs)
+
+
+def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") or getattr(ns, "kv_cache_memory_bytes", None):
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GIB)
+        log.info("CPU engine: KV cache %d GiB (set VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes to change)", DEFAULT_CPU_KV_CACHE_GIB)

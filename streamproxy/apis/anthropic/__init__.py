@@ -1,0 +1,1 @@
+"""Anthropic's Messages API (Claude Code): structs, conversion to chat, events, error shape."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API (Codex): structs, conversion to chat, typed stream events."""

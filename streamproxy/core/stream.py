@@ -1,0 +1,318 @@
+"""Per-request streaming state machines: engine Deltas -> SSE bytes.
+
+Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
+the bytes to write (possibly empty), and never await. The writer makes one
+write per call, so one engine step of a stream is one write.
+
+Chunks are built from templates: everything around the delta that is the
+same for every chunk of the stream (`id`, `created`, `model`, the choice
+index, the closing braces) is encoded once at construction, so per token the
+only encoding work is the delta text itself (one `orjson.dumps` of a str).
+
+Contract (OpenAI chat): the first chunk of each choice carries
+`delta.role:"assistant"` and `content:""`; then `delta.content` fragments;
+then a chunk with an empty delta and the `finish_reason`; with
+`stream_options.include_usage` one chunk with `choices: []` and the usage;
+then `data: [DONE]`. Text arrives through a `Utf8Carry` per choice, so no
+chunk carries half a character whatever the engine emits.
+
+Two paths, chosen once per stream (not per token): with no filters and no
+logprobs, `_one_plain` turns a Delta straight into a content chunk (the
+template path above). Otherwise each choice runs a `filters.base.Pipeline`
+(its carry plus the request's filter chain, e.g. a reasoning splitter and a
+tool-call parser) and `_one_parts` renders the parts it yields: content as
+`delta.content`, reasoning as `delta.reasoning` (and `delta.reasoning_content`,
+its older name, unless the route turns that off), the first fragment of a
+tool call as `delta.tool_calls[{index, id, type, function: {name,
+arguments: ""}}]`, later argument pieces as
+`delta.tool_calls[{index, function: {arguments}}]`. With a reasoning
+splitter the usage carries `completion_tokens_details.reasoning_tokens`.
+A step's logprobs ride on the first chunk the step produces; tokens that produced no chunk yet (half a
+character, text a filter holds back) ride on the next one, at the latest on
+the finish chunk, so every token's entry is sent exactly once, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from engine_adapter.base import Delta, TokenLogprob
+from streamproxy.core import sse
+from streamproxy.core.logprobs import CompletionLogprobs, chat_entries
+from streamproxy.core.utf8 import Utf8Carry
+from streamproxy.errors import APIError
+from streamproxy.filters.base import CONTENT, REASONING, TOOL_CALL, FilterFactory, Part, Pipeline, merge_content
+
+_dumps = orjson.dumps
+_NULL = b"null"
+
+
+def _usage_json(prompt: int, completion: int, cached: int | None, reasoning: int | None = None) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}  # type: ignore[assignment]
+    return _dumps(usage)
+
+
+class _ChoiceState:
+    __slots__ = ("carry", "tokens", "finish_reason", "pipeline", "logprobs", "legacy")
+
+    def __init__(self, pipeline: Pipeline | None = None) -> None:
+        self.carry = Utf8Carry()
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self.pipeline = pipeline
+        self.logprobs: list[TokenLogprob] = []  # not sent yet
+        self.legacy: CompletionLogprobs | None = None
+
+
+class StreamEncoder:
+    """Shared machinery; subclasses define the object name and choice bodies."""
+
+    object_name = b""
+    # How a text delta sits in a choice: b'"delta":{"content":' or b'"text":'.
+    text_open = b""
+    text_close = b""
+    finish_body = b""  # the choice body of the finish chunk, before the reason
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        n: int,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+        system_fingerprint: str | None = None,
+        report_cached_tokens: bool = False,
+        filters: FilterFactory | None = None,
+        logprobs: bool = False,
+    ) -> None:
+        self.logprobs = logprobs
+        if filters is None and not logprobs:
+            self.choices = [_ChoiceState() for _ in range(n)]
+            self._one = self._one_plain
+        else:
+            self.choices = [_ChoiceState(Pipeline(filters() if filters else ())) for _ in range(n)]
+            self._one = self._one_parts
+        self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
+        self.report_cached_tokens = report_cached_tokens
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        head = b'{"id":' + _dumps(response_id) + b',"object":"' + self.object_name + b'","created":'
+        head += str(created).encode() + b',"model":' + _dumps(model)
+        if system_fingerprint is not None:
+            head += b',"system_fingerprint":' + _dumps(system_fingerprint)
+        head = b"data: " + head
+        # The head is kept once, as the start of each choice's opening (see `_head`; n >= 1).
+        self._head_len = len(head)
+        self._choice_open = [head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
+        self._tail_plain = b'}]}\n\n'
+
+    # -- helpers --------------------------------------------------------
+    @property
+    def _head(self) -> bytes:
+        """`data: {"id":...,"model":...`: what every chunk of the stream starts with."""
+        return self._choice_open[0][: self._head_len]
+
+    def _close(self) -> bytes:
+        """End of one chunk: plain, or with the running usage (continuous_usage_stats)."""
+        if not self.continuous_usage:
+            return self._tail_plain
+        completion = sum(c.tokens for c in self.choices)
+        return b'}],"usage":' + _usage_json(self.prompt_tokens, completion, None) + b"}\n\n"
+
+    def _text_chunk(self, index: int, text: str) -> bytes:
+        return (
+            self._choice_open[index]
+            + self.text_open
+            + _dumps(text)
+            + self.text_close
+            + b',"logprobs":null,"finish_reason":null'
+            + self._close()
+        )
+
+    def _finish_chunk(self, index: int, reason: str, logprobs: bytes = _NULL) -> bytes:
+        return (
+            self._choice_open[index]
+            + self.finish_body
+            + b',"logprobs":'
+            + logprobs
+            + b',"finish_reason":"'
+            + reason.encode()
+            + b'"'
+            + self._close()
+        )
+
+    def _chunk(self, index: int, body: bytes, logprobs: bytes) -> bytes:
+        """A chunk whose choice body (`"delta":{...}` or `"text":...`) is ready-made."""
+        return self._choice_open[index] + body + b',"logprobs":' + logprobs + b',"finish_reason":null' + self._close()
+
+    def _part_body(self, part: Part) -> bytes:
+        """The choice body of one (merged) part; chat adds tool calls."""
+        return self.text_open + _dumps(part.text) + self.text_close
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        """The pending tokens' logprobs as this endpoint's JSON, and forget them."""
+        raise NotImplementedError
+
+    # -- the protocol ---------------------------------------------------
+    def start(self) -> bytes:
+        return b""
+
+    def step(self, deltas: Sequence[Delta]) -> bytes:
+        if len(deltas) == 1:
+            return self._one(deltas[0])
+        return b"".join([self._one(d) for d in _merge_by_index(deltas)])
+
+    def _one_plain(self, delta: Delta) -> bytes:
+        choice = self.choices[delta.index]
+        choice.tokens += delta.num_tokens
+        text = choice.carry.feed(delta.text)
+        out = self._text_chunk(delta.index, text) if text else b""
+        reason = delta.finish_reason
+        if reason is not None:
+            tail = choice.carry.flush()
+            if tail:
+                out += self._text_chunk(delta.index, tail)
+            choice.finish_reason = reason = self.map_finish_reason(reason)
+            out += self._finish_chunk(delta.index, reason)
+        return out
+
+    def _one_parts(self, delta: Delta) -> bytes:
+        index = delta.index
+        choice = self.choices[index]
+        choice.tokens += delta.num_tokens
+        if self.logprobs and delta.logprobs:
+            choice.logprobs.extend(delta.logprobs)
+        pipeline = choice.pipeline
+        assert pipeline is not None
+        out = self._render(index, choice, pipeline.feed(delta.text, delta.token_ids))
+        reason = delta.finish_reason
+        if reason is not None:
+            tail, reason = pipeline.finish(self.map_finish_reason(reason))
+            out += self._render(index, choice, tail)
+            choice.finish_reason = reason
+            out += self._finish_chunk(index, reason, self._logprobs_json(choice) if choice.logprobs else _NULL)
+        return out
+
+    def _render(self, index: int, choice: _ChoiceState, parts: list[Part]) -> bytes:
+        if not parts:
+            return b""
+        chunks = []
+        for part in merge_content(parts):
+            lp = self._logprobs_json(choice) if choice.logprobs else _NULL
+            chunks.append(self._chunk(index, self._part_body(part), lp))
+        return b"".join(chunks)
+
+    def map_finish_reason(self, reason: str) -> str:
+        return reason
+
+    def usage_json(self) -> bytes:
+        completion = sum(c.tokens for c in self.choices)
+        cached = self.cached_tokens if self.report_cached_tokens else None
+        return _usage_json(self.prompt_tokens, completion, cached, self.reasoning_tokens)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Thinking tokens the choices' reasoning splitters counted; None without one."""
+        counts = [n for c in self.choices if c.pipeline is not None and (n := c.pipeline.reasoning_tokens) is not None]
+        return sum(counts) if counts else None
+
+    def finish(self) -> bytes:
+        """After the engine's last step: usage chunk (if asked) and [DONE]."""
+        out = b""
+        if self.include_usage:
+            out = self._head + b',"choices":[],"usage":' + self.usage_json() + b"}\n\n"
+        return out + sse.DONE
+
+    def error(self, exc: APIError) -> bytes:
+        """An in-band error after the first byte, then a clean end of stream."""
+        return sse.frame(exc.to_json()) + sse.DONE
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens for c in self.choices)
+
+
+class ChatStreamEncoder(StreamEncoder):
+    object_name = b"chat.completion.chunk"
+    text_open = b'"delta":{"content":'
+    text_close = b"}"
+    finish_body = b'"delta":{}'
+
+    # Reasoning also under its older name, `reasoning_content` (--no-reasoning-content-field: off).
+    reasoning_content = True
+
+    def _part_body(self, part: Part) -> bytes:
+        if part.kind == CONTENT:
+            return self.text_open + _dumps(part.text) + b"}"
+        if part.kind == REASONING:
+            text = _dumps(part.text)
+            if self.reasoning_content:
+                return b'"delta":{"reasoning":' + text + b',"reasoning_content":' + text + b"}"
+            return b'"delta":{"reasoning":' + text + b"}"
+        if part.kind == TOOL_CALL:
+            call = {
+                "index": part.index,
+                "id": part.id,
+                "type": "function",
+                "function": {"name": part.name, "arguments": ""},
+            }
+        else:
+            call = {"index": part.index, "function": {"arguments": part.text}}
+        return b'"delta":{"tool_calls":[' + _dumps(call) + b"]}"
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        entries = chat_entries(choice.logprobs)
+        choice.logprobs = []
+        return b'{"content":' + _dumps(entries) + b',"refusal":null}'
+
+    # The role chunk's content: "" (text may follow), or null when the answer
+    # is known to be tool calls (tool_choice required or named), as OpenAI sends.
+    role_content = b'""'
+
+    def start(self) -> bytes:
+        role = b'"delta":{"role":"assistant","content":' + self.role_content + b'},"logprobs":null,"finish_reason":null'
+        return b"".join([opening + role + self._close() for opening in self._choice_open])
+
+
+class CompletionStreamEncoder(StreamEncoder):
+    object_name = b"text_completion"
+    text_open = b'"text":'
+    text_close = b""
+    finish_body = b'"text":""'
+
+    def _logprobs_json(self, choice: _ChoiceState) -> bytes:
+        if choice.legacy is None:
+            choice.legacy = CompletionLogprobs()
+        data = choice.legacy.add(choice.logprobs)
+        choice.logprobs = []
+        return _dumps(data)
+
+
+def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
+    """Coalesce several steps' deltas (a slow reader fell behind) per choice."""
+    merged: dict[int, Delta] = {}
+    for d in deltas:
+        prev = merged.get(d.index)
+        if prev is None or prev.finish_reason is not None or type(prev.text) is not type(d.text):
+            if prev is not None:
+                # Cannot merge after a finish or across str/bytes: keep order.
+                return list(deltas)
+            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
+        else:
+            prev.text += d.text  # type: ignore[operator]
+            prev.num_tokens += d.num_tokens
+            prev.finish_reason = d.finish_reason
+            if d.token_ids:
+                prev.token_ids = [*(prev.token_ids or ()), *d.token_ids]
+            if d.logprobs:
+                prev.logprobs = [*(prev.logprobs or ()), *d.logprobs]
+    return list(merged.values())

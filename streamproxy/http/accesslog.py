@@ -1,0 +1,202 @@
+"""One structured JSON access-log line per request, and the per-response metrics.
+
+`observe` is the outermost middleware. It gives the request its id and a
+`Record`; the layers below fill the record in (the body decoder: model, user,
+stream; the generation route: tokens, time to first token, finish reason;
+the error middleware: the error code), and when the handler returns, raises
+or is cancelled (the client went away), `observe` writes the line and counts
+the response, once. Nothing here runs per token.
+
+The line has no prompt or completion text and never a header value, so no
+API key can reach it; `path` is the path only (no query string). It goes to
+the `streamproxy.access` logger; `configure()` sends that logger's records
+through a queue to a background thread that writes them to stdout, stderr or
+a file, so a slow log sink never blocks the event loop. aiohttp's own access
+log is off (server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import logging.handlers
+import queue
+import re
+import sys
+import time
+import uuid
+from time import perf_counter
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPONSES, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_TOKEN
+
+log = logging.getLogger("streamproxy.access")
+log.propagate = False
+
+_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Status logged for a request whose client left before any response went out (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+class Record:
+    """What the access-log line says about one request; filled in along the way."""
+
+    __slots__ = (
+        "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
+        "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
+    )
+
+    def __init__(self, request_id: str, start: float) -> None:
+        self.request_id = request_id
+        self.start = start
+        self.sent_status: int | None = None  # the status whose headers went out
+        self.ttfb: float | None = None
+        self.ttft: float | None = None
+        self.model: str | None = None
+        self.user: str | None = None
+        self.stream: bool | None = None
+        self.generation = False
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.finish_reason: str | list[str | None] | None = None
+        self.error_code: str | None = None
+        self.disconnected = False
+
+    def first_token(self, now: float) -> None:
+        """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
+        if self.ttft is None:
+            self.ttft = now - self.start
+            TIME_TO_FIRST_TOKEN.observe(self.ttft)
+
+    def usage(self, prompt: int, completion: int, cached: int, finish_reasons: list[str | None]) -> None:
+        self.prompt_tokens = prompt
+        self.completion_tokens = completion
+        self.cached_tokens = cached
+        if finish_reasons:
+            first = finish_reasons[0]
+            self.finish_reason = first if all(r == first for r in finish_reasons) else list(finish_reasons)
+
+
+def record(request: web.Request) -> Record:
+    return request["record"]  # type: ignore[no-any-return]
+
+
+def note_body(request: web.Request, body: Any) -> None:
+    """The decoded request body: what the log line may say about it (never the prompt)."""
+    rec = request.get("record")
+    if rec is None:
+        return
+    model = getattr(body, "model", None)
+    user = getattr(body, "user", None)
+    rec.model = model if isinstance(model, str) else None
+    rec.user = user if isinstance(user, str) else None
+    rec.stream = bool(getattr(body, "stream", False))
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
+    rid = request.headers.get("X-Request-Id")
+    if not (rid and _REQUEST_ID_OK.fullmatch(rid)):
+        rid = uuid.uuid4().hex
+    rec = Record(rid, perf_counter())
+    request["request_id"] = rid
+    request["record"] = rec
+    response: web.StreamResponse | None = None
+    try:
+        response = await handler(request)
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        rec.disconnected = True
+        raise
+    finally:
+        _finish(request, rec, response, perf_counter())
+
+
+async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Response headers are going out: the time to first byte, and the status really sent."""
+    rec = request.get("record")
+    if rec is not None and rec.sent_status is None:
+        rec.sent_status = response.status
+        rec.ttfb = perf_counter() - rec.start
+        response.headers["X-Request-Id"] = rec.request_id
+
+
+def _finish(request: web.Request, rec: Record, response: web.StreamResponse | None, now: float) -> None:
+    duration = now - rec.start
+    if rec.sent_status is not None:
+        status = rec.sent_status
+    elif response is not None:
+        status = response.status  # a plain Response: aiohttp sends it right after this
+    else:
+        status = CLIENT_CLOSED if rec.disconnected else 500
+    if rec.ttfb is None and response is not None:
+        rec.ttfb = duration
+    if rec.disconnected:
+        CLIENT_DISCONNECTS.inc()
+    code = rec.error_code or ("client_disconnected" if rec.disconnected else "")
+    RESPONSES.labels(_route(request), str(status), code).inc()
+    if rec.generation:
+        REQUEST_DURATION.observe(duration)
+        if rec.ttfb is not None:
+            TIME_TO_FIRST_BYTE.observe(rec.ttfb)
+    if log.isEnabledFor(logging.INFO):
+        log.info(line(request, rec, status, duration))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def line(request: web.Request, rec: Record, status: int, duration: float) -> str:
+    fields = {
+        "ts": round(time.time(), 3),
+        "request_id": rec.request_id,
+        "method": request.method,
+        "path": request.path,
+        "status": status,
+        "model": rec.model,
+        "user": rec.user,
+        "stream": rec.stream,
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "cached_tokens": rec.cached_tokens,
+        "finish_reason": rec.finish_reason,
+        "error_code": rec.error_code,
+        "ttfb_ms": _ms(rec.ttfb),
+        "ttft_ms": _ms(rec.ttft),
+        "duration_ms": _ms(duration),
+        "client_disconnected": rec.disconnected,
+        "remote": request.remote,
+    }
+    return orjson.dumps(fields).decode()
+
+
+def configure(target: str) -> logging.handlers.QueueListener | None:
+    """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off")."""
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    if target.lower() in ("off", "none", "false", ""):
+        log.setLevel(logging.CRITICAL + 1)
+        return None
+    if target == "stdout":
+        sink: logging.Handler = logging.StreamHandler(sys.stdout)
+    elif target == "stderr":
+        sink = logging.StreamHandler(sys.stderr)
+    else:
+        sink = logging.handlers.WatchedFileHandler(target)  # reopens after logrotate moves the file
+    sink.setFormatter(logging.Formatter("%(message)s"))
+    q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    log.addHandler(logging.handlers.QueueHandler(q))
+    log.setLevel(logging.INFO)
+    listener = logging.handlers.QueueListener(q, sink)
+    listener.start()
+    return listener

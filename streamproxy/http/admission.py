@@ -1,0 +1,97 @@
+"""Admission control: a bounded number of requests generate, a bounded number wait.
+
+`enter()` decides at once, with no await: a slot is free (granted), or the
+waiting line has room (queued), or neither (429 with Retry-After, raised
+right away so an overloaded server answers fast instead of timing out).
+A queued ticket is granted in arrival order when a slot frees; a ticket
+whose client leaves while waiting gives up its place. `release()` is called
+exactly once per ticket, in the route's `finally`.
+
+`max_concurrent == 0` means no limit (every ticket is granted at once).
+The running/queued gauges and the rejection counter move here, the one
+place that knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from streamproxy.errors import RateLimited
+from streamproxy.http.metrics import ADMISSION_REJECTIONS, REQUESTS_QUEUED, REQUESTS_RUNNING
+
+
+class Ticket:
+    __slots__ = ("_admission", "granted", "_waiter", "released")
+
+    def __init__(self, admission: Admission, granted: bool) -> None:
+        self._admission = admission
+        self.granted = granted
+        self._waiter: asyncio.Future[None] | None = None
+        self.released = False
+
+    async def wait(self) -> None:
+        """Until the ticket holds a slot (returns at once if it already does)."""
+        if self.granted:
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._admission._release(self)
+
+
+class Admission:
+    def __init__(self, max_concurrent: int = 0, max_queued: int = 0) -> None:
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.active = 0
+        self._queue: deque[Ticket] = deque()
+        self.rejected = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def enter(self) -> Ticket:
+        if self.max_concurrent <= 0 or (self.active < self.max_concurrent and not self._queue):
+            self.active += 1
+            REQUESTS_RUNNING.inc()
+            return Ticket(self, True)
+        if len(self._queue) >= self.max_queued:
+            self.rejected += 1
+            ADMISSION_REJECTIONS.inc()
+            raise RateLimited(
+                f"the server is at capacity ({self.active} requests running, {len(self._queue)} waiting); retry shortly",
+                retry_after=1,
+            )
+        ticket = Ticket(self, False)
+        self._queue.append(ticket)
+        REQUESTS_QUEUED.inc()
+        return ticket
+
+    def _release(self, ticket: Ticket) -> None:
+        if not ticket.granted:
+            # Left while waiting: give up the place in line.
+            try:
+                self._queue.remove(ticket)
+            except ValueError:
+                return
+            REQUESTS_QUEUED.dec()
+            return
+        self.active -= 1
+        REQUESTS_RUNNING.dec()
+        while self._queue and self.active < max(self.max_concurrent, 1):
+            nxt = self._queue.popleft()
+            REQUESTS_QUEUED.dec()
+            nxt.granted = True
+            self.active += 1
+            REQUESTS_RUNNING.inc()
+            waiter = nxt._waiter
+            if waiter is None:
+                nxt._waiter = waiter = asyncio.get_running_loop().create_future()
+            if not waiter.done():
+                waiter.set_result(None)

@@ -1,0 +1,143 @@
+"""Application factory: routes, middlewares, response hooks, engine life cycle.
+
+Middlewares, outermost first: `accesslog.observe` (request id, the record,
+the access-log line and response metrics), `error_middleware`, CORS (only
+with --allowed-origins), API-key auth (only with --api-key).
+
+The server listens before the engine is ready: `on_startup` starts the engine
+in a background task, and until it is up the generation routes answer 503
+`engine_loading` (and /health says not ready). Every error a handler raises
+(our `APIError`s, aiohttp's own 404/405/413, anything unexpected) leaves
+through `error_middleware` as an OpenAI-shaped JSON body (or in the shape of
+the route's API, when its handler carries an `error_response`, as the Anthropic
+routes do); an unexpected one is logged with its traceback and answered with a
+bare 500, never the traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from engine_adapter.base import Engine
+from streamproxy.config import Settings
+from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
+from streamproxy.http import accesslog
+from streamproxy.http.auth import make_auth_middleware
+from streamproxy.http.cors import Cors
+from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
+from streamproxy.http.metrics import watch_engine
+from streamproxy.http.routes import add_routes
+from streamproxy.http.state import STATE_KEY, AppState
+
+log = logging.getLogger("streamproxy")
+
+ENGINE_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("engine_task", asyncio.Task)
+
+
+def error_response(exc: APIError) -> web.Response:
+    return web.Response(status=exc.status, body=exc.to_json(), content_type="application/json", headers=exc.headers())
+
+
+def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIError:
+    if exc.status == 404:
+        return NotFound(f"no route for {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowed(f"method {request.method} is not allowed on {request.path}")
+    if exc.status == 413:
+        limit = request.app[STATE_KEY].settings.max_body_bytes
+        return PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
+    err = APIError(exc.reason or "HTTP error", status=exc.status)
+    err.type = "invalid_request_error" if exc.status < 500 else "internal_error"
+    return err
+
+
+def _error(request: web.Request, exc: APIError) -> web.Response:
+    rec = request.get("record")
+    if rec is not None:
+        rec.error_code = exc.code
+    # A route may answer errors in its API's own shape (the Anthropic routes do).
+    render = getattr(request.match_info.handler, "error_response", error_response)
+    return render(exc)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return _error(request, exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _error(request, _from_http_exception(exc, request))
+        if "Allow" in exc.headers:  # a 405 must say which methods are allowed
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request["request_id"])
+        return _error(request, InternalError("the server failed to handle this request"))
+
+
+async def _start_engine(app: web.Application) -> None:
+    state = app[STATE_KEY]
+
+    async def start() -> None:
+        limit = state.settings.engine_start_timeout
+        try:
+            async with asyncio.timeout(limit):
+                await state.engine.start()
+            log.info("engine ready: serving %s", ", ".join(state.engine.info.served_names))
+        except Exception as exc:
+            state.engine_error = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                log.error("engine did not start within %.0f s (--engine-start-timeout)", limit)
+            else:
+                log.exception("engine failed to start")
+            for callback in state.on_engine_failure:
+                callback()
+
+    app[ENGINE_TASK_KEY] = asyncio.create_task(start(), name="engine-start")
+
+
+async def _stop_engine(app: web.Application) -> None:
+    task = app.get(ENGINE_TASK_KEY)
+    if task is not None and not task.done():
+        task.cancel()
+    await app[STATE_KEY].engine.close()
+
+
+def create_app(settings: Settings, engine: Engine) -> web.Application:
+    middlewares = [accesslog.observe, error_middleware]
+    cors = None
+    if settings.allowed_origins:
+        cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)
+        middlewares.append(cors.middleware)
+    if settings.api_key:
+        middlewares.append(
+            make_auth_middleware(
+                settings.api_key,
+                protect_health=settings.health_requires_api_key,
+                protect_metrics=settings.metrics_requires_api_key,
+            )
+        )
+    elif settings.health_requires_api_key or settings.metrics_requires_api_key:
+        log.warning("--health/metrics-requires-api-key without --api-key: there is no key to require")
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    app[STATE_KEY] = AppState(settings, engine)
+    watch_engine(engine)
+    app.on_response_prepare.append(accesslog.on_prepare)
+    if cors is not None:
+        app.on_response_prepare.append(cors.on_prepare)
+    deprecations = Deprecations(settings.deprecated, settings.deprecation_link)
+    if deprecations:
+        app[DEPRECATIONS_KEY] = deprecations
+        app.on_response_prepare.append(deprecations.on_prepare)
+    app.on_startup.append(_start_engine)
+    app.on_cleanup.append(_stop_engine)
+    add_routes(app)
+    return app

@@ -1,0 +1,51 @@
+"""API-key check for the /v1 routes (Bearer or x-api-key), constant time.
+
+Keys are compared with `hmac.compare_digest` against every configured key
+(no early exit on the first match, so timing says nothing about which key or
+how much of it matched). Keys are never logged (the access log has no header
+values). `/health`, `/metrics` and `/version` stay open unless
+`--health-requires-api-key` / `--metrics-requires-api-key` close the first two
+(a load balancer's probe or a Prometheus scraper then sends the key too).
+CORS preflights (`OPTIONS`) pass: browsers never send credentials on them.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from streamproxy.errors import AuthenticationError
+
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def _presented_key(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return request.headers.get("x-api-key")
+
+
+def make_auth_middleware(keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False):  # type: ignore[no-untyped-def]
+    encoded = [k.encode() for k in keys]
+    exact = frozenset(p for p, on in (("/health", protect_health), ("/metrics", protect_metrics)) if on)
+
+    @web.middleware
+    async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        path = request.path
+        if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
+            presented = _presented_key(request)
+            candidate = (presented or "").encode()
+            ok = False
+            for key in encoded:
+                ok |= hmac.compare_digest(candidate, key)
+            if not ok:
+                if presented is None:
+                    raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
+                raise AuthenticationError("incorrect API key provided")
+        return await handler(request)
+
+    return auth_middleware

@@ -1,0 +1,31 @@
+"""Thin handlers per endpoint: decode -> admit -> generate -> stream -> write."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from streamproxy.http.metrics import metrics
+from streamproxy.http.routes.anthropic import count_tokens, messages
+from streamproxy.http.routes.chat import chat_completions
+from streamproxy.http.routes.completions import completions
+from streamproxy.http.routes.embeddings import embeddings
+from streamproxy.http.routes.models import get_model, health, list_models, version
+from streamproxy.http.routes.responses import responses
+from streamproxy.http.routes.tokens import detokenize, tokenize
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+    for prefix in ("", "/v1"):
+        app.router.add_post(prefix + "/tokenize", tokenize)
+        app.router.add_post(prefix + "/detokenize", detokenize)

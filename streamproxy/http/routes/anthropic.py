@@ -1,0 +1,74 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API.
+
+`convert_anthropic.to_chat` translates the request, `chatlike.prepare`
+builds prompt, params and filter chain exactly as chat does (a `max_tokens`
+larger than the context leaves is lowered to fit, since Anthropic clients
+send it as a cap), and `generation.run` runs the shared life cycle with an
+`AnthropicEncoder` (stream events, or with `emit=False` the non-stream sink
+whose final `Message` is the body).
+
+Errors are in Anthropic's shape everywhere on these routes: each handler
+carries `error_response`, which `app.error_middleware` uses for anything
+raised on the route (bad JSON, auth, model, engine state) before the first
+byte; after it, the encoder's `error()` sends an `event: error` frame.
+count_tokens renders the messages (and tools) through the same chat template
+and counts the ids, so it equals the prompt a create call is billed for.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from streamproxy.apis.anthropic import convert as C
+from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.apis.anthropic.protocol import TokenCount, decode_count_request, decode_request, encode
+from streamproxy.apis.anthropic.stream import AnthropicEncoder
+from streamproxy.errors import APIError
+from streamproxy.http.routes import chatlike, generation
+from streamproxy.http.routes.body import decode_body
+from streamproxy.http.state import app_state
+
+
+def error_response(exc: APIError) -> web.Response:
+    return web.Response(status=exc.status, body=anthropic_errors.error_json(exc), content_type="application/json", headers=exc.headers())
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    state = app_state(request)
+    req = await decode_body(request, decode_request)
+    engine = state.require_engine(req.model)
+    with chatlike.renamed(C.CHAT_NAMES):
+        chat = C.to_chat(req)
+        prep = chatlike.prepare(state, engine, chat, cap_to_context=True)
+    message_id = "msg_" + request["request_id"]
+    model = req.model or engine.info.name
+    filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped
+
+    def encoder(emit: bool = True) -> AnthropicEncoder:
+        return AnthropicEncoder(message_id=message_id, model=model, filters=filters, stop_sequences=stops, window_capped=capped, emit=emit)
+
+    return await generation.run(
+        request,
+        state,
+        engine,
+        prompt_ids=prep.prompt_ids,
+        params=prep.params,
+        stream=req.stream,
+        encoder=encoder,  # type: ignore[arg-type]
+        render=AnthropicEncoder.final_json,  # type: ignore[arg-type]
+        accumulator=lambda: encoder(emit=False),  # type: ignore[arg-type,return-value]
+    )
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    state = app_state(request)
+    req = await decode_body(request, decode_count_request)
+    engine = state.require_engine(req.model)
+    with chatlike.renamed(C.CHAT_NAMES):
+        _, ids = chatlike.prompt(state, engine, C.to_chat(req), counting=True)
+    return web.Response(body=encode(TokenCount(input_tokens=len(ids))), content_type="application/json")
+
+
+# The error shape of these routes (read by app.error_middleware).
+messages.error_response = error_response  # type: ignore[attr-defined]
+count_tokens.error_response = error_response  # type: ignore[attr-defined]

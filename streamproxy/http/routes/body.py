@@ -1,0 +1,56 @@
+"""Read and decode a JSON request body into a typed Struct, with OpenAI errors.
+
+Body size is capped by the application (`client_max_size`, a 413 rendered by
+the middleware). Malformed JSON is a 400 `invalid_json`; a wrong or missing
+field is a 400 whose `param` is the field's path (`messages[0].role`). The
+body is read without aiohttp's `request.read()` cache, so the request object
+(alive as long as its stream) does not keep it: only the decoded Struct holds
+it, for as long as the route needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from streamproxy.errors import InvalidJSON, InvalidRequest, from_validation_error
+from streamproxy.http import accesslog, deprecation
+
+T = TypeVar("T")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """`request.read()` without its cache: the request object (alive as long as a
+    stream is) does not keep the raw body once it has been decoded."""
+    limit = request.client_max_size
+    payload = request.content
+    set_chunk = getattr(payload, "set_read_chunk_size", None)  # aiohttp >= 3.13, as read() does
+    if limit and set_chunk is not None:
+        set_chunk(limit)
+    body = bytearray()
+    while chunk := await payload.readany():
+        body += chunk
+        if limit and len(body) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+    return bytes(body)
+
+
+async def decode_body(request: web.Request, decode: Callable[[bytes], T]) -> T:
+    body = await read_body(request)
+    if not body.strip():
+        raise InvalidJSON("the request body is empty; expected a JSON object")
+    try:
+        decoded = decode(body)
+    except msgspec.ValidationError as exc:
+        raise from_validation_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("the request body is not valid UTF-8") from None
+    # What the access log may say about it (model, user, stream), deprecated fields.
+    accesslog.note_body(request, decoded)
+    deprecation.note_body(request, decoded)
+    return decoded

@@ -1,0 +1,199 @@
+"""POST /v1/chat/completions: decode -> plan tools -> messages/params -> generation.run.
+
+The route only composes: `structured.tool_plan` reads the tool fields (a 400
+for "auto" when the server has no tool-call parser), `structured.constraint`
+gives the engine its structured-output constraint (tool_choice required or
+named, response_format, vLLM's extensions), `params.template_kwargs` merges
+the chat template kwargs (server defaults, reasoning_effort, the request's),
+`filters.chain.chat_filters` picks the per-choice filter chain (reasoning
+splitter, tool parser), and the same chain runs in the stream encoder and
+in the non-stream accumulator, so both answers agree. The thinking goes out
+as `reasoning`, and as `reasoning_content` too unless
+--no-reasoning-content-field.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from streamproxy.core import params as P
+from streamproxy.core import structured as S
+from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries
+from streamproxy.core.stream import ChatStreamEncoder
+from streamproxy.errors import InvalidRequest
+from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec
+from streamproxy.http.routes import generation
+from streamproxy.http.routes.body import decode_body
+from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
+from streamproxy.protocol.common import usage
+from streamproxy.protocol.openai_chat import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    FunctionCall,
+    ResponseMessage,
+    ResponseToolCall,
+    decode_request,
+)
+
+_encode = msgspec.json.Encoder().encode
+
+
+def render_prompt(
+    engine: Any,
+    messages: list[dict[str, Any]],
+    req: Any,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """`template_kwargs`: the merged kwargs (`params.template_kwargs`); the request's own when None."""
+    try:
+        return engine.render_chat(
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            tools=tools,
+            chat_template_kwargs=req.chat_template_kwargs if template_kwargs is None else template_kwargs,
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
+    except Exception as exc:  # jinja2 TemplateError and friends: the client's messages are the cause
+        if type(exc).__module__.startswith("jinja2"):
+            raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
+        raise
+
+
+def _message(acc: Accumulator, i: int, reasoning_content: bool) -> ResponseMessage:
+    calls = acc.tool_calls(i)
+    text = acc.text(i)
+    thinking = acc.reasoning(i)
+    return ResponseMessage(
+        role="assistant",
+        # Only tool calls: content is null, as OpenAI sends it.
+        content=(text or None) if calls else text,
+        refusal=None,
+        tool_calls=[ResponseToolCall(id=cid, function=FunctionCall(name=name, arguments=args)) for cid, name, args in calls],
+        reasoning=thinking,
+        reasoning_content=thinking if reasoning_content else None,
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = app_state(request)
+    # Everything is planned in a plain function and handed straight to
+    # generation.run: this coroutine's frame lives as long as the stream, and
+    # so keeps neither the decoded body, its messages, nor the prompt's ids.
+    return await generation.run(request, state, **_plan(request, state, await decode_body(request, decode_request)))
+
+
+def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> dict[str, Any]:
+    """generation.run's arguments for one decoded chat request."""
+    engine = state.require_engine(req.model)
+    settings = state.settings
+    auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+    plan = S.tool_plan(req, auto_parser=auto_parser)
+    constraint = S.constraint(req, plan)
+    messages = P.chat_messages(req.messages)
+    template_kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    prompt_ids = render_prompt(engine, messages, req, plan.tools if plan is not None else None, template_kwargs)
+    params = P.sampling_params(
+        req,
+        prompt_len=len(prompt_ids),
+        max_model_len=engine.info.max_model_len,
+        requested_max_tokens=P.chat_max_tokens(req),
+        max_n=state.settings.max_n,
+        logprobs=P.chat_logprobs(req),
+    )
+    params.structured = constraint
+    params.template_kwargs = template_kwargs
+    parser = None
+    if plan is not None and plan.mode == "auto":
+        parser = parser_spec(auto_parser, tokenizer=getattr(engine, "tokenizer", None), tools=plan.tools)  # type: ignore[arg-type]
+        if parser.keep_special_tokens:
+            params.skip_special_tokens = False  # the parser reads its tags from the text
+    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=getattr(engine, "tokenizer", None), template_kwargs=template_kwargs)
+    if reasoning is not None and reasoning.keep_special_tokens:
+        params.skip_special_tokens = False
+    options = req.stream_options
+    out = _ChatOutput(
+        response_id="chatcmpl-" + request["request_id"],
+        created=int(time.time()),
+        model=req.model or engine.info.name,
+        n=params.n,
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.continuous_usage_stats),
+        filters=chat_filters(plan, parser, reasoning),
+        logprobs=params.logprobs is not None,
+        forced_call=plan is not None and plan.mode in ("required", "named"),
+        reasoning_content=settings.reasoning_content_field,
+    )
+    return {
+        "engine": engine,
+        "prompt_ids": prompt_ids,
+        "params": params,
+        "stream": req.stream,
+        "encoder": out.encoder,
+        "render": out.render,
+        "accumulator": out.accumulator,
+    }
+
+
+@dataclass(slots=True, kw_only=True)
+class _ChatOutput:
+    """What shapes one request's answer (stream encoder, or accumulator + JSON body).
+
+    One small object instead of closures over the handler's locals: it is
+    kept for the whole stream, the request body and prompt are not.
+    """
+
+    response_id: str
+    created: int
+    model: str
+    n: int
+    include_usage: bool
+    continuous_usage: bool
+    filters: Any
+    logprobs: bool
+    forced_call: bool
+    reasoning_content: bool
+
+    def encoder(self) -> ChatStreamEncoder:
+        enc = ChatStreamEncoder(
+            response_id=self.response_id,
+            created=self.created,
+            model=self.model,
+            n=self.n,
+            include_usage=self.include_usage,
+            continuous_usage=self.continuous_usage,
+            system_fingerprint=SYSTEM_FINGERPRINT,
+            filters=self.filters,
+            logprobs=self.logprobs,
+        )
+        if self.forced_call:
+            enc.role_content = b"null"
+        enc.reasoning_content = self.reasoning_content
+        return enc
+
+    def accumulator(self) -> Accumulator:
+        return Accumulator(self.n, self.filters, self.logprobs)
+
+    def render(self, acc: Accumulator) -> bytes:
+        choices = []
+        for i in range(self.n):
+            lp = acc.logprobs(i)
+            logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
+            choices.append(
+                ChatChoice(index=i, message=_message(acc, i, self.reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
+            )
+        used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
+        return _encode(
+            ChatCompletion(
+                id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
+            )
+        )

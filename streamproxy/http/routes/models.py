@@ -1,0 +1,40 @@
+"""GET /v1/models, /v1/models/{id}, /health, /version: small, no engine call."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from streamproxy.errors import ModelNotFound
+from streamproxy.http.state import VERSION, app_state
+from streamproxy.protocol.common import ModelCard, ModelList, encode
+
+
+def _cards(request: web.Request) -> list[ModelCard]:
+    info = app_state(request).engine.info
+    return [ModelCard(id=name, created=info.created, root=info.root, max_model_len=info.max_model_len) for name in info.served_names]
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.Response(body=encode(ModelList(data=_cards(request))), content_type="application/json")
+
+
+async def get_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    for card in _cards(request):
+        if card.id == model_id:
+            return web.Response(body=encode(card), content_type="application/json")
+    raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")
+
+
+async def health(request: web.Request) -> web.Response:
+    state = app_state(request)
+    engine_state = state.engine.state
+    if engine_state == "ready":
+        return web.json_response({"status": "ok"})
+    # Load balancers and orchestrators may honour Retry-After while the model loads.
+    headers = {"Retry-After": "10"} if engine_state == "loading" else {}
+    return web.json_response({"status": engine_state}, status=503, headers=headers)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VERSION})

@@ -1,0 +1,206 @@
+"""Run the app on uvloop until SIGTERM/SIGINT, then drain and shut down in order.
+
+`make_runner`: `AppRunner(handler_cancellation=True)` (when a client goes
+away, aiohttp cancels its handler and the route's `finally` aborts the engine
+request), header caps from `--max-header-bytes`, aiohttp's own access log off
+(accesslog.py writes ours). Requests aiohttp rejects while parsing (a header
+or request line over the cap, too many headers, malformed HTTP) never reach
+the app's middlewares; `_Protocol.handle_error` answers them with an OpenAI
+error body too (431 for header limits) and logs them at debug level instead
+of a traceback per bad request.
+
+Shutdown (`drain`), on the first SIGTERM or SIGINT:
+  1. stop listening (the load balancer's next connection goes elsewhere);
+  2. every in-flight generation gets the drain deadline (`--drain-timeout`),
+     new requests on open connections get 503 `server_shutting_down`, and
+     idle keep-alive connections are closed;
+  3. wait until nothing is in flight; whatever is still running at the
+     deadline is ended by its Lifetime: an in-band error event and a clean
+     end for a stream, an error for a non-streaming request, engine abort;
+  4. `runner.cleanup()` (closes connections, stops the engine); exit 0.
+A second signal during the drain moves the deadline to now.
+
+Once the engine has started, everything alive is frozen out of the garbage
+collector's view (`gc.freeze`), so collections under load only walk what
+requests allocate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import uuid
+from typing import Any
+
+import uvloop
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+from streamproxy.config import Settings
+from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest
+from streamproxy.http import accesslog
+from streamproxy.http.app import ENGINE_TASK_KEY, create_app
+from streamproxy.http.metrics import RESPONSES
+from streamproxy.http.state import STATE_KEY
+
+log = logging.getLogger("streamproxy.server")
+
+# Seconds past the drain deadline for ended streams to write their error event
+# and for aiohttp to close the connections.
+DRAIN_GRACE = 5.0
+
+
+def _parse_error(status: int, exc: BaseException | None, message: str | None) -> APIError:
+    # aiohttp's messages quote the offending bytes (maybe a credential): never echo them.
+    text = str(message or exc or "")
+    if isinstance(exc, LineTooLong):
+        return HeaderTooLarge("the request line or a header field is longer than the server accepts (--max-header-bytes)")
+    if "too many headers" in text.lower():
+        return HeaderTooLarge("the request has more header fields than the server accepts")
+    if status >= 500:
+        return InternalError("the server failed to handle this request")
+    return InvalidRequest("malformed HTTP request", code="bad_request")
+
+
+class _Protocol(RequestHandler):
+    """aiohttp's connection handler; only its answer to unparseable requests differs."""
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if status == 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        err = _parse_error(status, exc, message)
+        log.debug("rejected a request from %s: %s", request.remote, exc)
+        RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
+        if accesslog.log.isEnabledFor(logging.INFO):
+            rec = accesslog.Record(uuid.uuid4().hex, 0.0)
+            rec.error_code = err.code
+            accesslog.log.info(accesslog.line(request, rec, err.status, 0.0))
+        resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
+        resp.force_close()
+        return resp
+
+
+class _Server(Server):
+    def __call__(self) -> RequestHandler:
+        return _Protocol(self, loop=self._loop, **self._kwargs)
+
+
+class Runner(web.AppRunner):
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        if type(server) is Server:
+            server.__class__ = _Server
+        return server
+
+
+def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
+    return Runner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=DRAIN_GRACE,
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes,
+        **kwargs,
+    )
+
+
+async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> int:
+    """Stop accepting, let in-flight requests finish for `timeout` s, end the rest; how many were ended."""
+    state = app[STATE_KEY]
+    loop = asyncio.get_running_loop()
+    for site in list(runner.sites):
+        await site.stop()
+    running = len(state.inflight)
+    log.info("draining: %d request(s) in flight, up to %.1f s", running, timeout)
+    state.inflight.begin_drain(loop.time() + timeout)
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections close now, busy ones after their response
+    if not await state.inflight.wait_idle(timeout):
+        # The deadline passed: the Lifetimes are ending the rest; let them write their error events.
+        await state.inflight.wait_idle(DRAIN_GRACE)
+    ended = state.inflight.ended_by_drain
+    log.info("drained: %d request(s) finished, %d ended at the deadline", max(running - ended, 0), ended)
+    return ended
+
+
+async def serve(settings: Settings, engine: object, *, ready: asyncio.Event | None = None) -> int:
+    """Serve until a signal (exit code 0) or until the engine fails to start (1)."""
+    listener = accesslog.configure(settings.access_log)
+    app = create_app(settings, engine)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    engine_failed = False
+
+    def on_engine_failure() -> None:
+        nonlocal engine_failed
+        engine_failed = True
+        log.error("the engine could not start: shutting down")
+        stop.set()
+
+    app[STATE_KEY].on_engine_failure.append(on_engine_failure)
+    runner = make_runner(app, settings)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
+    await site.start()
+    log.info("listening on http://%s:%d", settings.host, settings.port)
+    freezer = asyncio.create_task(_freeze_after_start(app), name="gc-freeze")
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("%s: shutting down", sig.name)
+            stop.set()
+        else:
+            log.info("%s again: ending in-flight requests now", sig.name)
+            app[STATE_KEY].inflight.begin_drain(loop.time())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+        await drain(runner, app, settings.drain_timeout)
+    finally:
+        freezer.cancel()
+        await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if listener is not None:
+            listener.stop()
+        log.info("stopped")
+    return 1 if engine_failed else 0
+
+
+async def _freeze_after_start(app: web.Application) -> None:
+    """Once the engine is up, move everything alive into the GC's permanent generation.
+
+    What start-up built (modules, the app, the engine, vLLM's and torch's
+    objects) lives as long as the process; left in the collector's view, every
+    full collection under load walks all of it. Frozen, a collection only
+    walks what requests allocated (gc.freeze, as Instagram's Django servers do).
+    """
+    task = app.get(ENGINE_TASK_KEY)
+    if task is not None:
+        try:
+            await asyncio.shield(task)
+        except Exception:  # the start-up task reports its own failure
+            return
+    gc.collect()
+    gc.freeze()
+    log.debug("gc: %d objects frozen", gc.get_freeze_count())
+
+
+def run(settings: Settings, engine: object) -> None:
+    code = uvloop.run(serve(settings, engine))
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,74 @@
+"""What every handler shares: settings, the engine, and the gate in front of it.
+
+`AppState.require_engine(model)` is the one check before any generation:
+it answers 503 while the engine loads, after it died or while the server
+drains, and 404 for a model name that is not served. `inflight` bounds the
+life of every generating request (request timeout, drain; see drain.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from engine_adapter.base import Engine
+from streamproxy.config import Settings
+from streamproxy.errors import EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
+from streamproxy.http.admission import Admission
+from streamproxy.http.drain import InFlight
+
+VERSION = "0.1.0"
+SYSTEM_FINGERPRINT = f"streamproxy-{VERSION}"
+
+
+class AppState:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.started = int(time.time())
+        self.engine_error: str | None = None
+        self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
+        self.inflight = InFlight()
+        self._engine_ids: set[str] = set()
+        # Called when the engine cannot start (the server then exits non-zero).
+        self.on_engine_failure: list[Callable[[], None]] = []
+
+    def claim_engine_id(self, request_id: str) -> str:
+        """The engine request id for a request: its X-Request-Id, made unique
+        among requests in flight (two clients may send the same header, and
+        an abort must never reach the other one's request)."""
+        engine_id, n = request_id, 1
+        while engine_id in self._engine_ids:
+            n += 1
+            engine_id = f"{request_id}-{n}"
+        self._engine_ids.add(engine_id)
+        return engine_id
+
+    def release_engine_id(self, engine_id: str) -> None:
+        self._engine_ids.discard(engine_id)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.state == "ready"
+
+    def require_engine(self, model: str | None) -> Engine:
+        engine = self.engine
+        if self.inflight.draining:
+            raise ServerShuttingDown("the server is shutting down; retry on another instance")
+        state = engine.state
+        if state == "loading":
+            raise EngineLoading("the model is still loading; retry shortly", retry_after=10)
+        if state != "ready":
+            raise ServiceUnavailable("the inference engine is not available (it stopped or failed); retry shortly")
+        if model is not None and model not in engine.info.served_names:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return engine
+
+
+STATE_KEY: web.AppKey[AppState] = web.AppKey("streamproxy_state", AppState)
+
+
+def app_state(request: web.Request) -> AppState:
+    return request.app[STATE_KEY]

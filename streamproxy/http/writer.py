@@ -1,0 +1,440 @@
+"""The only code that writes a generation to the socket.
+
+`pump_sse` owns the StreamResponse of a streaming request: headers go out
+before anything is asked of the engine's output, then one write per engine
+step (everything pending is taken at once, so a slow socket coalesces steps
+instead of queueing them). Heartbeats are a deadline, not a task: the wait
+for the next step is bounded by `last write + heartbeat`, and when it passes
+(or when steps arrive but write nothing, e.g. a filter holding text back) an
+SSE keepalive comment goes out, so the connection is never silent for longer
+than `heartbeat` seconds from the moment the headers are out.
+
+Writes are bounded by `stall_timeout` whenever they can block: aiohttp only
+waits in `write()` when the transport's buffer is over its high-water mark,
+which needs either bytes already queued or one large write; the common case
+(an empty buffer, a small chunk) pays for no timer. A stalled write raises
+`WriteStalled`. So what a client that stops reading can pin in server memory
+is bounded: the transport buffer (aiohttp drains once 64 KiB have been
+written since the last drain; the transport pauses above its 64 KiB
+high-water mark) plus the engine output produced during `stall_timeout`.
+
+Push (the common path): while nothing is pending and the transport's
+buffer is small, the stream is armed with a sink (`_Pump`) and the engine's
+own step calls it synchronously: encode the step, one `transport.write` of
+the chunked-encoding frame (aiohttp sent the headers, chunked; the handler
+ends with `write_eof`, so aiohttp writes the last chunk). No task, future,
+timer or aiohttp call per token; the handler sleeps on one wait bounded by
+the heartbeat deadline, so it wakes once per heartbeat interval, not per
+token. It falls back to the pull loop above (coalescing, write-stall bound)
+when the sink refuses (buffer above `PUSH_BUFFER_LIMIT`: a slow reader;
+transport closing) or raises (logged; the stream ends with an in-band
+error), and re-arms once it has caught up. Every other exit (end, engine
+error, drain and timeout via the Lifetime, disconnect) goes through the
+handler exactly as in pull mode, and the sink is disarmed first.
+
+`collect` drives a non-streaming request to its end into an accumulator;
+`respond_nonstream` turns the result into a JSON response, or, when the
+answer takes long, sends the 200 early and keeps the connection alive with
+newlines (JSON allows leading whitespace) until the body is ready.
+
+Neither aborts the engine request: the route does that in a `finally`, so
+every way out (end, error, disconnect, timeout, drain) is covered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
+from streamproxy.core import sse
+from streamproxy.core.stream import StreamEncoder
+from streamproxy.errors import APIError, EngineError, InternalError
+from streamproxy.http.metrics import INTER_TOKEN_LATENCY, NONSTREAM_HEARTBEATS, SSE_HEARTBEATS, WRITE_STALLS
+
+if TYPE_CHECKING:
+    from streamproxy.http.accesslog import Record
+    from streamproxy.http.drain import Lifetime
+
+log = logging.getLogger("streamproxy.writer")
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+    "Connection": "keep-alive",
+}
+# A write this small into an empty transport buffer cannot reach the
+# high-water mark, so it cannot block: no timer for it.
+_UNBOUNDED_WRITE = 16 * 1024
+# Push while the transport holds at most this many unsent bytes (the kernel's
+# socket buffer is full beyond it): above, the client is behind and the writer
+# pulls, coalescing steps, with its write-stall bound, until it catches up.
+PUSH_BUFFER_LIMIT = 8 * 1024
+
+
+class StreamOutcome:
+    __slots__ = ("finished", "error", "heartbeats", "tail")
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.error: APIError | None = None
+        self.heartbeats = 0
+        # The stream's last frames (usage, [DONE]): they go out with the
+        # terminating chunk in one write (`finish_response`).
+        self.tail = b""
+
+
+class SSEResponse(web.StreamResponse):
+    """A StreamResponse whose headers wait for the first write, so they leave
+    in one packet with the role chunk (one syscall fewer per request). Only
+    for a request whose first frame is written at once; see `flush_headers`."""
+
+    _send_headers_immediately = False
+
+
+async def flush_headers(response: web.StreamResponse) -> None:
+    """Send buffered headers now (an empty write sends just the headers)."""
+    await response.write(b"")
+
+
+async def finish_response(response: web.StreamResponse, tail: bytes, stall: float) -> None:
+    """The last frames and the terminating chunk in one write, bounded like any write."""
+    try:
+        async with asyncio.timeout(stall):
+            await response.write_eof(tail)
+    except TimeoutError:
+        raise WriteStalled from None
+
+
+class WriteStalled(Exception):
+    """The client stopped reading for longer than the write-stall timeout."""
+
+
+def engine_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    return EngineError(f"generation failed: {exc}" if isinstance(exc, EngineFailure) else "generation failed")
+
+
+async def write(response: web.StreamResponse, transport: asyncio.BaseTransport | None, data: bytes, stall: float) -> None:
+    """`response.write(data)`, bounded by `stall` seconds when it could block."""
+    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):  # type: ignore[attr-defined]
+        try:
+            async with asyncio.timeout(stall):
+                await response.write(data)
+        except TimeoutError:
+            raise WriteStalled from None
+    else:
+        await response.write(data)
+
+
+async def wait_with_heartbeat(
+    response: web.StreamResponse,
+    transport: asyncio.BaseTransport | None,
+    waitable: Any,
+    heartbeat: float,
+    stall: float,
+    keepalive: bytes = sse.KEEPALIVE,
+) -> int:
+    """Await `waitable` (cancel-safe), sending `keepalive` (the encoder's, e.g. Anthropic's ping) per silent `heartbeat`."""
+    beats = 0
+    fut = asyncio.ensure_future(waitable)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(heartbeat if heartbeat > 0 else None):
+                    await asyncio.shield(fut)
+                return beats
+            except TimeoutError:
+                beats += 1
+                SSE_HEARTBEATS.inc()
+                await write(response, transport, keepalive, stall)
+    finally:
+        if not fut.done():
+            fut.cancel()
+
+
+class _Pump:
+    """One stream's write state, shared by the push sink and the pull loop.
+
+    Called by the producer (`OutputStream.put`, in the engine's step) while
+    armed: encode the step and hand one chunked-encoding frame to the
+    transport, synchronously. It refuses (False: the writer pulls instead)
+    when the transport holds more than `PUSH_BUFFER_LIMIT` unsent bytes or is
+    closing. The bytes handed over are a fresh object, never touched again.
+    """
+
+    __slots__ = ("out", "encoder", "transport", "record", "written_at", "last_text_at", "pushed")
+
+    def __init__(self, out: OutputStream, encoder: StreamEncoder, transport: Any, record: Record | None) -> None:
+        self.out = out
+        self.encoder = encoder
+        self.transport = transport
+        self.record = record
+        self.written_at = perf_counter()  # the last write of any kind (heartbeat deadline)
+        self.last_text_at: float | None = None  # the last write that carried tokens
+        self.pushed = 0  # steps written by the sink (tests, profiles)
+
+    def __call__(self, deltas: list[Delta]) -> bool:
+        transport = self.transport
+        if transport.get_write_buffer_size() > PUSH_BUFFER_LIMIT or transport.is_closing():
+            return False
+        encoder = self.encoder
+        encoder.prompt_tokens = self.out.prompt_tokens
+        data = encoder.step(deltas)
+        self.pushed += 1
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self.wrote(deltas)
+        return True
+
+    def wrote(self, deltas: list[Delta]) -> None:
+        """`deltas`' bytes are out: heartbeat deadline, time to first token, inter-token latency."""
+        now = self.written_at = perf_counter()
+        tokens = deltas[0].num_tokens if len(deltas) == 1 else sum(d.num_tokens for d in deltas)
+        if tokens > 0:
+            # Edge latency, once per write (not per token); perf_counter
+            # because uvloop's loop.time() only has milliseconds.
+            last = self.last_text_at
+            if last is None:
+                if self.record is not None:
+                    self.record.first_token(now)
+            else:
+                INTER_TOKEN_LATENCY.observe((now - last) / tokens)
+            self.last_text_at = now
+
+
+def _can_push(response: web.StreamResponse, transport: Any) -> bool:
+    """Frames may go straight to the transport: plain chunked encoding, headers already out."""
+    writer = getattr(response, "_payload_writer", None)
+    if transport is None or writer is None or transport.is_closing():
+        return False
+    if not getattr(writer, "chunked", False) or getattr(writer, "_compress", True) is not None:
+        return False
+    if getattr(writer, "length", 0) is not None or getattr(writer, "_on_chunk_sent", True) is not None:
+        return False
+    send_headers = getattr(writer, "send_headers", None)
+    if send_headers is not None:
+        send_headers()
+    return getattr(writer, "_headers_written", False) is True and not getattr(writer, "_eof", True)
+
+
+async def pump_sse(
+    request: web.Request,
+    response: web.StreamResponse,
+    out: OutputStream,
+    encoder: StreamEncoder,
+    *,
+    heartbeat: float,
+    stall_timeout: float,
+    outcome: StreamOutcome | None = None,
+    record: Record | None = None,
+    push: bool = True,
+) -> StreamOutcome:
+    """Write the stream until the engine is done; the response is already prepared.
+
+    `outcome` (made here when not given) is filled in as the stream goes, so
+    a caller whose lifetime ends the pump early still knows what happened.
+    With `push`, whenever nothing is pending and the socket keeps up, the
+    stream is armed with the sink (`_Pump`) and this task sleeps until the
+    end, a fallback, or the heartbeat deadline; otherwise it pulls.
+    """
+    if outcome is None:
+        outcome = StreamOutcome()
+    transport = request.transport
+    beat = heartbeat if heartbeat > 0 else None
+    # An encoder may have its own keepalive event (Anthropic's `ping`); else an SSE comment.
+    keepalive = getattr(encoder, "keepalive", sse.KEEPALIVE)
+    encoder.prompt_tokens = out.prompt_tokens
+    first = encoder.start()
+    if first:
+        await write(response, transport, first, stall_timeout)
+    elif isinstance(response, SSEResponse):
+        await flush_headers(response)  # headers go out before the first token
+    del first  # sent: not kept while the stream waits
+    pump = _Pump(out, encoder, transport, record)
+    arm = getattr(out, "arm", None) if push and _can_push(response, transport) else None
+    try:
+        while True:
+            deltas = out.get_nowait()
+            if deltas is None:
+                if arm is not None and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:  # type: ignore[union-attr]
+                    arm(pump)
+                if beat is None:
+                    deltas = await out.get()
+                else:
+                    silent_for = beat - (perf_counter() - pump.written_at)
+                    if silent_for <= 0.0:
+                        await _heartbeat(response, transport, keepalive, stall_timeout, outcome, pump)
+                        continue
+                    # Woken by output or by the deadline: the top of the loop takes what is
+                    # pending, or sees that nothing was written meanwhile (heartbeat).
+                    await out.wait(silent_for)
+                    continue
+            # Pull: the sink is disarmed (or was never armed); everything pending at once.
+            encoder.prompt_tokens = out.prompt_tokens
+            data = encoder.step(deltas)
+            if data:
+                await write(response, transport, data, stall_timeout)
+                pump.wrote(deltas)
+            elif beat is not None and perf_counter() - pump.written_at >= beat:
+                # Steps arrive but write nothing (text held back): still no silence.
+                await _heartbeat(response, transport, keepalive, stall_timeout, outcome, pump)
+    except StopAsyncIteration:
+        encoder.prompt_tokens = out.prompt_tokens
+        encoder.cached_tokens = out.cached_tokens
+        outcome.finished = True
+        outcome.tail = encoder.finish()
+    except (EngineFailure, APIError) as exc:
+        outcome.error = engine_error(exc)
+        await write(response, transport, encoder.error(outcome.error), stall_timeout)
+    except PushFailed as exc:
+        log.error("request %s: writing a step failed", record and record.request_id, exc_info=exc.__cause__)
+        outcome.error = InternalError("the server failed while streaming this response")
+        await write(response, transport, encoder.error(outcome.error), stall_timeout)
+    finally:
+        if arm is not None:
+            out.disarm()
+    return outcome
+
+
+async def _heartbeat(
+    response: web.StreamResponse, transport: Any, keepalive: bytes, stall: float, outcome: StreamOutcome, pump: _Pump
+) -> None:
+    outcome.heartbeats += 1
+    SSE_HEARTBEATS.inc()
+    await write(response, transport, keepalive, stall)
+    pump.written_at = perf_counter()
+
+
+async def collect(out: OutputStream, sink: Any, record: Record | None = None) -> None:
+    """Feed every step into `sink.step(deltas)` until the engine is done."""
+    try:
+        while True:
+            deltas = out.get_nowait()
+            if deltas is None:
+                deltas = await out.get()
+            if record is not None and record.ttft is None:
+                record.first_token(perf_counter())
+            sink.step(deltas)
+    except StopAsyncIteration:
+        sink.prompt_tokens = out.prompt_tokens
+        sink.cached_tokens = out.cached_tokens
+    except EngineFailure as exc:
+        raise engine_error(exc) from exc
+
+
+async def respond_nonstream(
+    request: web.Request,
+    work: asyncio.Future[bytes],
+    *,
+    keepalive_after: float,
+    keepalive_interval: float,
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None = None,
+    record: Record | None = None,
+    error_body: Callable[[APIError], bytes] | None = None,
+) -> web.StreamResponse:
+    """Answer with the JSON `work` resolves to; keep the connection alive if it is slow.
+
+    Everything runs inside `life` (the request timeout, pulled in by a drain).
+    Before `keepalive_after` seconds (<= 0: never) an APIError from `work`, or
+    the end of `life`, is an ordinary error response (the middleware renders
+    it). After that the 200 and headers are out, a newline goes every
+    `keepalive_interval` seconds, and an error is written into the body in
+    the route's error shape (`error_body`; OpenAI's `{"error": ...}` by
+    default), with no `choices`. A client that stops reading or goes away
+    after the early 200 ends the response quietly (see `client_gone`).
+    """
+    early: list[web.StreamResponse] = []
+    try:
+        return await _respond_nonstream(
+            request, work, early, keepalive_after, keepalive_interval, life, stall_timeout, headers, record, error_body
+        )
+    except (WriteStalled, ConnectionResetError) as exc:
+        if not early:
+            raise
+        client_gone(request, exc, record)
+        return early[0]
+
+
+async def _respond_nonstream(
+    request: web.Request,
+    work: asyncio.Future[bytes],
+    early: list[web.StreamResponse],
+    keepalive_after: float,
+    keepalive_interval: float,
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None,
+    record: Record | None,
+    error_body: Callable[[APIError], bytes] | None,
+) -> web.StreamResponse:
+    response: web.StreamResponse | None = None
+    transport = request.transport
+    try:
+        async with life:
+            try:
+                async with asyncio.timeout(keepalive_after if keepalive_after > 0 else None):
+                    body = await asyncio.shield(work)
+            except TimeoutError:
+                pass
+            else:
+                return web.Response(body=body, content_type="application/json", headers=headers)
+            response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
+            early.append(response)
+            await response.prepare(request)
+            interval = keepalive_interval if keepalive_interval > 0 else None
+            while True:
+                try:
+                    async with asyncio.timeout(interval):
+                        body = await asyncio.shield(work)
+                    break
+                except TimeoutError:
+                    NONSTREAM_HEARTBEATS.inc()
+                    await write(response, transport, b"\n", stall_timeout)
+                except APIError as exc:
+                    body = _body_error(exc, record, error_body)
+                    break
+                except Exception:
+                    log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
+                    body = _body_error(InternalError("the server failed to handle this request"), record, error_body)
+                    break
+    except TimeoutError:
+        if not life.expired:
+            raise
+        work.cancel()
+        reason = life.reason or InternalError("the request ended early")
+        if response is None:
+            raise reason from None
+        body = _body_error(reason, record, error_body)
+    await write(response, transport, body, stall_timeout)
+    await response.write_eof()
+    return response
+
+
+def client_gone(request: web.Request, exc: BaseException, record: Record | None) -> None:
+    """After the headers: the client stopped reading (drop the connection and what is
+    buffered for it) or went away. Either way the route's `finally` aborts the engine."""
+    if isinstance(exc, WriteStalled):
+        WRITE_STALLS.inc()
+        if record is not None:
+            record.error_code = "write_stalled"
+        log.info("request %s: the client stopped reading; response ended", record and record.request_id)
+        if request.transport is not None:
+            request.transport.abort()
+    elif record is not None:
+        record.disconnected = True
+
+
+def _body_error(exc: APIError, record: Record | None, error_body: Callable[[APIError], bytes] | None) -> bytes:
+    if record is not None:
+        record.error_code = exc.code
+    return exc.to_json() if error_body is None else error_body(exc)
