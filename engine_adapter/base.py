@@ -77,6 +77,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     created: int
     # Embedding/pooling models cannot generate.
     runner: Literal["generate", "pooling"] = "generate"
+    # Token ids are 0 .. vocab_size-1 (None: unknown until the engine has loaded).
+    vocab_size: int | None = None
 
 
 def token_text(data: bytes) -> str:

@@ -110,7 +110,8 @@ class FakeEngine:
         self.script = script or FakeScript()
         names = served_names or [model_name]
         self.info = ModelInfo(
-            name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner  # type: ignore[arg-type]
+            name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner,  # type: ignore[arg-type]
+            vocab_size=0x110000,  # the fake tokenizer's ids are Unicode code points
         )
         self.embedding_dim = embedding_dim
         self.load_delay = load_delay

@@ -281,7 +281,6 @@ class VllmEngine:
         self._state: EngineState = "loading"
         # Filled in properly once the engine is up.
         self.info = ModelInfo(name=served_names[0], served_names=served_names, root=root, max_model_len=0, created=int(time.time()))
-        self.vocab_size: int | None = None
 
     @property
     def state(self) -> EngineState:
@@ -301,7 +300,7 @@ class VllmEngine:
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
-        self.vocab_size = config.get_vocab_size()
+        self.info.vocab_size = config.get_vocab_size()
         if self._want_direct and self.info.runner == "generate":
             from vllm.v1.engine.detokenizer import uses_fast_detokenizer
 

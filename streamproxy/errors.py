@@ -119,12 +119,6 @@ class HeaderTooLarge(APIError):
     code = "request_header_too_large"
 
 
-class UnsupportedMediaType(APIError):
-    status = 415
-    type = "invalid_request_error"
-    code = "unsupported_media_type"
-
-
 class RateLimited(APIError):
     status = 429
     type = "rate_limit_error"

@@ -76,14 +76,3 @@ class CompletionLogprobs:
                 top.setdefault(a.token, _lp(a.logprob))
             out["top_logprobs"].append(top)
         return out
-
-
-def merge_completion(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The non-stream answer's logprobs: the steps' lists joined."""
-    if not parts:
-        return None
-    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for p in parts:
-        for key, values in p.items():
-            out[key].extend(values)
-    return out

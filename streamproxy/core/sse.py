@@ -12,8 +12,6 @@ rules (LF, CRLF or CR line ends; comments; multi-line data joined by `\n`).
 
 from __future__ import annotations
 
-DATA_PREFIX = b"data: "
-FRAME_END = b"\n\n"
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keepalive\n\n"
 

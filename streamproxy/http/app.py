@@ -9,8 +9,8 @@ in a background task, and until it is up the generation routes answer 503
 `engine_loading` (and /health says not ready). Every error a handler raises
 (our `APIError`s, aiohttp's own 404/405/413, anything unexpected) leaves
 through `error_middleware` as an OpenAI-shaped JSON body (or in the shape of
-the route's API, when its handler carries an `error_response`, as the Anthropic
-routes do); an unexpected one is logged with its traceback and answered with a
+the route's API where it registered one, as the Anthropic routes do: see
+`error_shapes`); an unexpected one is logged with its traceback and answered with a
 bare 500, never the traceback.
 """
 
@@ -28,6 +28,7 @@ from streamproxy.http import accesslog
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
+from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
 from streamproxy.http.routes import add_routes
 from streamproxy.http.state import STATE_KEY, AppState
@@ -35,10 +36,6 @@ from streamproxy.http.state import STATE_KEY, AppState
 log = logging.getLogger("streamproxy")
 
 ENGINE_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("engine_task", asyncio.Task)
-
-
-def error_response(exc: APIError) -> web.Response:
-    return web.Response(status=exc.status, body=exc.to_json(), content_type="application/json", headers=exc.headers())
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIError:
@@ -58,9 +55,7 @@ def _error(request: web.Request, exc: APIError) -> web.Response:
     rec = request.get("record")
     if rec is not None:
         rec.error_code = exc.code
-    # A route may answer errors in its API's own shape (the Anthropic routes do).
-    render = getattr(request.match_info.handler, "error_response", error_response)
-    return render(exc)
+    return error_response(request, exc)
 
 
 @web.middleware

@@ -8,12 +8,22 @@ ignored, as vLLM and the OpenAI SDKs' `extra_body` expect.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from streamproxy.protocol.common import ResponseFormat, StreamOptions, Usage
 
+
+class TemplateRequest(Protocol):
+    """What the chat template reads from a request (chat completions, tokenize)."""
+
+    @property
+    def add_generation_prompt(self) -> bool: ...
+    @property
+    def continue_final_message(self) -> bool: ...
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any] | None: ...
 
 class ContentPart(msgspec.Struct):
     type: str

@@ -15,6 +15,13 @@ pytestmark = pytest.mark.engine
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
+# Greedy answers differ between CPUs (kernels, ISA), so no test may depend on what the
+# model says. Where a test needs known text, a regex constraint forces it: any model,
+# on any machine, writes exactly FORCED_TEXT (with multi-byte characters split across tokens).
+FORCED_TEXT = "Waves 🌊 roll in, gulls cry 🐦 over the sea; night falls."
+STOP_WORD = "gulls"
+FORCED = {"structured_outputs": {"regex": re.escape(FORCED_TEXT)}}
+
 
 def _events(body: bytes) -> list[bytes]:
     assert body.endswith(b"\n\n"), body[-200:]
@@ -60,8 +67,8 @@ def test_stream_chat_contract(engine_server, model_name):
     assert last["delta"] == {} and last["finish_reason"] in ("stop", "length")
     middle = chunks[1:-1]
     assert all(c["choices"][0]["finish_reason"] is None and "role" not in c["choices"][0]["delta"] for c in middle)
-    text = "".join(c["choices"][0]["delta"]["content"] for c in middle)
-    assert "Paris" in text
+    # What the model says differs between CPUs: only the shape is asserted here.
+    assert all(isinstance(c["choices"][0]["delta"]["content"], str) for c in middle)
 
 
 def test_non_stream_usage_matches_stream_usage(engine_server, model_name):
@@ -92,14 +99,12 @@ def test_max_tokens_gives_length(engine_server, model_name):
 
 
 def test_stop_string(engine_server, model_name):
-    out = requests.post(
-        engine_server + "/v1/chat/completions",
-        json={"model": model_name, "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "stop": ["Paris"]},
-        timeout=120,
-    ).json()
+    """The answer is forced (a regex constraint), so the stop string is known to come after some text."""
+    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "stop": [STOP_WORD], **FORCED}
+    out = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120).json()
     choice = out["choices"][0]
     assert choice["finish_reason"] == "stop"
-    assert "Paris" not in choice["message"]["content"]
+    assert choice["message"]["content"] == FORCED_TEXT[: FORCED_TEXT.index(STOP_WORD)]
 
 
 def test_seed_is_reproducible_and_n2_keeps_choices_apart(engine_server, model_name):
@@ -219,17 +224,17 @@ def _metric(base: str, name: str) -> float:
 def test_direct_route_text_equals_vllms_path(engine_server, model_name):
     """A plain request goes the direct route (engine_adapter/vllm_direct.py); one with
     logprobs goes through vLLM's OutputProcessor. Greedy, they must say the same, token
-    for token, streamed and not, with the same usage and finish reason. Only vLLM's path
-    feeds vLLM's per-request histograms; both feed its token counters."""
+    for token, streamed and not, with the same usage and finish reason, whatever the model
+    says. Then once more with a stop string, on a forced answer (FORCED), so that the stop
+    string is known to stand after some text on every machine. Only vLLM's path feeds
+    vLLM's per-request histograms; both feed its token counters."""
     finished, generated = "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total"
     messages = [{"role": "user", "content": "Write a short poem about the sea, with an emoji or two: 🌊"}]
-    stop: list[str] = []
-    for stream in (True, False, True):
+    rounds = [(True, {}), (False, {}), (True, {"stop": [STOP_WORD], **FORCED}), (False, {"stop": [STOP_WORD], **FORCED})]
+    for stream, shape in rounds:
         results = []
         for extra in ({}, {"logprobs": True}):
-            body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **extra}
-            if stop:
-                body["stop"] = stop
+            body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **shape, **extra}
             if stream:
                 body["stream_options"] = {"include_usage": True}
             before = _metric(engine_server, finished), _metric(engine_server, generated)
@@ -248,9 +253,7 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
                 data = r.json()
                 results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
         direct, vllm_path = results
-        assert direct[0] and direct == vllm_path
-        if not stop:  # the last round again with a stop string from the middle of the answer
-            words = direct[0].split()
-            stop = [words[len(words) // 2]]
-        else:
-            assert direct[1] == ["stop"] and stop[0] not in direct[0]
+        assert direct == vllm_path
+        assert direct[2]["completion_tokens"] >= 1
+        if "stop" in shape:
+            assert direct[:2] == (FORCED_TEXT[: FORCED_TEXT.index(STOP_WORD)], ["stop"])

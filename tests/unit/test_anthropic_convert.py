@@ -11,6 +11,7 @@ from streamproxy.apis.anthropic import convert as C
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.apis.anthropic.protocol import decode_count_request, decode_request
 from streamproxy.core import params as P
+from streamproxy.core.prepare import renamed
 from streamproxy.errors import (
     APIError,
     AuthenticationError,
@@ -21,11 +22,9 @@ from streamproxy.errors import (
     ModelNotFound,
     PayloadTooLarge,
     RateLimited,
-    UnsupportedMediaType,
 )
 from streamproxy.filters.base import CONTENT, Part, Pipeline
 from streamproxy.filters.stopseq import StopSequenceFilter
-from streamproxy.http.routes.chatlike import renamed
 from streamproxy.protocol.openai_chat import NamedToolChoice
 
 
@@ -184,7 +183,6 @@ def test_chat_errors_are_renamed(chat_param, api_param):
         (AuthenticationError("no key"), "authentication_error"),
         (ModelNotFound("no model"), "not_found_error"),
         (PayloadTooLarge("big"), "request_too_large"),
-        (UnsupportedMediaType("xml"), "invalid_request_error"),
         (RateLimited("slow"), "rate_limit_error"),
         (EngineError("boom"), "api_error"),
         (EngineLoading("loading"), "overloaded_error"),

@@ -37,7 +37,7 @@ def test_to_json_exact_bytes_with_param_and_code():
 
 ALL_ERRORS = [
     E.APIError, E.InvalidRequest, E.InvalidJSON, E.ContextLengthExceeded, E.AuthenticationError, E.NotFound,
-    E.ModelNotFound, E.MethodNotAllowed, E.PayloadTooLarge, E.UnsupportedMediaType, E.RateLimited,
+    E.ModelNotFound, E.MethodNotAllowed, E.PayloadTooLarge, E.RateLimited,
     E.InternalError, E.EngineError, E.ServiceUnavailable, E.EngineLoading, E.GenerationTimeout,
 ]
 

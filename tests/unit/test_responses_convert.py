@@ -8,8 +8,8 @@ import pytest
 from streamproxy.apis.responses import convert as C
 from streamproxy.apis.responses.protocol import decode_request
 from streamproxy.core import params as P
+from streamproxy.core.prepare import renamed
 from streamproxy.errors import InvalidRequest
-from streamproxy.http.routes.chatlike import renamed
 from streamproxy.protocol.openai_chat import NamedToolChoice
 
 

@@ -19,7 +19,7 @@ What needs stored state (`previous_response_id`, `conversation`,
 `item_reference`, stored `prompt`s, `background`) is a 400 that says to send
 the conversation in `input`; `store` is accepted and ignored. Errors name
 the Responses field (`input[2].content[0].type`); `CHAT_NAMES` renames the
-chat path's own parameter names the same way (see `routes/chatlike.py`).
+chat path's own parameter names the same way (see `core/prepare.py`).
 """
 
 from __future__ import annotations

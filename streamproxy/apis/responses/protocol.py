@@ -161,9 +161,6 @@ class ReasoningItem(msgspec.Struct, kw_only=True):
     status: str
 
 
-OutputItem = OutputMessage | FunctionCallItem | ReasoningItem
-
-
 class InputTokensDetails(msgspec.Struct):
     cached_tokens: int = 0  # prompt tokens read from the engine's prefix cache
     cache_write_tokens: int = 0  # newer OpenAI field (required by current SDKs); nothing is billed for writes here

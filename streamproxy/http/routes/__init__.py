@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.http import error_shapes
 from streamproxy.http.metrics import metrics
 from streamproxy.http.routes.anthropic import count_tokens, messages
 from streamproxy.http.routes.chat import chat_completions
@@ -19,8 +21,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_post("/v1/responses", responses)
-    app.router.add_post("/v1/messages", messages)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    for path, handler in (("/v1/messages", messages), ("/v1/messages/count_tokens", count_tokens)):
+        error_shapes.register(app, app.router.add_post(path, handler), anthropic_errors.error_json)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/health", health)

@@ -1,16 +1,18 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API.
 
-`convert_anthropic.to_chat` translates the request, `chatlike.prepare`
+`convert_anthropic.to_chat` translates the request, `core.prepare`
 builds prompt, params and filter chain exactly as chat does (a `max_tokens`
 larger than the context leaves is lowered to fit, since Anthropic clients
 send it as a cap), and `generation.run` runs the shared life cycle with an
 `AnthropicEncoder` (stream events, or with `emit=False` the non-stream sink
 whose final `Message` is the body).
 
-Errors are in Anthropic's shape everywhere on these routes: each handler
-carries `error_response`, which `app.error_middleware` uses for anything
-raised on the route (bad JSON, auth, model, engine state) before the first
-byte; after it, the encoder's `error()` sends an `event: error` frame.
+Errors are in Anthropic's shape everywhere on these routes: `add_routes`
+registers `apis.anthropic.errors.error_json` as their shape
+(`http.error_shapes`), used for anything raised on the route (bad JSON,
+auth, model, engine state) before the first byte and in a non-stream body
+after an early 200; in a stream, the encoder's `error()` sends an
+`event: error` frame.
 count_tokens renders the messages (and tools) through the same chat template
 and counts the ids, so it equals the prompt a create call is billed for.
 """
@@ -20,26 +22,21 @@ from __future__ import annotations
 from aiohttp import web
 
 from streamproxy.apis.anthropic import convert as C
-from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.apis.anthropic.protocol import TokenCount, decode_count_request, decode_request, encode
 from streamproxy.apis.anthropic.stream import AnthropicEncoder
-from streamproxy.errors import APIError
-from streamproxy.http.routes import chatlike, generation
+from streamproxy.core.prepare import prepare, prompt, renamed
+from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
-
-
-def error_response(exc: APIError) -> web.Response:
-    return web.Response(status=exc.status, body=anthropic_errors.error_json(exc), content_type="application/json", headers=exc.headers())
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
     req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
-    with chatlike.renamed(C.CHAT_NAMES):
+    with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
-        prep = chatlike.prepare(state, engine, chat, cap_to_context=True)
+        prep = prepare(state.settings, engine, chat, cap_to_context=True)
     message_id = "msg_" + request["request_id"]
     model = req.model or engine.info.name
     filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped
@@ -64,11 +61,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     state = app_state(request)
     req = await decode_body(request, decode_count_request)
     engine = state.require_engine(req.model)
-    with chatlike.renamed(C.CHAT_NAMES):
-        _, ids = chatlike.prompt(state, engine, C.to_chat(req), counting=True)
+    with renamed(C.CHAT_NAMES):
+        _, ids = prompt(state.settings, engine, C.to_chat(req), counting=True)
     return web.Response(body=encode(TokenCount(input_tokens=len(ids))), content_type="application/json")
 
-
-# The error shape of these routes (read by app.error_middleware).
-messages.error_response = error_response  # type: ignore[attr-defined]
-count_tokens.error_response = error_response  # type: ignore[attr-defined]

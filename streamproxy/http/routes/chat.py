@@ -1,15 +1,9 @@
-"""POST /v1/chat/completions: decode -> plan tools -> messages/params -> generation.run.
+"""POST /v1/chat/completions: decode -> core.prepare -> generation.run.
 
-The route only composes: `structured.tool_plan` reads the tool fields (a 400
-for "auto" when the server has no tool-call parser), `structured.constraint`
-gives the engine its structured-output constraint (tool_choice required or
-named, response_format, vLLM's extensions), `params.template_kwargs` merges
-the chat template kwargs (server defaults, reasoning_effort, the request's),
-`filters.chain.chat_filters` picks the per-choice filter chain (reasoning
-splitter, tool parser), and the same chain runs in the stream encoder and
-in the non-stream accumulator, so both answers agree. The thinking goes out
-as `reasoning`, and as `reasoning_content` too unless
---no-reasoning-content-field.
+`core.prepare` builds prompt, params and the per-choice filter chain; the
+same chain runs in the stream encoder and in the non-stream accumulator, so
+both answers agree. The thinking goes out as `reasoning`, and as
+`reasoning_content` too unless --no-reasoning-content-field.
 """
 
 from __future__ import annotations
@@ -21,13 +15,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from streamproxy.core import params as P
-from streamproxy.core import structured as S
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries
+from streamproxy.core.prepare import prepare
 from streamproxy.core.stream import ChatStreamEncoder
-from streamproxy.errors import InvalidRequest
-from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
@@ -43,30 +34,6 @@ from streamproxy.protocol.openai_chat import (
 )
 
 _encode = msgspec.json.Encoder().encode
-
-
-def render_prompt(
-    engine: Any,
-    messages: list[dict[str, Any]],
-    req: Any,
-    tools: list[dict[str, Any]] | None = None,
-    template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """`template_kwargs`: the merged kwargs (`params.template_kwargs`); the request's own when None."""
-    try:
-        return engine.render_chat(
-            messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            tools=tools,
-            chat_template_kwargs=req.chat_template_kwargs if template_kwargs is None else template_kwargs,
-        )
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
-    except Exception as exc:  # jinja2 TemplateError and friends: the client's messages are the cause
-        if type(exc).__module__.startswith("jinja2"):
-            raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
-        raise
 
 
 def _message(acc: Accumulator, i: int, reasoning_content: bool) -> ResponseMessage:
@@ -95,48 +62,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> dict[str, Any]:
     """generation.run's arguments for one decoded chat request."""
     engine = state.require_engine(req.model)
-    settings = state.settings
-    auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
-    plan = S.tool_plan(req, auto_parser=auto_parser)
-    constraint = S.constraint(req, plan)
-    messages = P.chat_messages(req.messages)
-    template_kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
-    prompt_ids = render_prompt(engine, messages, req, plan.tools if plan is not None else None, template_kwargs)
-    params = P.sampling_params(
-        req,
-        prompt_len=len(prompt_ids),
-        max_model_len=engine.info.max_model_len,
-        requested_max_tokens=P.chat_max_tokens(req),
-        max_n=state.settings.max_n,
-        logprobs=P.chat_logprobs(req),
-    )
-    params.structured = constraint
-    params.template_kwargs = template_kwargs
-    parser = None
-    if plan is not None and plan.mode == "auto":
-        parser = parser_spec(auto_parser, tokenizer=getattr(engine, "tokenizer", None), tools=plan.tools)  # type: ignore[arg-type]
-        if parser.keep_special_tokens:
-            params.skip_special_tokens = False  # the parser reads its tags from the text
-    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=getattr(engine, "tokenizer", None), template_kwargs=template_kwargs)
-    if reasoning is not None and reasoning.keep_special_tokens:
-        params.skip_special_tokens = False
+    prep = prepare(state.settings, engine, req)
     options = req.stream_options
     out = _ChatOutput(
         response_id="chatcmpl-" + request["request_id"],
         created=int(time.time()),
         model=req.model or engine.info.name,
-        n=params.n,
+        n=prep.params.n,
         include_usage=bool(options and options.include_usage),
         continuous_usage=bool(options and options.continuous_usage_stats),
-        filters=chat_filters(plan, parser, reasoning),
-        logprobs=params.logprobs is not None,
-        forced_call=plan is not None and plan.mode in ("required", "named"),
-        reasoning_content=settings.reasoning_content_field,
+        filters=prep.filters,
+        logprobs=prep.params.logprobs is not None,
+        forced_call=prep.forced_call,
+        reasoning_content=state.settings.reasoning_content_field,
     )
     return {
         "engine": engine,
-        "prompt_ids": prompt_ids,
-        "params": params,
+        "prompt_ids": prep.prompt_ids,
+        "params": prep.params,
         "stream": req.stream,
         "encoder": out.encoder,
         "render": out.render,

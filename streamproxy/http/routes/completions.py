@@ -44,7 +44,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt_ids = engine.encode(prompt)
     else:
         prompt_ids = list(prompt)
-        vocab = getattr(engine.info, "vocab_size", None)
+        vocab = engine.info.vocab_size
         if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt_ids):
             raise InvalidRequest("prompt token ids must be within the vocabulary", param="prompt")
     if not prompt_ids:
@@ -55,6 +55,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         max_model_len=engine.info.max_model_len,
         requested_max_tokens=req.max_tokens,
         max_n=state.settings.max_n,
+        vocab_size=engine.info.vocab_size,
         logprobs=P.completion_logprobs(req),
     )
     params.structured = S.constraint(req)

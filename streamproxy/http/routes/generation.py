@@ -36,6 +36,7 @@ from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http.accesslog import Record, record
 from streamproxy.http.admission import Ticket
+from streamproxy.http.error_shapes import error_json
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.state import AppState
 from streamproxy.http.writer import (
@@ -124,7 +125,7 @@ async def run(
                 life=state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout)),
                 stall_timeout=settings.write_stall_timeout,
                 record=rec,
-                error_body=_error_body(request),
+                error_body=error_json(request),
             )
         finally:
             rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
@@ -207,14 +208,6 @@ async def _stream(
             [c.finish_reason for c in encoder.choices],
         )
     return response
-
-
-def _error_body(request: web.Request) -> Callable[[APIError], bytes] | None:
-    """The route's error shape for an error after the early 200 (see app._error), if it has its own."""
-    render = getattr(request.match_info.handler, "error_response", None)
-    if render is None:
-        return None
-    return lambda exc: render(exc).body
 
 
 async def _wait_for_slot(

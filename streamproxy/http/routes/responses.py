@@ -1,6 +1,6 @@
 """POST /v1/responses: decode -> chat request -> prepare -> generation.run with Responses events.
 
-`convert_responses.to_chat` translates the request, `chatlike.prepare`
+`convert_responses.to_chat` translates the request, `core.prepare`
 builds prompt, params and filter chain exactly as chat does, and
 `generation.run` runs the shared life cycle. What differs from chat is only
 the rendering: a `ResponsesEncoder` streams the Responses events, and the
@@ -17,7 +17,8 @@ from aiohttp import web
 from streamproxy.apis.responses import convert as C
 from streamproxy.apis.responses.protocol import ReasoningEcho, Response, ResponsesRequest, TextEcho, TextFormat, decode_request
 from streamproxy.apis.responses.stream import ResponsesEncoder
-from streamproxy.http.routes import chatlike, generation
+from streamproxy.core.prepare import prepare, renamed
+from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
 
@@ -49,9 +50,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
     req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
-    with chatlike.renamed(C.CHAT_NAMES):
+    with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
-        prep = chatlike.prepare(state, engine, chat)
+        prep = prepare(state.settings, engine, chat)
     shell = _shell(req, "resp_" + request["request_id"], req.model or engine.info.name)
     filters = prep.filters
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from streamproxy.core import params as P
+from streamproxy.core.prepare import render_prompt
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.routes.chat import render_prompt
 from streamproxy.http.state import app_state
 from streamproxy.protocol.common import encode
 from streamproxy.protocol.tokenize import DetokenizeResponse, TokenizeResponse, decode_detokenize, decode_tokenize
@@ -40,7 +40,7 @@ async def detokenize(request: web.Request) -> web.Response:
     state = app_state(request)
     req = await decode_body(request, decode_detokenize)
     engine = state.require_engine(req.model)
-    vocab = getattr(engine, "vocab_size", None)
+    vocab = engine.info.vocab_size
     for i, t in enumerate(req.tokens):
         if t < 0 or (vocab is not None and t >= vocab):
             raise InvalidRequest(f"token id {t} is outside the vocabulary", param=f"tokens[{i}]")

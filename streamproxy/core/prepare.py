@@ -1,0 +1,144 @@
+"""Request preparation: one chat request -> prompt ids, engine params, filter chain.
+
+Chat, Responses and Anthropic all come here (the latter two after their
+`apis/<api>/convert.to_chat`): `structured.tool_plan` reads the tool fields
+(a 400 for "auto" when the server has no tool-call parser),
+`structured.constraint` gives the engine its structured-output constraint,
+`params.template_kwargs` merges the chat template kwargs (server defaults,
+reasoning effort, the request's), the chat template renders the prompt,
+`params.sampling_params` validates the sampling fields, and
+`filters.chain.chat_filters` picks the per-choice filter chain (reasoning
+splitter first, then the tool parser). So a feature added here reaches
+every chat-like API at once.
+
+Errors raised on the way name the chat request's parameters; `renamed` puts
+them in the calling API's words (`max_tokens` -> `max_output_tokens`).
+Sans-IO: the engine is only asked to render and tokenize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter.base import Engine, GenerationParams
+from streamproxy.config import Settings
+from streamproxy.core import params as P
+from streamproxy.core import structured as S
+from streamproxy.errors import InvalidRequest
+from streamproxy.filters.base import FilterFactory
+from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec
+from streamproxy.protocol.openai_chat import ChatCompletionRequest, TemplateRequest
+
+# A parser name that only lets `tool_plan` pass "auto" when counting tokens.
+_COUNTING = "(counting)"
+
+
+@dataclass(slots=True)
+class Prepared:
+    prompt_ids: list[int]
+    params: GenerationParams
+    filters: FilterFactory | None
+    forced_call: bool  # tool_choice required or named: the answer is a call, content is null
+    window_capped: bool  # max_tokens was lowered to what the context leaves
+
+
+def render_prompt(
+    engine: Engine,
+    messages: list[dict[str, Any]],
+    req: TemplateRequest,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The chat template's token ids; `template_kwargs` None means the request's own."""
+    try:
+        return engine.render_chat(
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            tools=tools,
+            chat_template_kwargs=req.chat_template_kwargs if template_kwargs is None else template_kwargs,
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
+    except Exception as exc:  # jinja2 TemplateError and friends: the client's messages are the cause
+        if type(exc).__module__.startswith("jinja2"):
+            raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
+        raise
+
+
+def prompt(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, counting: bool = False) -> tuple[S.ToolPlan | None, list[int]]:
+    """The tool plan and the prompt's token ids, as the chat template renders them.
+
+    `counting`: tokens are only counted (count_tokens), so "auto" needs no parser."""
+    auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+    plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None))
+    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    ids = render_prompt(engine, P.chat_messages(req.messages), req, plan.tools if plan is not None else None, kwargs)
+    return plan, ids
+
+
+def prepare(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, cap_to_context: bool = False) -> Prepared:
+    """Prompt, sampling params, structured constraint and filter chain of one request.
+
+    `cap_to_context`: a max_tokens beyond what the context leaves is lowered
+    to fit instead of refused (Anthropic clients send large budgets as a cap).
+    """
+    plan, prompt_ids = prompt(settings, engine, req)
+    constraint = S.constraint(req, plan)
+    info = engine.info
+    requested = P.chat_max_tokens(req)
+    room = info.max_model_len - len(prompt_ids)
+    capped = cap_to_context and requested is not None and room > 0 and requested > room
+    params = P.sampling_params(
+        req,
+        prompt_len=len(prompt_ids),
+        max_model_len=info.max_model_len,
+        requested_max_tokens=room if capped else requested,
+        max_n=settings.max_n,
+        vocab_size=info.vocab_size,
+        logprobs=P.chat_logprobs(req),
+    )
+    params.structured = constraint
+    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    params.template_kwargs = kwargs
+    parser = None
+    if plan is not None and plan.mode == "auto" and settings.tool_call_parser:
+        parser = parser_spec(settings.tool_call_parser, tokenizer=engine.tokenizer, tools=plan.tools)
+        if parser.keep_special_tokens:
+            params.skip_special_tokens = False  # the parser reads its tags from the text
+    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=engine.tokenizer, template_kwargs=kwargs)
+    if reasoning is not None and reasoning.keep_special_tokens:
+        params.skip_special_tokens = False
+    forced = plan is not None and plan.mode in ("required", "named")
+    return Prepared(prompt_ids, params, chat_filters(plan, parser, reasoning), forced, capped)
+
+
+@contextmanager
+def renamed(names: list[tuple[str, str]]) -> Iterator[None]:
+    """Re-raise the chat path's InvalidRequest with its parameter names translated.
+
+    A name starting with "." is a path fragment (`.function.parameters`); the
+    others are top-level parameters (`max_tokens`)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        exc.param = _rename(exc.param, names) if exc.param else exc.param
+        message = exc.message
+        for chat, api in names:
+            if not chat.startswith("."):
+                message = message.replace(f"'{chat}'", f"'{api}'").replace(f" {chat}.", f" {api}.")
+        exc.message = message
+        exc.args = (message,)
+        raise
+
+
+def _rename(param: str, names: list[tuple[str, str]]) -> str:
+    for chat, api in names:
+        if chat.startswith("."):
+            param = param.replace(chat, api)
+        elif param == chat or param.startswith((chat + ".", chat + "[")):
+            param = api + param[len(chat) :]
+    return param
