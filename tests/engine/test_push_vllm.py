@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from engine_adapter.base import Delta, EngineFailure, PushFailed
-from engine_adapter.vllm_engine import VllmOutputStream
+from engine_adapter.vllm_stream import VllmOutputStream
 
 pytestmark = pytest.mark.engine
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
-from engine_adapter.vllm_engine import VllmOutputStream
+from engine_adapter.vllm_stream import VllmOutputStream
 
 
 def d(text: str, index: int = 0) -> Delta:

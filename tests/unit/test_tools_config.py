@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from engine_adapter.base import GenerationParams
-from engine_adapter.vllm_engine import _logprobs, _rejected
+from engine_adapter.vllm_engine import _rejected
+from engine_adapter.vllm_stream import _logprobs
 from streamproxy.cli import build
 
 

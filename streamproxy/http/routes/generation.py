@@ -38,6 +38,7 @@ from streamproxy.http.accesslog import Record, record
 from streamproxy.http.admission import Ticket
 from streamproxy.http.error_shapes import error_json
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
+from streamproxy.http.nonstream import collect, respond_nonstream
 from streamproxy.http.state import AppState
 from streamproxy.http.writer import (
     SSE_HEADERS,
@@ -45,10 +46,8 @@ from streamproxy.http.writer import (
     StreamOutcome,
     WriteStalled,
     client_gone,
-    collect,
     finish_response,
     pump_sse,
-    respond_nonstream,
     wait_with_heartbeat,
     write,
 )

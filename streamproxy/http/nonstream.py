@@ -1,0 +1,143 @@
+"""The non-streaming answer: collect a generation, then one JSON body, kept alive if slow.
+
+`collect` drives a non-streaming request to its end into an accumulator;
+`respond_nonstream` turns the result into a JSON response, or, when the
+answer takes long, sends the 200 early and keeps the connection alive with
+newlines (JSON allows leading whitespace) until the body is ready; an error
+after that 200 is written into the body in the route's error shape. Neither
+aborts the engine request: the route does that in a `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from engine_adapter.base import EngineFailure, OutputStream
+from streamproxy.errors import APIError, InternalError
+from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
+from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
+
+if TYPE_CHECKING:
+    from streamproxy.http.accesslog import Record
+    from streamproxy.http.drain import Lifetime
+
+log = logging.getLogger("streamproxy.writer")
+
+
+async def collect(out: OutputStream, sink: Any, record: Record | None = None) -> None:
+    """Feed every step into `sink.step(deltas)` until the engine is done."""
+    try:
+        while True:
+            deltas = out.get_nowait()
+            if deltas is None:
+                deltas = await out.get()
+            if record is not None and record.ttft is None:
+                record.first_token(perf_counter())
+            sink.step(deltas)
+    except StopAsyncIteration:
+        sink.prompt_tokens = out.prompt_tokens
+        sink.cached_tokens = out.cached_tokens
+    except EngineFailure as exc:
+        raise engine_error(exc) from exc
+
+
+async def respond_nonstream(
+    request: web.Request,
+    work: asyncio.Future[bytes],
+    *,
+    keepalive_after: float,
+    keepalive_interval: float,
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None = None,
+    record: Record | None = None,
+    error_body: Callable[[APIError], bytes] | None = None,
+) -> web.StreamResponse:
+    """Answer with the JSON `work` resolves to; keep the connection alive if it is slow.
+
+    Everything runs inside `life` (the request timeout, pulled in by a drain).
+    Before `keepalive_after` seconds (<= 0: never) an APIError from `work`, or
+    the end of `life`, is an ordinary error response (the middleware renders
+    it). After that the 200 and headers are out, a newline goes every
+    `keepalive_interval` seconds, and an error is written into the body in
+    the route's error shape (`error_body`; OpenAI's `{"error": ...}` by
+    default), with no `choices`. A client that stops reading or goes away
+    after the early 200 ends the response quietly (see `client_gone`).
+    """
+    early: list[web.StreamResponse] = []
+    try:
+        return await _respond_nonstream(
+            request, work, early, keepalive_after, keepalive_interval, life, stall_timeout, headers, record, error_body
+        )
+    except (WriteStalled, ConnectionResetError) as exc:
+        if not early:
+            raise
+        client_gone(request, exc, record)
+        return early[0]
+
+
+async def _respond_nonstream(
+    request: web.Request,
+    work: asyncio.Future[bytes],
+    early: list[web.StreamResponse],
+    keepalive_after: float,
+    keepalive_interval: float,
+    life: Lifetime,
+    stall_timeout: float,
+    headers: dict[str, str] | None,
+    record: Record | None,
+    error_body: Callable[[APIError], bytes] | None,
+) -> web.StreamResponse:
+    response: web.StreamResponse | None = None
+    transport = request.transport
+    try:
+        async with life:
+            try:
+                async with asyncio.timeout(keepalive_after if keepalive_after > 0 else None):
+                    body = await asyncio.shield(work)
+            except TimeoutError:
+                pass
+            else:
+                return web.Response(body=body, content_type="application/json", headers=headers)
+            response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
+            early.append(response)
+            await response.prepare(request)
+            interval = keepalive_interval if keepalive_interval > 0 else None
+            while True:
+                try:
+                    async with asyncio.timeout(interval):
+                        body = await asyncio.shield(work)
+                    break
+                except TimeoutError:
+                    NONSTREAM_HEARTBEATS.inc()
+                    await write(response, transport, b"\n", stall_timeout)
+                except APIError as exc:
+                    body = _body_error(exc, record, error_body)
+                    break
+                except Exception:
+                    log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
+                    body = _body_error(InternalError("the server failed to handle this request"), record, error_body)
+                    break
+    except TimeoutError:
+        if not life.expired:
+            raise
+        work.cancel()
+        reason = life.reason or InternalError("the request ended early")
+        if response is None:
+            raise reason from None
+        body = _body_error(reason, record, error_body)
+    await write(response, transport, body, stall_timeout)
+    await response.write_eof()
+    return response
+
+
+def _body_error(exc: APIError, record: Record | None, error_body: Callable[[APIError], bytes] | None) -> bytes:
+    if record is not None:
+        record.error_code = exc.code
+    return exc.to_json() if error_body is None else error_body(exc)
