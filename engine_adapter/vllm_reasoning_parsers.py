@@ -20,6 +20,8 @@ from typing import Any
 
 from streamproxy.filters.base import CONTENT, Part, reasoning
 
+from .vllm_parser_filter import VllmParserFilter
+
 # name -> whether the parser needs special tokens kept in the text (one probe per name).
 _KEEPS_SPECIAL: dict[str, bool] = {}
 
@@ -62,31 +64,24 @@ class VllmReasoningSpec:
         return VllmReasoningFilter(self.new_parser())
 
 
-class VllmReasoningFilter:
+class VllmReasoningFilter(VllmParserFilter):
     def __init__(self, parser: Any) -> None:
+        super().__init__()
         self.parser = parser
-        self.text = ""
-        self.ids: list[int] = []
         self.broken = False
 
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT or self.broken:
-                out.append(p)
-                continue
-            prev_text, prev_ids = self.text, self.ids
-            new_ids = list(p.token_ids or ())
-            self.text += p.text
-            self.ids = prev_ids + new_ids
-            try:
-                delta = self.parser.extract_reasoning_streaming(prev_text, self.text, p.text, prev_ids, self.ids, new_ids)
-            except Exception:
-                self.broken = True
-                out.append(p)
-                continue
-            self._say(out, delta, p.token_ids)
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        if self.broken:
+            out.append(part)
+            return
+        prev_text, prev_ids, new_ids = self.advance(part)
+        try:
+            delta = self.parser.extract_reasoning_streaming(prev_text, self.text, part.text, prev_ids, self.ids, new_ids)
+        except Exception:
+            self.broken = True
+            out.append(part)
+            return
+        self._say(out, delta, part.token_ids)
 
     def flush(self) -> list[Part]:
         out: list[Part] = []
@@ -97,9 +92,6 @@ class VllmReasoningFilter:
             except Exception:
                 pass
         return out
-
-    def finish_reason(self, reason: str) -> str:
-        return reason
 
     @property
     def reasoning_tokens(self) -> int:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamproxy.filters.base import CONTENT, Part, content, tool_args, tool_call
+from streamproxy.filters.base import Part, content, tool_args, tool_call
 from streamproxy.filters.toolset import ToolSet
+
+from .vllm_parser_filter import VllmParserFilter
 
 
 def registered(name: str) -> bool:
@@ -58,45 +60,33 @@ class VllmParserSpec:
         return VllmToolCallFilter(self, tools, parallel)
 
 
-class VllmToolCallFilter:
+class VllmToolCallFilter(VllmParserFilter):
     def __init__(self, spec: VllmParserSpec, tools: ToolSet, parallel: bool) -> None:
+        super().__init__()
         self.parser = spec.new_parser()
         self.request = spec.request
         self.tools = tools
         self.parallel = parallel
-        self.text = ""
-        self.ids: list[int] = []
         self.sent = ""
         self.buffering = False
         self.calls = 0
 
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT:
-                out.append(p)
-                continue
-            prev_text, prev_ids = self.text, self.ids
-            new_ids = list(p.token_ids or ())
-            self.text += p.text
-            self.ids = prev_ids + new_ids
-            if self.buffering:
-                continue
-            try:
-                delta = self.parser.extract_tool_calls_streaming(
-                    prev_text, self.text, p.text, prev_ids, self.ids, new_ids, self.request
-                )
-            except Exception:
-                self.buffering = True
-                continue
-            if delta is None:
-                continue
-            if delta.tool_calls:
-                self.buffering = True
-            if delta.content:
-                out.append(content(delta.content))
-                self.sent += delta.content
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        prev_text, prev_ids, new_ids = self.advance(part)
+        if self.buffering:
+            return
+        try:
+            delta = self.parser.extract_tool_calls_streaming(prev_text, self.text, part.text, prev_ids, self.ids, new_ids, self.request)
+        except Exception:
+            self.buffering = True
+            return
+        if delta is None:
+            return
+        if delta.tool_calls:
+            self.buffering = True
+        if delta.content:
+            out.append(content(delta.content))
+            self.sent += delta.content
 
     def flush(self) -> list[Part]:
         out: list[Part] = []

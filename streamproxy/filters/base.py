@@ -104,6 +104,28 @@ class Filter(Protocol):
     def finish_reason(self, reason: str) -> str: ...
 
 
+class ContentFilter:
+    """Base of the filters that work on CONTENT parts: `feed` hands each one to
+    `content(part, out)` and passes every other part through, in order."""
+
+    __slots__ = ()
+
+    def feed(self, parts: list[Part]) -> list[Part]:
+        out: list[Part] = []
+        for p in parts:
+            if p.kind == CONTENT:
+                self.content(p, out)
+            else:
+                out.append(p)
+        return out
+
+    def content(self, part: Part, out: list[Part]) -> None:
+        raise NotImplementedError
+
+    def finish_reason(self, reason: str) -> str:
+        return reason
+
+
 # Makes one fresh chain per choice.
 FilterFactory = Callable[[], "list[Filter]"]
 

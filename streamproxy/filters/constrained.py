@@ -23,28 +23,22 @@ named function; "length" (cut off mid-JSON) is always kept.
 
 from __future__ import annotations
 
-from streamproxy.filters.base import CONTENT, Part, content, tool_args, tool_call
+from streamproxy.filters.base import ContentFilter, Part, content, tool_args, tool_call
 from streamproxy.filters.jsonscan import WHITESPACE, ValueScan, loads
 
 
-class _Emitter:
+class _Emitter(ContentFilter):
     def __init__(self) -> None:
         self.buf = ""
         self.calls = 0
         self.broken = False
 
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT:
-                out.append(p)
-                continue
-            if self.broken:
-                out.append(content(p.text))
-                continue
-            self.buf += p.text
-            self._scan(out)
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        if self.broken:
+            out.append(content(part.text))
+            return
+        self.buf += part.text
+        self._scan(out)
 
     def flush(self) -> list[Part]:
         out: list[Part] = []

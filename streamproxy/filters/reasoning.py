@@ -36,14 +36,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streamproxy.filters.base import CONTENT, Part, content, reasoning
+from streamproxy.filters.base import CONTENT, ContentFilter, Part, content, reasoning
 from streamproxy.filters.toolparse import tag_overlap
 
 START = "<think>"
 END = "</think>"
 
 
-class ThinkSplitter:
+class ThinkSplitter(ContentFilter):
     """One choice's splitter; the flags carry the model family's rules (module docstring)."""
 
     __slots__ = ("every_start", "drop_late_ends", "implicit_ends", "thinking", "opened", "buf", "reasoning_tokens")
@@ -58,26 +58,20 @@ class ThinkSplitter:
         self.reasoning_tokens = 0
 
     # -- the Filter protocol ------------------------------------------
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT:
-                out.append(p)
-                continue
-            if not self.thinking and not self.drop_late_ends:
-                out.append(p)  # the answer, as it comes (token ids and all)
-                continue
-            self.buf += p.text
-            said = len(out)
-            self._scan(out)
-            if p.token_ids:
-                if self.thinking and p.text.strip() != START:
-                    self.reasoning_tokens += len(p.token_ids)
-                for q in out[said:]:
-                    if q.kind == CONTENT:
-                        q.token_ids = p.token_ids  # for a parser after this one that reads ids
-                        break
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        if not self.thinking and not self.drop_late_ends:
+            out.append(part)  # the answer, as it comes (token ids and all)
+            return
+        self.buf += part.text
+        said = len(out)
+        self._scan(out)
+        if part.token_ids:
+            if self.thinking and part.text.strip() != START:
+                self.reasoning_tokens += len(part.token_ids)
+            for q in out[said:]:
+                if q.kind == CONTENT:
+                    q.token_ids = part.token_ids  # for a parser after this one that reads ids
+                    break
 
     def flush(self) -> list[Part]:
         out: list[Part] = []
@@ -85,9 +79,6 @@ class ThinkSplitter:
             out.append(reasoning(self.buf) if self.thinking else content(self.buf))
             self.buf = ""
         return out
-
-    def finish_reason(self, reason: str) -> str:
-        return reason
 
     # -- the state machine --------------------------------------------
     def _tags(self) -> list[str]:

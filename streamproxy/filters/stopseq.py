@@ -16,10 +16,10 @@ Sans-IO, per choice, like every filter (see `filters/base.py`).
 
 from __future__ import annotations
 
-from streamproxy.filters.base import CONTENT, Part
+from streamproxy.filters.base import CONTENT, ContentFilter, Part
 
 
-class StopSequenceFilter:
+class StopSequenceFilter(ContentFilter):
     __slots__ = ("stops", "hold", "buf", "matched")
 
     def __init__(self, stops: list[str]) -> None:
@@ -29,21 +29,15 @@ class StopSequenceFilter:
         self.buf = ""
         self.matched: str | None = None
 
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT:
-                out.append(p)
-                continue
-            buf = self.buf + p.text
-            cut = len(buf) - self.hold
-            if cut > 0:
-                out.append(Part(CONTENT, buf[:cut], token_ids=p.token_ids))
-                buf = buf[cut:]
-            elif p.token_ids:
-                out.append(Part(CONTENT, "", token_ids=p.token_ids))  # token ids still flow on
-            self.buf = buf
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        buf = self.buf + part.text
+        cut = len(buf) - self.hold
+        if cut > 0:
+            out.append(Part(CONTENT, buf[:cut], token_ids=part.token_ids))
+            buf = buf[cut:]
+        elif part.token_ids:
+            out.append(Part(CONTENT, "", token_ids=part.token_ids))  # token ids still flow on
+        self.buf = buf
 
     def flush(self) -> list[Part]:
         buf = self.buf
@@ -54,6 +48,3 @@ class StopSequenceFilter:
                 buf = buf[: len(buf) - len(stop)]
                 break
         return [Part(CONTENT, buf)] if buf else []
-
-    def finish_reason(self, reason: str) -> str:
-        return reason

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from streamproxy.filters.base import CONTENT, Part, content, tool_args, tool_call
+from streamproxy.filters.base import ContentFilter, Part, content, tool_args, tool_call
 from streamproxy.filters.jsonscan import loads, members
 from streamproxy.filters.toolset import ToolSet
 
@@ -70,7 +70,7 @@ def json_call(raw: str, args_keys: Sequence[str] = ("arguments", "parameters")) 
     return name, args.strip()
 
 
-class ToolCallParser:
+class ToolCallParser(ContentFilter):
     """Base of the auto-mode parsers; see the module docstring."""
 
     # The parser needs special tokens (e.g. [TOOL_CALLS]) kept in the text.
@@ -85,15 +85,9 @@ class ToolCallParser:
         self._after_call = False  # whitespace right after a sent call is dropped too
 
     # -- the Filter protocol ------------------------------------------
-    def feed(self, parts: list[Part]) -> list[Part]:
-        out: list[Part] = []
-        for p in parts:
-            if p.kind != CONTENT:
-                out.append(p)
-                continue
-            self.buf += p.text
-            self._scan(out, False)
-        return out
+    def content(self, part: Part, out: list[Part]) -> None:
+        self.buf += part.text
+        self._scan(out, False)
 
     def flush(self) -> list[Part]:
         out: list[Part] = []

@@ -27,6 +27,38 @@ class ResponseFormat(msgspec.Struct):
     json_schema: JsonSchemaFormat | None = None
 
 
+class SamplingRequest(msgspec.Struct, kw_only=True):
+    """The fields chat and completions requests share: sampling, stop, vLLM's extensions."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions: {"json"|"regex"|"choice"|"grammar"|"json_object": ...} and the older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
 class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from streamproxy.protocol.common import ResponseFormat, StreamOptions, Usage
+from streamproxy.protocol.common import SamplingRequest, Usage
 
 
 class TemplateRequest(Protocol):
@@ -80,32 +80,12 @@ class ChatMessage(msgspec.Struct):
     reasoning_content: str | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct):
+class ChatCompletionRequest(SamplingRequest, kw_only=True):
     messages: list[ChatMessage]
-    model: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logit_bias: dict[str, float] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    user: str | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -115,13 +95,6 @@ class ChatCompletionRequest(msgspec.Struct):
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    # vLLM's extensions: {"json"|"regex"|"choice"|"grammar"|"json_object": ...} and the older guided_* fields.
-    structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
 
 
 decode_request = msgspec.json.Decoder(ChatCompletionRequest).decode
