@@ -1,39 +1,24 @@
 """A short path from vLLM's engine core to our streams, for the common request.
 
-AsyncLLM's output-handler task pulls each engine step's `EngineCoreOutputs`
-and hands them to `OutputProcessor.process_outputs`, which, per request and
-step: updates iteration and per-request stats, detokenizes (vLLM's
-`FastIncrementalDetokenizer` also keeps the whole `output_text`), builds a
-`CompletionOutput` and a `RequestOutput`, and puts it in the request's
-collector, which our adapter then turns into a `Delta`. Profiled at 256
-streams on the 1-layer model that is about 18 of the 51 µs the server
-spent per streamed token.
+vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
+per request and step, keeps stats and the whole text, and puts it in a
+collector that we then turn into `Delta`s. `DirectRoute` takes the outputs
+of the requests that need none of that (one choice, no logprobs, a fast
+tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
+instance (its `process_outputs` and `propagate_error` wrapped), per output
+it does one dict lookup, one `DecodeStream.step` per new token (primed with
+the prompt, as vLLM's detokenizer is) and one `OutputStream.put([Delta])`,
+which, while the client keeps up, writes the frame from this very call.
+Requests with stop strings use vLLM's own incremental detokenizer (its
+stop-string search, hold-back, truncation, `min_tokens` and surplus-token
+trimming, unchanged), and a stop string it finds is aborted in the engine
+core through `reqs_to_abort`, as vLLM's processor does. Every other request
+still takes vLLM's path; both share one engine-core client and output task.
 
-`DirectRoute` takes the outputs of the requests that need none of that
-(one choice, no logprobs, a fast tokenizer; see `eligible`): installed on
-the engine's `OutputProcessor` *instance* (its `process_outputs` and
-`propagate_error` wrapped), per output it does one dict lookup, one
-`tokenizers` `DecodeStream.step` per new token (primed with the prompt,
-exactly as vLLM's detokenizer is) and one `OutputStream.put([Delta])`,
-which, while the client keeps up, writes the frame from this very call
-(push). A request with stop strings uses vLLM's own incremental detokenizer
-instead of the bare `DecodeStream` (its stop-string search, hold-back,
-truncation, `min_tokens` and surplus-token trimming, unchanged), and a stop
-string it finds is aborted in the engine core through the handler's
-`reqs_to_abort`, as vLLM's processor does. Every other request still goes through
-vLLM's `OutputProcessor`, unchanged; both kinds share the one engine-core
-client and output-handler task, so they can be mixed freely.
-
-Same text as vLLM's path: with finish reason `stop` from the engine core (an
-EOS or stop token), the last token is counted but not decoded unless
-`include_stop_str_in_output`; `DecodeStream` failures are handled as vLLM's
-`_protected_step` handles them.
-
-What direct requests give up: vLLM's per-request stats (its e2e / TTFT /
-inter-token histograms and finished-request counters; ours, `streamproxy_*`,
-cover them). The iteration counters `vllm:generation_tokens` and
-`vllm:prompt_tokens` are kept, and scheduler metrics (`vllm:num_requests_*`,
-KV-cache usage) come from the engine core, so they are unaffected.
+Same text as vLLM's path, token for token (tests/engine/test_direct_vllm.py).
+What direct requests give up: vLLM's per-request stats (e2e / TTFT /
+inter-token histograms, finished-request counters; `streamproxy_*` cover
+them). The token counters and the engine core's scheduler metrics are kept.
 """
 
 from __future__ import annotations

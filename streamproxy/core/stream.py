@@ -1,35 +1,22 @@
-"""Per-request streaming state machines: engine Deltas -> SSE bytes.
+"""Per-request streaming state machines: engine Deltas -> SSE bytes (chat, completions).
 
 Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
-the bytes to write (possibly empty), and never await. The writer makes one
-write per call, so one engine step of a stream is one write.
+the bytes to write (possibly empty), and never await; the writer makes one
+write per call, so one engine step of a stream is one write. Chunks are
+built from templates encoded once per stream (`id`, `created`, `model`, the
+choice index, the closing braces), so per token the only encoding work is
+the delta text itself. Text arrives through a `Utf8Carry` per choice, so no
+chunk carries half a character.
 
-Chunks are built from templates: everything around the delta that is the
-same for every chunk of the stream (`id`, `created`, `model`, the choice
-index, the closing braces) is encoded once at construction, so per token the
-only encoding work is the delta text itself (one `orjson.dumps` of a str).
-
-Contract (OpenAI chat): the first chunk of each choice carries
-`delta.role:"assistant"` and `content:""`; then `delta.content` fragments;
-then a chunk with an empty delta and the `finish_reason`; with
-`stream_options.include_usage` one chunk with `choices: []` and the usage;
-then `data: [DONE]`. Text arrives through a `Utf8Carry` per choice, so no
-chunk carries half a character whatever the engine emits.
-
-Two paths, chosen once per stream (not per token): with no filters and no
-logprobs, `_one_plain` turns a Delta straight into a content chunk (the
-template path above). Otherwise each choice runs a `filters.base.Pipeline`
-(its carry plus the request's filter chain, e.g. a reasoning splitter and a
-tool-call parser) and `_one_parts` renders the parts it yields: content as
-`delta.content`, reasoning as `delta.reasoning` (and `delta.reasoning_content`,
-its older name, unless the route turns that off), the first fragment of a
-tool call as `delta.tool_calls[{index, id, type, function: {name,
-arguments: ""}}]`, later argument pieces as
-`delta.tool_calls[{index, function: {arguments}}]`. With a reasoning
-splitter the usage carries `completion_tokens_details.reasoning_tokens`.
-A step's logprobs ride on the first chunk the step produces; tokens that produced no chunk yet (half a
-character, text a filter holds back) ride on the next one, at the latest on
-the finish chunk, so every token's entry is sent exactly once, in order.
+Two paths, chosen once per stream: with no filters and no logprobs,
+`_one_plain` turns a Delta straight into a content chunk. Otherwise each
+choice runs a `filters.base.Pipeline` and `_one_parts` renders its parts:
+content, reasoning (`delta.reasoning`, and `reasoning_content` unless the
+route turns it off), the first fragment of a tool call (`index, id, type,
+function: {name, arguments: ""}`) and later argument pieces. A step's
+logprobs ride on the first chunk the step produces, or on the next one when
+it produced none (half a character, text held back): every token's entry is
+sent exactly once, in order.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Prometheus metrics: vLLM's own (`vllm:*`) plus `streamproxy_*` measured at the client edge.
 
-vLLM's in-process engine (AsyncLLM with stats on, the default) registers its
-`vllm:` families in prometheus_client's default REGISTRY, so one
-`generate_latest(REGISTRY)` serves both, and vLLM's Grafana dashboards work
-unchanged. Our families are module-level objects created once at import.
+vLLM's in-process engine registers its `vllm:` families in prometheus_client's
+default REGISTRY, so one `generate_latest(REGISTRY)` serves both, and vLLM's
+Grafana dashboards work unchanged. Our families are created once at import.
 
 Cost on the hot path is bounded per write, not per token: inter-token latency
 is observed once per write (the gap since the previous write divided by the
-tokens it carries), everything else once per request (access-log time, see
-accesslog.py) or once per event (heartbeat, stall, rejection, disconnect).
-The per-write histogram is a `FastHistogram`: prometheus_client's
-`Histogram.observe` takes two locks and walks the buckets in Python (1-2 µs,
-a large share of a pushed chunk's cost); ours is one `bisect` and two
-additions on the event loop's thread (observations only ever come from it),
-exposed through a collector in the same text format (`_bucket`, `_count`,
-`_sum`, `_created`).
+tokens it carries), everything else once per request or per event. The
+per-write histogram is a `FastHistogram`: one `bisect` and two additions on
+the event loop's thread, instead of prometheus_client's two locks and a
+Python walk over the buckets, exposed in the same text format.
 """
 
 from __future__ import annotations
