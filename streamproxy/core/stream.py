@@ -76,7 +76,6 @@ class StreamEncoder:
         include_usage: bool = False,
         continuous_usage: bool = False,
         system_fingerprint: str | None = None,
-        report_cached_tokens: bool = False,
         filters: FilterFactory | None = None,
         logprobs: bool = False,
     ) -> None:
@@ -89,7 +88,6 @@ class StreamEncoder:
             self._one = self._one_parts
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
-        self.report_cached_tokens = report_cached_tokens
         self.prompt_tokens = 0
         self.cached_tokens = 0
         head = b'{"id":' + _dumps(response_id) + b',"object":"' + self.object_name + b'","created":'
@@ -203,8 +201,8 @@ class StreamEncoder:
 
     def usage_json(self) -> bytes:
         completion = sum(c.tokens for c in self.choices)
-        cached = self.cached_tokens if self.report_cached_tokens else None
-        return _usage_json(self.prompt_tokens, completion, cached, self.reasoning_tokens)
+        # Cached prompt tokens as in the non-stream answer (OpenAI and vLLM send them in both).
+        return _usage_json(self.prompt_tokens, completion, self.cached_tokens, self.reasoning_tokens)
 
     @property
     def reasoning_tokens(self) -> int | None:

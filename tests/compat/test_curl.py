@@ -68,7 +68,7 @@ EXPECTED_CHAT_STREAM = (
     + chat_chunk(b'[{"index":0,"delta":{"content":" is"},"logprobs":null,"finish_reason":null}]')
     + chat_chunk(b'[{"index":0,"delta":{"content":" a"},"logprobs":null,"finish_reason":null}]')
     + chat_chunk(b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]')
-    + chat_chunk(b'[],"usage":{"prompt_tokens":31,"completion_tokens":4,"total_tokens":35}')
+    + chat_chunk(b'[],"usage":{"prompt_tokens":31,"completion_tokens":4,"total_tokens":35,"prompt_tokens_details":{"cached_tokens":0}}')
     + b"data: [DONE]\n\n"
 )
 

@@ -91,6 +91,7 @@ async def test_n2_stream_keeps_choices_apart(serve):
         "prompt_tokens": USER_HI_PROMPT_TOKENS,
         "completion_tokens": 6,
         "total_tokens": USER_HI_PROMPT_TOKENS + 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     for p in payloads:
         assert len(p["choices"]) == 1, p

@@ -23,7 +23,7 @@ CHAT_GOLDEN = (
     + CHAT_HEAD + b'"choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null}]}\n\n'
     + CHAT_HEAD + b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\n'
 )
-CHAT_USAGE = CHAT_HEAD + b'"choices":[],"usage":{"prompt_tokens":24,"completion_tokens":3,"total_tokens":27}}\n\n'
+CHAT_USAGE = CHAT_HEAD + b'"choices":[],"usage":{"prompt_tokens":24,"completion_tokens":3,"total_tokens":27,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
 
 CMPL_GOLDEN = (
     CMPL_HEAD + b'"choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null}]}\n\n'
@@ -31,7 +31,7 @@ CMPL_GOLDEN = (
     + CMPL_HEAD + b'"choices":[{"index":0,"text":" world","logprobs":null,"finish_reason":null}]}\n\n'
     + CMPL_HEAD + b'"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"stop"}]}\n\n'
 )
-CMPL_USAGE = CMPL_HEAD + b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}\n\n'
+CMPL_USAGE = CMPL_HEAD + b'"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
 
 # Token delay keeps one engine step per write, so the chunking is deterministic.
 SCRIPT = FakeScript(tokens=["Hel", "lo", " world"], token_delay=0.01)
@@ -75,7 +75,7 @@ async def test_chat_stream_golden_include_usage(serve):
     usage_chunks = [p for p in payloads if "usage" in p]
     assert len(usage_chunks) == 1 and usage_chunks[0] is payloads[-1]
     assert usage_chunks[0]["choices"] == []
-    assert usage_chunks[0]["usage"] == {"prompt_tokens": 24, "completion_tokens": 3, "total_tokens": 27}
+    assert usage_chunks[0]["usage"] == {"prompt_tokens": 24, "completion_tokens": 3, "total_tokens": 27, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def test_chat_stream_include_usage_false_has_no_usage(serve):
@@ -161,7 +161,7 @@ async def test_completions_continuous_usage(serve):
         {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
         {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
         {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
-        {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
+        {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}},
     ]
 
 

@@ -113,7 +113,7 @@ def test_chat_whole_stream_with_usage_golden():
     tail = enc.finish()
     assert body == ROLE + content("Hi") + finish_chunk("stop")
     assert tail == (
-        HEAD + b',"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}\n\n' + DONE
+        HEAD + b',"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
     )
 
 
@@ -121,8 +121,8 @@ def test_chat_finish_without_usage_is_only_done():
     assert chat().finish() == DONE
 
 
-def test_chat_usage_reports_cached_tokens_when_asked():
-    enc = chat(include_usage=True, report_cached_tokens=True)
+def test_chat_stream_usage_reports_cached_tokens_like_the_non_stream_answer():
+    enc = chat(include_usage=True)
     enc.prompt_tokens, enc.cached_tokens = 10, 4
     enc.step([Delta(0, "x", 1, "stop")])
     assert enc.finish() == (
@@ -221,7 +221,7 @@ def test_n2_start_gives_one_role_chunk_per_choice():
 def test_usage_chunk_is_last_before_done_and_counts_all_choices():
     chunks = json_chunks(_sample_stream())
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 0}}
     assert all("usage" not in c for c in chunks[:-1])
 
 
@@ -345,7 +345,7 @@ def test_completion_whole_stream_golden():
         CHEAD + b',"choices":[{"index":0,"text":"Hi","logprobs":null,"finish_reason":null}]}\n\n'
         + CHEAD + b',"choices":[{"index":0,"text":"!","logprobs":null,"finish_reason":null}]}\n\n'
         + CHEAD + b',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}\n\n'
-        + CHEAD + b',"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}\n\n'
+        + CHEAD + b',"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
         + DONE
     )
 
