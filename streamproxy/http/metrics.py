@@ -30,6 +30,8 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from engine_adapter.base import Engine
+
 
 class FastHistogram:
     """A label-less histogram for one thread's hot path; same exposition as `Histogram`."""
@@ -119,12 +121,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def watch_engine(engine: object) -> None:
+def watch_engine(engine: Engine) -> None:
     """`streamproxy_engine_requests` reads this engine's `num_running` (weakly: an old app's engine can go)."""
     ref = weakref.ref(engine)
 
     def held() -> float:
         current = ref()
-        return float(getattr(current, "num_running", 0)) if current is not None else 0.0
+        return float(current.num_running) if current is not None else 0.0
 
     ENGINE_REQUESTS.set_function(held)

@@ -115,9 +115,9 @@ def engine_error(exc: BaseException) -> APIError:
     return EngineError(f"generation failed: {exc}" if isinstance(exc, EngineFailure) else "generation failed")
 
 
-async def write(response: web.StreamResponse, transport: asyncio.BaseTransport | None, data: bytes, stall: float) -> None:
+async def write(response: web.StreamResponse, transport: asyncio.Transport | None, data: bytes, stall: float) -> None:
     """`response.write(data)`, bounded by `stall` seconds when it could block."""
-    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):  # type: ignore[attr-defined]
+    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):
         try:
             async with asyncio.timeout(stall):
                 await response.write(data)
@@ -129,7 +129,7 @@ async def write(response: web.StreamResponse, transport: asyncio.BaseTransport |
 
 async def wait_with_heartbeat(
     response: web.StreamResponse,
-    transport: asyncio.BaseTransport | None,
+    transport: asyncio.Transport | None,
     waitable: Any,
     heartbeat: float,
     stall: float,
@@ -252,13 +252,14 @@ async def pump_sse(
         await flush_headers(response)  # headers go out before the first token
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
-    arm = getattr(out, "arm", None) if push and _can_push(response, transport) else None
+    # Push only onto a transport that takes our chunked frames as they are.
+    push_to = transport if push and _can_push(response, transport) else None
     try:
         while True:
             deltas = out.get_nowait()
             if deltas is None:
-                if arm is not None and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:  # type: ignore[union-attr]
-                    arm(pump)
+                if push_to is not None and push_to.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:
+                    out.arm(pump)
                 if beat is None:
                     deltas = await out.get()
                 else:
@@ -292,7 +293,7 @@ async def pump_sse(
         outcome.error = InternalError("the server failed while streaming this response")
         await write(response, transport, encoder.error(outcome.error), stall_timeout)
     finally:
-        if arm is not None:
+        if push_to is not None:
             out.disarm()
     return outcome
 

@@ -69,8 +69,9 @@ class Generation:
 
     async def submit(self) -> OutputStream:
         prompt_ids, self.prompt_ids = self.prompt_ids, None  # the engine's now: not kept for the stream's life
+        assert prompt_ids is not None, "a generation is submitted once"
         try:
-            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)  # type: ignore[arg-type]
+            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)
         except APIError:
             raise
         except EngineFailure as exc:
@@ -178,7 +179,7 @@ async def _stream(
                     )
                 await pump_sse(
                     request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec,
-                    push=getattr(settings, "stream_push", True),
+                    push=settings.stream_push,
                 )
         except TimeoutError:
             if not life.expired:
@@ -211,7 +212,7 @@ async def _stream(
 
 async def _wait_for_slot(
     response: web.StreamResponse,
-    transport: asyncio.BaseTransport | None,
+    transport: asyncio.Transport | None,
     gen: Generation,
     ticket: Ticket,
     outcome: StreamOutcome,
