@@ -2,7 +2,10 @@
 
 Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
 the bytes to write (possibly empty), and never await. The writer makes one
-write per call, so one engine step of a stream is one write.
+write per call, so one engine step of a stream is one write. `StreamEncoder`
+(a `typing.Protocol`) is that contract as the writer and `generation.run`
+use it; `ChunkEncoder` here (chat and completions chunks) and
+`blockstream.BlockEncoder` (Responses and Anthropic events) implement it.
 
 Chunks are built from templates: everything around the delta that is the
 same for every chunk of the stream (`id`, `created`, `model`, the choice
@@ -35,6 +38,7 @@ the finish chunk, so every token's entry is sent exactly once, in order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import orjson
 
@@ -70,8 +74,53 @@ class _ChoiceState:
         self.legacy: CompletionLogprobs | None = None
 
 
-class StreamEncoder:
-    """Shared machinery; subclasses define the object name and choice bodies."""
+class StreamEncoder(Protocol):
+    """What the writer needs to turn one request's engine steps into its stream.
+
+    Every method returns the bytes to write next (possibly empty), never
+    awaits and does no I/O. The writer sets `prompt_tokens` (and, at the end,
+    `cached_tokens`) from the engine's stream before it calls `step`/`finish`;
+    `completion_tokens` and `finish_reasons` (one per choice, in this API's
+    words) go to the access log. `keepalive` is what a silent stream sends
+    (an SSE comment, or the API's own event).
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def keepalive(self) -> bytes: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def finish_reasons(self) -> Sequence[str | None]: ...
+
+    def start(self) -> bytes:
+        """The stream's opening frames (headers are out before them)."""
+        ...
+
+    def step(self, deltas: Sequence[Delta]) -> bytes:
+        """One engine step (several, when the writer fell behind)."""
+        ...
+
+    def finish(self) -> bytes:
+        """After the engine's last step: the closing frames."""
+        ...
+
+    def error(self, exc: APIError) -> bytes:
+        """An in-band error after the first byte; the stream ends after it."""
+        ...
+
+
+class ChunkEncoder:
+    """A `StreamEncoder` of OpenAI chunks (chat.completion.chunk, text_completion).
+
+    Shared machinery; subclasses define the object name and choice bodies.
+    """
+
+    keepalive = sse.KEEPALIVE
 
     object_name = b""
     # How a text delta sits in a choice: b'"delta":{"content":' or b'"text":'.
@@ -240,8 +289,12 @@ class StreamEncoder:
     def completion_tokens(self) -> int:
         return sum(c.tokens for c in self.choices)
 
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [c.finish_reason for c in self.choices]
 
-class ChatStreamEncoder(StreamEncoder):
+
+class ChatStreamEncoder(ChunkEncoder):
     object_name = b"chat.completion.chunk"
     text_open = b'"delta":{"content":'
     text_close = b"}"
@@ -283,7 +336,7 @@ class ChatStreamEncoder(StreamEncoder):
         return b"".join([opening + role + self._close() for opening in self._choice_open])
 
 
-class CompletionStreamEncoder(StreamEncoder):
+class CompletionStreamEncoder(ChunkEncoder):
     object_name = b"text_completion"
     text_open = b'"text":'
     text_close = b""

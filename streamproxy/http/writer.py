@@ -242,8 +242,8 @@ async def pump_sse(
         outcome = StreamOutcome()
     transport = request.transport
     beat = heartbeat if heartbeat > 0 else None
-    # An encoder may have its own keepalive event (Anthropic's `ping`); else an SSE comment.
-    keepalive = getattr(encoder, "keepalive", sse.KEEPALIVE)
+    # The encoder's keepalive: an SSE comment, or its API's own event (Anthropic's `ping`).
+    keepalive = encoder.keepalive
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
     if first:
