@@ -54,11 +54,13 @@ _NULL = b"null"
 
 
 def _usage_json(prompt: int, completion: int, cached: int | None, reasoning: int | None = None) -> bytes:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, int | dict[str, int]] = {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion
+    }
     if cached is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if reasoning is not None:
-        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}  # type: ignore[assignment]
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return _dumps(usage)
 
 
@@ -361,7 +363,7 @@ def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
                 return list(deltas)
             merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
         else:
-            prev.text += d.text  # type: ignore[operator]
+            prev.text += d.text  # type: ignore[operator]  # both str or both bytes: checked above
             prev.num_tokens += d.num_tokens
             prev.finish_reason = d.finish_reason
             if d.token_ids:

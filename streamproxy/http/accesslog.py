@@ -83,7 +83,7 @@ class Record:
 
 
 def record(request: web.Request) -> Record:
-    return request["record"]  # type: ignore[no-any-return]
+    return request["record"]
 
 
 def note_body(request: web.Request, body: Any) -> None:

@@ -25,7 +25,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -38,7 +38,7 @@ class FastHistogram:
 
     __slots__ = ("name", "documentation", "_bounds", "_counts", "_sum", "_created")
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry=REGISTRY) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry = REGISTRY) -> None:
         self.name = name
         self.documentation = documentation
         self._bounds = tuple(float(b) for b in buckets)
