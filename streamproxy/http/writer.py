@@ -156,7 +156,7 @@ async def wait_with_heartbeat(
 class _Pump:
     """One stream's write state, shared by the push sink and the pull loop.
 
-    Called by the producer (`OutputStream.put`, in the engine's step) while
+    Called by the producer (`DeltaQueue.put` or vLLM's collector hook, in the engine's step) while
     armed: encode the step and hand one chunked-encoding frame to the
     transport, synchronously. It refuses (False: the writer pulls instead)
     when the transport holds more than `PUSH_BUFFER_LIMIT` unsent bytes or is
