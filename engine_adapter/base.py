@@ -4,21 +4,26 @@ Five verbs, nothing more:
 
     await engine.start()                       load weights, warm up; state -> "ready"
     engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
-    engine.generate(request_id, prompt_ids, params) -> OutputStream
+    await engine.generate(request_id, prompt_ids, params) -> OutputStream
     await engine.abort(request_id)             stop a request (idempotent)
     await engine.close()
 
-plus `info` (model names, context length) and `state` ("loading", "ready",
-"dead"). `GenerationParams` is engine-neutral: each adapter maps it to its
-engine's own sampling parameters.
+plus `info` (model names, context length), `state` ("loading", "ready",
+"dead"), `decode`, `tokenizer`, `embed` (pooling models) and `num_running`.
+`GenerationParams` is engine-neutral: each adapter maps it to its engine's
+own sampling parameters. `Engine` and `OutputStream` are `typing.Protocol`s:
+an engine satisfies them by shape (mypy checks it), with no base class.
 
 `OutputStream` is the hand-over point between the engine (producer) and the
-request's writer (consumer). The engine `put`s one list of `Delta`s per step;
+request's writer (consumer); the protocol is the consumer's side. `DeltaQueue`
+is the engine-neutral implementation (the fake engine and vLLM's direct route
+use it; `vllm_stream.VllmOutputStream` wraps vLLM's own collector instead).
+The engine `put`s one list of `Delta`s per step;
 the writer takes everything pending in one go, so when the writer is behind
 (slow socket) several steps coalesce into one write instead of queueing up.
 `get()` is cancellation-safe: a timeout around it loses nothing, unlike
 cancelling an async generator, which closes it; `wait(timeout)` (the
-writer's heartbeat deadline) waits for output without taking it.
+writer's heartbeat wait) waits for output without taking it.
 
 Push: while the consumer is idle and its socket keeps up, it `arm`s a sink
 (`sink(deltas) -> bool`) and the producer's `put` calls it synchronously,
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -160,8 +165,37 @@ class PushFailed(Exception):
 Sink = Callable[[list[Delta]], bool]
 
 
-class OutputStream:
-    """Single-consumer, cancellation-safe hand-over of engine steps."""
+class OutputStream(Protocol):
+    """One request's output as the writer reads it (single consumer, cancellation-safe).
+
+    `get_nowait()` takes everything pending (None: nothing yet) and raises
+    `StopAsyncIteration` at the end, the engine's error after a failure, or
+    `PushFailed` after the armed sink raised; `get()` waits for the same;
+    `wait(timeout)` waits for it without taking anything. `arm(sink)` lets the
+    producer hand steps straight to `sink` while nothing is pending (False:
+    not now), `disarm()` stops that. `finished` is True once the end has been
+    produced and taken; `prompt_tokens` / `cached_tokens` are final once it is.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def finished(self) -> bool: ...
+
+    def arm(self, sink: Sink) -> bool: ...
+
+    def disarm(self) -> None: ...
+
+    def get_nowait(self) -> list[Delta] | None: ...
+
+    async def get(self) -> list[Delta]: ...
+
+    async def wait(self, timeout: float) -> None: ...
+
+
+class DeltaQueue:
+    """An `OutputStream` the engine fills: `put` per step, `close` at the end."""
 
     __slots__ = (
         "_pending", "_owned", "_waiter", "_closed", "_error", "_sink", "_sink_error", "prompt_tokens", "cached_tokens",
@@ -270,7 +304,7 @@ class OutputStream:
         finally:
             timer.cancel()
 
-    def __aiter__(self) -> OutputStream:
+    def __aiter__(self) -> DeltaQueue:
         return self
 
     async def __anext__(self) -> list[Delta]:
@@ -311,10 +345,24 @@ class Engine(Protocol):
         """The engine's own tokenizer object (for adapters such as vLLM's tool parsers), or None."""
         ...
 
-    def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream: ...
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
+        """Submit a request; its output comes through the returned stream (raises
+        `EngineRejected` for a request the engine refuses, `EngineFailure` when it cannot run)."""
+        ...
 
     async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
         """Pooling models only (info.runner == "pooling")."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    @property
+    def num_running(self) -> int:
+        """Requests the engine holds for this server (the `streamproxy_engine_requests` gauge)."""
+        ...
+
+
+if TYPE_CHECKING:
+
+    def _conforms(queue: DeltaQueue) -> OutputStream:  # mypy proves DeltaQueue is an OutputStream
+        return queue

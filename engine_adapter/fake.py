@@ -32,18 +32,18 @@ import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from .base import (
     Delta,
+    DeltaQueue,
     EngineFailure,
     EngineRejected,
     EngineState,
     GenerationParams,
     ModelInfo,
-    OutputStream,
     TokenLogprob,
     token_text,
 )
@@ -82,7 +82,7 @@ class _Choice:
 class _Running:
     __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain")
 
-    def __init__(self, request_id: str, stream: OutputStream, params: GenerationParams, start_at: float, script: FakeScript) -> None:
+    def __init__(self, request_id: str, stream: DeltaQueue, params: GenerationParams, start_at: float, script: FakeScript) -> None:
         self.request_id = request_id
         self.stream = stream
         self.params = params
@@ -103,14 +103,14 @@ class FakeEngine:
         served_names: list[str] | None = None,
         max_model_len: int = 4096,
         load_delay: float = 0.0,
-        runner: str = "generate",
+        runner: Literal["generate", "pooling"] = "generate",
         embedding_dim: int = 8,
         record: bool = True,
     ) -> None:
         self.script = script or FakeScript()
         names = served_names or [model_name]
         self.info = ModelInfo(
-            name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner,  # type: ignore[arg-type]
+            name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner,
             vocab_size=0x110000,  # the fake tokenizer's ids are Unicode code points
         )
         self.embedding_dim = embedding_dim
@@ -196,10 +196,10 @@ class FakeEngine:
         return self.encode("".join(parts))
 
     # -- generation -----------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> DeltaQueue:
         if self._state != "ready":
             raise EngineFailure(f"engine is {self._state}")
-        stream = OutputStream()
+        stream = DeltaQueue()
         stream.prompt_tokens = len(prompt_ids)
         self.submitted.append((request_id, prompt_ids, params))
         self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + self.script.ttft, self.script)
@@ -352,3 +352,10 @@ class FakeEngine:
         out = text[choice.sent : safe]
         choice.sent = safe
         return out, False
+
+
+if TYPE_CHECKING:
+    from .base import Engine
+
+    def _conforms(engine: FakeEngine) -> Engine:  # mypy proves FakeEngine is an Engine
+        return engine

@@ -7,7 +7,7 @@ of the requests that need none of that (one choice, no logprobs, a fast
 tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
 instance (its `process_outputs` and `propagate_error` wrapped), per output
 it does one dict lookup, one `DecodeStream.step` per new token (primed with
-the prompt, as vLLM's detokenizer is) and one `OutputStream.put([Delta])`,
+the prompt, as vLLM's detokenizer is) and one `DeltaQueue.put([Delta])`,
 which, while the client keeps up, writes the frame from this very call.
 Requests with stop strings use vLLM's own incremental detokenizer (its
 stop-string search, hold-back, truncation, `min_tokens` and surplus-token
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .base import Delta, EngineFailure, GenerationParams, OutputStream
+from .base import Delta, DeltaQueue, EngineFailure, GenerationParams
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
@@ -75,7 +75,7 @@ class DirectRequest:
 
     __slots__ = ("stream", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop", "skip_special")
 
-    def __init__(self, stream: OutputStream, decoder: Any, external_id: str, params: GenerationParams,
+    def __init__(self, stream: DeltaQueue, decoder: Any, external_id: str, params: GenerationParams,
                  stop_detokenizer: Any = None) -> None:
         self.stream = stream
         self.decoder = decoder  # a DecodeStream; None with stop strings
@@ -118,9 +118,9 @@ class DirectRoute:
         return len(self.requests)
 
     # -- requests ---------------------------------------------------------
-    def add(self, request: Any, external_id: str, params: GenerationParams) -> OutputStream:
+    def add(self, request: Any, external_id: str, params: GenerationParams) -> DeltaQueue:
         """Register an `EngineCoreRequest` (before it is sent to the engine core)."""
-        stream = OutputStream()
+        stream = DeltaQueue()
         stream.prompt_tokens = len(request.prompt_token_ids)
         if params.stop:
             req = DirectRequest(stream, None, external_id, params, self._stop_detokenizer(self._tokenizer, request))

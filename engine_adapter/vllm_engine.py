@@ -12,7 +12,7 @@ Requests go in as token ids (the server rendered and counted the prompt) via
 collector comes back wrapped in a `vllm_stream.VllmOutputStream`. That is
 vLLM's own output path. Requests with one choice and no logprobs
 skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
-in vLLM's output handler and puts `Delta`s on a plain `OutputStream`
+in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
 (`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
 not checked against).
 
@@ -26,9 +26,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import (
+    DeltaQueue,
     EngineFailure,
     EngineRejected,
     EngineState,
@@ -173,7 +174,7 @@ class VllmEngine:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     # -- generation -----------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> VllmOutputStream | OutputStream:
+    async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
         from vllm.inputs import tokens_input
 
         llm = self._llm
@@ -201,7 +202,7 @@ class VllmEngine:
         return stream
 
     async def _generate_direct(self, request_id: str, prompt: Any, sampling: Any, params: GenerationParams,
-                               extra: dict[str, Any]) -> OutputStream:
+                               extra: dict[str, Any]) -> DeltaQueue:
         """AsyncLLM.add_request for one choice, with the outputs routed to us (vllm_direct.py)."""
         llm, direct = self._llm, self._direct
         assert direct is not None
@@ -255,3 +256,10 @@ class VllmEngine:
         if self._llm is None:
             return 0
         return self._llm.get_num_unfinished_requests() + (len(self._direct) if self._direct is not None else 0)
+
+
+if TYPE_CHECKING:
+    from .base import Engine
+
+    def _conforms(engine: VllmEngine, stream: VllmOutputStream) -> tuple[Engine, OutputStream]:  # mypy proves both
+        return engine, stream

@@ -1,4 +1,4 @@
-"""vLLM's per-request `RequestOutputCollector` behind the OutputStream contract.
+"""vLLM's per-request `RequestOutputCollector` behind the `base.OutputStream` protocol.
 
 vLLM's collector already merges outputs when the consumer is behind;
 `VllmOutputStream` wraps it into the contract's `get_nowait()/get()/wait()`

@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from streamproxy.config import Settings, add_arguments, expand_config_file, settings_from_namespace
 
+if TYPE_CHECKING:
+    from engine_adapter.base import Engine
 
-def _fake_engine(settings: Settings) -> Any:
+
+def _fake_engine(settings: Settings) -> Engine:
     from engine_adapter.fake import FakeEngine, FakeScript
 
     script = FakeScript(
@@ -31,7 +34,7 @@ def _fake_engine(settings: Settings) -> Any:
     )
 
 
-def build(argv: list[str]) -> tuple[Settings, Any]:
+def build(argv: list[str]) -> tuple[Settings, Engine]:
     argv = expand_config_file(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--engine", default=Settings().engine)

@@ -10,18 +10,47 @@ exactly what the stream would reassemble to: content parts joined,
 reasoning parts joined, each
 tool call's (id, name, arguments) with the argument pieces joined, and the
 finish reason as the filters map it.
+
+`Accumulator` (a `typing.Protocol`) is what `nonstream.collect` and
+`generation.run` need of a non-stream sink: `step`, the token counts and the
+finish reasons; the route that made it renders the body from it.
+`ChoiceAccumulator` (chat, completions) implements it here, a
+`blockstream.BlockEncoder` with `emit=False` (Responses, Anthropic) too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from engine_adapter.base import Delta, TokenLogprob
 from streamproxy.core.utf8 import Utf8Carry
 from streamproxy.filters.base import CONTENT, REASONING, TOOL_CALL, FilterFactory, Part, Pipeline
 
 
-class Accumulator:
+class Accumulator(Protocol):
+    """A non-streaming request's answer as it builds up, one engine step at a time.
+
+    `collect` feeds every step to `step` (its return value is ignored) and
+    sets `prompt_tokens` / `cached_tokens` at the end; `completion_tokens` and
+    `finish_reasons` (one per choice) go to the access log.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def finish_reasons(self) -> Sequence[str | None]: ...
+
+    def step(self, deltas: Sequence[Delta]) -> object: ...
+
+
+class ChoiceAccumulator:
+    """An `Accumulator` per choice: text, reasoning, tool calls, logprobs (chat and completions)."""
+
     __slots__ = (
         "_parts", "_reasoning", "_carries", "_pipes", "_calls", "_logprobs", "tokens", "finish_reasons", "prompt_tokens", "cached_tokens"
     )

@@ -21,9 +21,9 @@ awaits, and a step's events come back as one bytes object (one write).
 With `emit=False` the same object is the non-stream sink (`generation.run`'s
 `accumulator`): it keeps the blocks without rendering events, and the route
 renders the final object from them, so a non-stream answer is exactly what
-the stream reassembles to. The writer and the access log read the same
-attributes as on `stream.StreamEncoder` (`prompt_tokens`, `cached_tokens`,
-`completion_tokens`, `choices[i].finish_reason`) and `keepalive`, the bytes
+the stream reassembles to. So a `BlockEncoder` is a `stream.StreamEncoder`
+and an `accumulate.Accumulator` (typing Protocols; one choice, whose finish
+reason in the API's words is `finish_reasons[0]`); `keepalive` is the bytes
 the writer sends on a silent stream.
 """
 
@@ -84,10 +84,6 @@ class BlockEncoder:
         self.started = False
 
     # -- what the writer, generation.run and the access log read ------
-    @property
-    def choices(self) -> list[BlockEncoder]:
-        return [self]
-
     @property
     def finish_reasons(self) -> list[str | None]:
         return [self.finish_reason]

@@ -2,7 +2,10 @@
 
 Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
 the bytes to write (possibly empty), and never await; the writer makes one
-write per call, so one engine step of a stream is one write. Chunks are
+write per call, so one engine step of a stream is one write. `StreamEncoder`
+(a `typing.Protocol`) is that contract as the writer and `generation.run`
+use it; `ChunkEncoder` here and `blockstream.BlockEncoder` (Responses and
+Anthropic events) implement it. Chunks are
 built from templates encoded once per stream (`id`, `created`, `model`, the
 choice index, the closing braces), so per token the only encoding work is
 the delta text itself. Text arrives through a `Utf8Carry` per choice, so no
@@ -22,6 +25,7 @@ sent exactly once, in order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import orjson
 
@@ -37,11 +41,13 @@ _NULL = b"null"
 
 
 def _usage_json(prompt: int, completion: int, cached: int | None, reasoning: int | None = None) -> bytes:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, int | dict[str, int]] = {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion
+    }
     if cached is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if reasoning is not None:
-        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}  # type: ignore[assignment]
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return _dumps(usage)
 
 
@@ -57,8 +63,53 @@ class _ChoiceState:
         self.legacy: CompletionLogprobs | None = None
 
 
-class StreamEncoder:
-    """Shared machinery; subclasses define the object name and choice bodies."""
+class StreamEncoder(Protocol):
+    """What the writer needs to turn one request's engine steps into its stream.
+
+    Every method returns the bytes to write next (possibly empty), never
+    awaits and does no I/O. The writer sets `prompt_tokens` (and, at the end,
+    `cached_tokens`) from the engine's stream before it calls `step`/`finish`;
+    `completion_tokens` and `finish_reasons` (one per choice, in this API's
+    words) go to the access log. `keepalive` is what a silent stream sends
+    (an SSE comment, or the API's own event).
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def keepalive(self) -> bytes: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def finish_reasons(self) -> Sequence[str | None]: ...
+
+    def start(self) -> bytes:
+        """The stream's opening frames (headers are out before them)."""
+        ...
+
+    def step(self, deltas: Sequence[Delta]) -> bytes:
+        """One engine step (several, when the writer fell behind)."""
+        ...
+
+    def finish(self) -> bytes:
+        """After the engine's last step: the closing frames."""
+        ...
+
+    def error(self, exc: APIError) -> bytes:
+        """An in-band error after the first byte; the stream ends after it."""
+        ...
+
+
+class ChunkEncoder:
+    """A `StreamEncoder` of OpenAI chunks (chat.completion.chunk, text_completion).
+
+    Shared machinery; subclasses define the object name and choice bodies.
+    """
+
+    keepalive = sse.KEEPALIVE
 
     object_name = b""
     # How a text delta sits in a choice: b'"delta":{"content":' or b'"text":'.
@@ -225,8 +276,12 @@ class StreamEncoder:
     def completion_tokens(self) -> int:
         return sum(c.tokens for c in self.choices)
 
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [c.finish_reason for c in self.choices]
 
-class ChatStreamEncoder(StreamEncoder):
+
+class ChatStreamEncoder(ChunkEncoder):
     object_name = b"chat.completion.chunk"
     text_open = b'"delta":{"content":'
     text_close = b"}"
@@ -268,7 +323,7 @@ class ChatStreamEncoder(StreamEncoder):
         return b"".join([opening + role + self._close() for opening in self._choice_open])
 
 
-class CompletionStreamEncoder(StreamEncoder):
+class CompletionStreamEncoder(ChunkEncoder):
     object_name = b"text_completion"
     text_open = b'"text":'
     text_close = b""
@@ -293,7 +348,7 @@ def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
                 return list(deltas)
             merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
         else:
-            prev.text += d.text  # type: ignore[operator]
+            prev.text += d.text  # type: ignore[operator]  # both str or both bytes: checked above
             prev.num_tokens += d.num_tokens
             prev.finish_reason = d.finish_reason
             if d.token_ids:

@@ -63,6 +63,7 @@ class Part:
             return f"Reasoning({self.text!r})"
         return f"ToolArgs({self.index}, {self.text!r})"
 
+    # Defining __eq__ leaves `__hash__ = None`: a Part (mutable) is not hashable.
     def __eq__(self, other: object) -> bool:
         # Ids are random: compare what a client sees apart from them.
         return isinstance(other, Part) and (self.kind, self.text, self.index, self.name) == (
@@ -71,8 +72,6 @@ class Part:
             other.index,
             other.name,
         )
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def content(text: str) -> Part:

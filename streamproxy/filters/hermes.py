@@ -14,6 +14,8 @@ body is not a JSON object, the block simply runs to the next `</tool_call>`
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamproxy.filters.base import Part
 from streamproxy.filters.jsonscan import WHITESPACE, ValueScan
 from streamproxy.filters.toolparse import ToolCallParser, json_call, tag_overlap
@@ -25,7 +27,7 @@ END = "</tool_call>"
 class HermesParser(ToolCallParser):
     keep_special_tokens = True  # <tool_call> is a special token in some Hermes models
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.inside = False
         self.body = ""  # the block's text after <tool_call>, consumed so far

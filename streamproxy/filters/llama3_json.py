@@ -11,6 +11,8 @@ ends call mode: the rest is content.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamproxy.filters.base import Part
 from streamproxy.filters.jsonscan import ValueScan
 from streamproxy.filters.toolparse import WS, ToolCallParser, json_call
@@ -21,7 +23,7 @@ _START, _CALLS, _VALUE, _TEXT = range(4)
 
 
 class Llama3JsonParser(ToolCallParser):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = _START
         self.lead = ""  # whitespace before the first decision

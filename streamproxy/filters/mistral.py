@@ -13,6 +13,8 @@ tokens, so the request keeps special tokens in the text.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamproxy.filters.base import Part
 from streamproxy.filters.jsonscan import ValueScan, loads, skip_ws, value_end
 from streamproxy.filters.toolparse import WS, ToolCallParser, json_call, tag_overlap
@@ -27,7 +29,7 @@ _TEXT, _AFTER_BOT, _NAME, _CALL_ID, _ARGS, _VALUE = range(6)
 class MistralParser(ToolCallParser):
     keep_special_tokens = True
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = _TEXT
         self.raw = ""  # the block's text so far, returned as content if it fails

@@ -24,7 +24,7 @@ _NAMES = {"null": None, "true": True, "false": False, "None": None, "True": True
 
 
 class PythonicParser(ToolCallParser):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = _START
         self.lead = ""
@@ -89,7 +89,12 @@ def _value(node: ast.expr) -> Any:
     if isinstance(node, ast.Name) and node.id in _NAMES:
         return _NAMES[node.id]
     if isinstance(node, ast.Dict):
-        return {_value(k): _value(v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+        out = {}
+        for k, v in zip(node.keys, node.values):
+            if k is None:  # `**spread`: not a literal (literal_eval refuses it with ValueError too)
+                raise ValueError("malformed node or string: ** in a dict")
+            out[_value(k)] = _value(v)
+        return out
     if isinstance(node, (ast.List, ast.Tuple)):
         return [_value(e) for e in node.elts]
     return ast.literal_eval(node)

@@ -25,6 +25,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
@@ -72,7 +73,7 @@ class Record:
             self.ttft = now - self.start
             TIME_TO_FIRST_TOKEN.observe(self.ttft)
 
-    def usage(self, prompt: int, completion: int, cached: int, finish_reasons: list[str | None]) -> None:
+    def usage(self, prompt: int, completion: int, cached: int, finish_reasons: Sequence[str | None]) -> None:
         self.prompt_tokens = prompt
         self.completion_tokens = completion
         self.cached_tokens = cached
@@ -82,7 +83,7 @@ class Record:
 
 
 def record(request: web.Request) -> Record:
-    return request["record"]  # type: ignore[no-any-return]
+    return request["record"]
 
 
 def note_body(request: web.Request, body: Any) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
@@ -59,7 +60,7 @@ def _error(request: web.Request, exc: APIError) -> web.Response:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as exc:
@@ -107,7 +108,7 @@ async def _stop_engine(app: web.Application) -> None:
 
 
 def create_app(settings: Settings, engine: Engine) -> web.Application:
-    middlewares = [accesslog.observe, error_middleware]
+    middlewares: list[Middleware] = [accesslog.observe, error_middleware]
     cors = None
     if settings.allowed_origins:
         cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)

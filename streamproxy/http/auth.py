@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from streamproxy.errors import AuthenticationError
 
@@ -29,12 +30,12 @@ def _presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def make_auth_middleware(keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False):  # type: ignore[no-untyped-def]
+def make_auth_middleware(keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False) -> Middleware:
     encoded = [k.encode() for k in keys]
     exact = frozenset(p for p, on in (("/health", protect_health), ("/metrics", protect_metrics)) if on)
 
     @web.middleware
-    async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
             presented = _presented_key(request)

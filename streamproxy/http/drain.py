@@ -46,10 +46,10 @@ class Lifetime:
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    ) -> None:
         assert self._timeout is not None
         try:
-            return await self._timeout.__aexit__(exc_type, exc, tb)
+            await self._timeout.__aexit__(exc_type, exc, tb)  # never swallows: it returns None
         finally:
             self._registry._exit(self)
 

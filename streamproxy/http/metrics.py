@@ -20,10 +20,12 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+from engine_adapter.base import Engine
 
 
 class FastHistogram:
@@ -31,7 +33,7 @@ class FastHistogram:
 
     __slots__ = ("name", "documentation", "_bounds", "_counts", "_sum", "_created")
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry=REGISTRY) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry = REGISTRY) -> None:
         self.name = name
         self.documentation = documentation
         self._bounds = tuple(float(b) for b in buckets)
@@ -114,12 +116,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def watch_engine(engine: object) -> None:
+def watch_engine(engine: Engine) -> None:
     """`streamproxy_engine_requests` reads this engine's `num_running` (weakly: an old app's engine can go)."""
     ref = weakref.ref(engine)
 
     def held() -> float:
         current = ref()
-        return float(getattr(current, "num_running", 0)) if current is not None else 0.0
+        return float(current.num_running) if current is not None else 0.0
 
     ENGINE_REQUESTS.set_function(held)

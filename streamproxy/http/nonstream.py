@@ -14,11 +14,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from engine_adapter.base import EngineFailure, OutputStream
+from streamproxy.core.accumulate import Accumulator
 from streamproxy.errors import APIError, InternalError
 from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
 from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamproxy.writer")
 
 
-async def collect(out: OutputStream, sink: Any, record: Record | None = None) -> None:
+async def collect(out: OutputStream, sink: Accumulator, record: Record | None = None) -> None:
     """Feed every step into `sink.step(deltas)` until the engine is done."""
     try:
         while True:

@@ -40,6 +40,7 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from engine_adapter.base import Engine
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest
 from streamproxy.http import accesslog
@@ -130,10 +131,10 @@ async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> 
     return ended
 
 
-async def serve(settings: Settings, engine: object, *, ready: asyncio.Event | None = None) -> int:
+async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None) -> int:
     """Serve until a signal (exit code 0) or until the engine fails to start (1)."""
     listener = accesslog.configure(settings.access_log)
-    app = create_app(settings, engine)  # type: ignore[arg-type]
+    app = create_app(settings, engine)
     stop = asyncio.Event()
     engine_failed = False
 
@@ -200,7 +201,7 @@ async def _freeze_after_start(app: web.Application) -> None:
     log.debug("gc: %d objects frozen", gc.get_freeze_count())
 
 
-def run(settings: Settings, engine: object) -> None:
+def run(settings: Settings, engine: Engine) -> None:
     code = uvloop.run(serve(settings, engine))
     if code:
         raise SystemExit(code)

@@ -115,9 +115,9 @@ def engine_error(exc: BaseException) -> APIError:
     return EngineError(f"generation failed: {exc}" if isinstance(exc, EngineFailure) else "generation failed")
 
 
-async def write(response: web.StreamResponse, transport: asyncio.BaseTransport | None, data: bytes, stall: float) -> None:
+async def write(response: web.StreamResponse, transport: asyncio.Transport | None, data: bytes, stall: float) -> None:
     """`response.write(data)`, bounded by `stall` seconds when it could block."""
-    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):  # type: ignore[attr-defined]
+    if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):
         try:
             async with asyncio.timeout(stall):
                 await response.write(data)
@@ -129,7 +129,7 @@ async def write(response: web.StreamResponse, transport: asyncio.BaseTransport |
 
 async def wait_with_heartbeat(
     response: web.StreamResponse,
-    transport: asyncio.BaseTransport | None,
+    transport: asyncio.Transport | None,
     waitable: Any,
     heartbeat: float,
     stall: float,
@@ -156,7 +156,7 @@ async def wait_with_heartbeat(
 class _Pump:
     """One stream's write state, shared by the push sink and the pull loop.
 
-    Called by the producer (`OutputStream.put`, in the engine's step) while
+    Called by the producer (`DeltaQueue.put` or vLLM's collector hook, in the engine's step) while
     armed: encode the step and hand one chunked-encoding frame to the
     transport, synchronously. It refuses (False: the writer pulls instead)
     when the transport holds more than `PUSH_BUFFER_LIMIT` unsent bytes or is
@@ -242,8 +242,8 @@ async def pump_sse(
         outcome = StreamOutcome()
     transport = request.transport
     beat = heartbeat if heartbeat > 0 else None
-    # An encoder may have its own keepalive event (Anthropic's `ping`); else an SSE comment.
-    keepalive = getattr(encoder, "keepalive", sse.KEEPALIVE)
+    # The encoder's keepalive: an SSE comment, or its API's own event (Anthropic's `ping`).
+    keepalive = encoder.keepalive
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
     if first:
@@ -252,13 +252,14 @@ async def pump_sse(
         await flush_headers(response)  # headers go out before the first token
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
-    arm = getattr(out, "arm", None) if push and _can_push(response, transport) else None
+    # Push only onto a transport that takes our chunked frames as they are.
+    push_to = transport if push and _can_push(response, transport) else None
     try:
         while True:
             deltas = out.get_nowait()
             if deltas is None:
-                if arm is not None and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:  # type: ignore[union-attr]
-                    arm(pump)
+                if push_to is not None and push_to.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:
+                    out.arm(pump)
                 if beat is None:
                     deltas = await out.get()
                 else:
@@ -292,7 +293,7 @@ async def pump_sse(
         outcome.error = InternalError("the server failed while streaming this response")
         await write(response, transport, encoder.error(outcome.error), stall_timeout)
     finally:
-        if arm is not None:
+        if push_to is not None:
             out.disarm()
     return outcome
 

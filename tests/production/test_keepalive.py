@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from support import DONE, KEEPALIVE, USER_HI, data_payloads, frames, stream_verdict, wait_until
 
-from engine_adapter.base import Delta, OutputStream
+from engine_adapter.base import Delta, DeltaQueue
 from engine_adapter.fake import FakeScript
 from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.http.writer import SSE_HEADERS, pump_sse
@@ -95,7 +95,7 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
             return b""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        out = OutputStream()
+        out = DeltaQueue()
 
         async def produce() -> None:
             for _ in range(12):

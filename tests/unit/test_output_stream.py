@@ -1,4 +1,4 @@
-"""OutputStream: the engine -> writer hand-over (coalescing, end, errors, cancellation)."""
+"""DeltaQueue: the engine -> writer hand-over (coalescing, end, errors, cancellation)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engine_adapter.base import Delta, EngineFailure, OutputStream
+from engine_adapter.base import Delta, DeltaQueue, EngineFailure
 
 
 def d(text: str, index: int = 0) -> Delta:
@@ -18,18 +18,18 @@ def texts(deltas) -> list[str]:
 
 
 def test_get_nowait_is_none_when_nothing_is_pending():
-    assert OutputStream().get_nowait() is None
+    assert DeltaQueue().get_nowait() is None
 
 
 def test_one_put_one_get():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a")])
     assert texts(s.get_nowait()) == ["a"]
     assert s.get_nowait() is None
 
 
 def test_several_puts_coalesce_into_one_get_in_order():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a"), d("x", 1)])
     s.put([d("b")])
     s.put([d("c")])
@@ -38,7 +38,7 @@ def test_several_puts_coalesce_into_one_get_in_order():
 
 
 def test_get_returns_a_list_the_stream_no_longer_touches():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a")])
     got = s.get_nowait()
     s.put([d("b")])
@@ -47,7 +47,7 @@ def test_get_returns_a_list_the_stream_no_longer_touches():
 
 
 def test_close_after_pending_items_delivers_them_first():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a")])
     s.close()
     assert s.finished is False
@@ -58,7 +58,7 @@ def test_close_after_pending_items_delivers_them_first():
 
 
 def test_close_with_error_raises_after_pending_items_are_taken():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a")])
     failure = EngineFailure("boom")
     s.close(failure)
@@ -69,7 +69,7 @@ def test_close_with_error_raises_after_pending_items_are_taken():
 
 
 def test_error_keeps_being_raised():
-    s = OutputStream()
+    s = DeltaQueue()
     s.close(EngineFailure("boom"))
     for _ in range(2):
         with pytest.raises(EngineFailure):
@@ -77,7 +77,7 @@ def test_error_keeps_being_raised():
 
 
 def test_first_error_wins():
-    s = OutputStream()
+    s = DeltaQueue()
     s.close(EngineFailure("first"))
     s.close(EngineFailure("second"))
     s.close()
@@ -86,12 +86,12 @@ def test_first_error_wins():
 
 
 def test_fresh_stream_is_not_finished():
-    assert OutputStream().finished is False
+    assert DeltaQueue().finished is False
 
 
 def test_async_iteration_ends_with_stop_async_iteration():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         s.put([d("a")])
         s.put([d("b")])
         s.close()
@@ -102,7 +102,7 @@ def test_async_iteration_ends_with_stop_async_iteration():
 
 def test_get_waits_for_a_put():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         assert not task.done()
@@ -114,7 +114,7 @@ def test_get_waits_for_a_put():
 
 def test_get_wakes_on_close():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.close()
@@ -126,7 +126,7 @@ def test_get_wakes_on_close():
 
 def test_get_wakes_on_close_with_error():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.close(EngineFailure("died"))
@@ -138,7 +138,7 @@ def test_get_wakes_on_close_with_error():
 
 def test_get_timed_out_loses_nothing():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.01):
                 await s.get()
@@ -151,7 +151,7 @@ def test_get_timed_out_loses_nothing():
 def test_get_cancelled_right_after_a_put_loses_nothing():
     # The put wakes the waiter, but the cancel lands before get() resumes.
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.put([d("a")])
@@ -165,7 +165,7 @@ def test_get_cancelled_right_after_a_put_loses_nothing():
 
 def test_repeated_timeouts_then_items_then_end():
     async def main():
-        s = OutputStream()
+        s = DeltaQueue()
         seen = []
         loop = asyncio.get_running_loop()
         loop.call_later(0.03, s.put, [d("a")])

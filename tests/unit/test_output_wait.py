@@ -1,15 +1,15 @@
-"""`OutputStream.wait(timeout)`: the writer's heartbeat wait (output, end, sink error or deadline; takes nothing)."""
+"""`DeltaQueue.wait(timeout)`: the writer's heartbeat wait (output, end, sink error or deadline; takes nothing)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from engine_adapter.base import Delta, OutputStream, PushFailed
+from engine_adapter.base import Delta, DeltaQueue, PushFailed
 
 
 async def test_wait_returns_at_the_deadline_when_nothing_comes() -> None:
-    out = OutputStream()
+    out = DeltaQueue()
     t0 = time.monotonic()
     await out.wait(0.05)
     assert time.monotonic() - t0 >= 0.04
@@ -17,7 +17,7 @@ async def test_wait_returns_at_the_deadline_when_nothing_comes() -> None:
 
 
 async def test_wait_wakes_on_output_and_leaves_it_pending() -> None:
-    out = OutputStream()
+    out = DeltaQueue()
     loop = asyncio.get_running_loop()
     loop.call_later(0.01, out.put, [Delta(0, "a", 1)])
     t0 = time.monotonic()
@@ -28,7 +28,7 @@ async def test_wait_wakes_on_output_and_leaves_it_pending() -> None:
 
 
 async def test_wait_returns_at_once_when_pending_or_closed() -> None:
-    out = OutputStream()
+    out = DeltaQueue()
     out.put([Delta(0, "a", 1)])
     await asyncio.wait_for(out.wait(10), 1)
     out.get_nowait()
@@ -37,14 +37,14 @@ async def test_wait_returns_at_once_when_pending_or_closed() -> None:
 
 
 async def test_wait_wakes_on_close_and_on_a_sink_error() -> None:
-    out = OutputStream()
+    out = DeltaQueue()
     asyncio.get_running_loop().call_later(0.01, out.close)
     await asyncio.wait_for(out.wait(10), 1)
 
     def boom(deltas: list[Delta]) -> bool:
         raise RuntimeError("boom")
 
-    out = OutputStream()
+    out = DeltaQueue()
     assert out.arm(boom)
     asyncio.get_running_loop().call_later(0.01, out.put, [Delta(0, "a", 1)])
     await asyncio.wait_for(out.wait(10), 1)
@@ -57,7 +57,7 @@ async def test_wait_wakes_on_close_and_on_a_sink_error() -> None:
 
 
 async def test_cancelled_wait_leaves_no_timer_and_a_later_put_is_harmless() -> None:
-    out = OutputStream()
+    out = DeltaQueue()
     task = asyncio.ensure_future(out.wait(10))
     await asyncio.sleep(0.01)
     task.cancel()

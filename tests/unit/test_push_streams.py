@@ -1,4 +1,4 @@
-"""Push hand-over: `OutputStream.arm` and the vLLM collector hook (`VllmOutputStream`).
+"""Push hand-over: `DeltaQueue.arm` and the vLLM collector hook (`VllmOutputStream`).
 
 The vLLM half runs against a stand-in collector with the shape and
 semantics of vLLM 0.32's `RequestOutputCollector` (output_processor.py):
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
+from engine_adapter.base import Delta, DeltaQueue, EngineFailure, PushFailed
 from engine_adapter.vllm_stream import VllmOutputStream
 
 
@@ -39,11 +39,11 @@ class Sink:
         return self.accept
 
 
-# -- OutputStream -----------------------------------------------------------------
+# -- DeltaQueue -----------------------------------------------------------------
 
 
 async def test_armed_put_goes_to_the_sink_and_nothing_is_pending():
-    s = OutputStream()
+    s = DeltaQueue()
     sink = Sink()
     assert s.arm(sink)
     s.put([d("a")])
@@ -53,7 +53,7 @@ async def test_armed_put_goes_to_the_sink_and_nothing_is_pending():
 
 
 async def test_a_refused_step_is_pending_wakes_the_consumer_and_disarms():
-    s = OutputStream()
+    s = DeltaQueue()
     sink = Sink(accept=False)
     s.arm(sink)
     waiter = asyncio.ensure_future(s.get())
@@ -68,7 +68,7 @@ async def test_a_refused_step_is_pending_wakes_the_consumer_and_disarms():
 
 
 def test_arm_is_refused_while_something_is_pending_or_after_close():
-    s = OutputStream()
+    s = DeltaQueue()
     s.put([d("a")])
     assert not s.arm(Sink())
     s.get_nowait()
@@ -77,7 +77,7 @@ def test_arm_is_refused_while_something_is_pending_or_after_close():
 
 
 async def test_close_disarms_and_wakes_the_consumer():
-    s = OutputStream()
+    s = DeltaQueue()
     sink = Sink()
     s.arm(sink)
     waiter = asyncio.ensure_future(s.get())
@@ -90,7 +90,7 @@ async def test_close_disarms_and_wakes_the_consumer():
 
 
 async def test_a_sink_exception_never_reaches_the_producer():
-    s = OutputStream()
+    s = DeltaQueue()
     s.arm(Sink(boom=ValueError("bad frame")))
     waiter = asyncio.ensure_future(s.get())
     await asyncio.sleep(0)

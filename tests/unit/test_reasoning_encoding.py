@@ -20,7 +20,7 @@ from streamproxy.apis.responses.protocol import decode_request as decode_respons
 from streamproxy.cli import build
 from streamproxy.config import expand_config_file
 from streamproxy.core import params as P
-from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.chain import chat_filters, reasoning_spec
@@ -106,11 +106,11 @@ def test_n2_keeps_each_choices_thinking_apart():
 
 
 def test_accumulator_gathers_reasoning_apart_from_content():
-    acc = Accumulator(1, filters())
+    acc = ChoiceAccumulator(1, filters())
     for d in deltas(THINK_THEN_ANSWER):
         acc.step([d])
     assert (acc.reasoning(0), acc.text(0), acc.reasoning_tokens) == ("Let me see", "\n\nHello é", 3)
-    plain = Accumulator(1)
+    plain = ChoiceAccumulator(1)
     plain.step(deltas(["hi"]))
     assert (plain.reasoning(0), plain.reasoning_tokens) == (None, None)
 

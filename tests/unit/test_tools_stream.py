@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from engine_adapter.base import Delta, TokenLogprob, token_text
-from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.stream import ChatStreamEncoder, CompletionStreamEncoder
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
 from streamproxy.filters.hermes import HermesParser
@@ -199,7 +199,7 @@ def test_plain_path_is_unchanged_without_filters_or_logprobs():
 
 
 def test_accumulator_builds_the_same_calls_and_content():
-    acc = Accumulator(2, lambda: [HermesParser(TOOLS)], logprobs=True)
+    acc = ChoiceAccumulator(2, lambda: [HermesParser(TOOLS)], logprobs=True)
     for i, ch in enumerate(HERMES_TEXT):
         last = i == len(HERMES_TEXT) - 1
         acc.step([Delta(k, ch, 1, "stop" if last else None, logprobs=[lp(ch, -1.0)]) for k in range(2)])
@@ -213,6 +213,6 @@ def test_accumulator_builds_the_same_calls_and_content():
 
 
 def test_accumulator_without_filters_has_no_calls_and_no_logprobs():
-    acc = Accumulator(1)
+    acc = ChoiceAccumulator(1)
     acc.step([Delta(0, "x", 1, "stop")])
     assert (acc.text(0), acc.tool_calls(0), acc.logprobs(0)) == ("x", [], None)

@@ -51,9 +51,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
         prompt_ids=prep.prompt_ids,
         params=prep.params,
         stream=req.stream,
-        encoder=encoder,  # type: ignore[arg-type]
-        render=AnthropicEncoder.final_json,  # type: ignore[arg-type]
-        accumulator=lambda: encoder(emit=False),  # type: ignore[arg-type,return-value]
+        encoder=encoder,
+        render=AnthropicEncoder.final_json,
+        accumulator=lambda: encoder(emit=False),
     )
 
 

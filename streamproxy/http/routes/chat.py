@@ -9,13 +9,15 @@ both answers agree. The thinking goes out as `reasoning`, and as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 from aiohttp import web
 
-from streamproxy.core.accumulate import Accumulator
+from engine_adapter.base import Engine, GenerationParams
+from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries
 from streamproxy.core.prepare import prepare
 from streamproxy.core.stream import ChatStreamEncoder
@@ -36,7 +38,7 @@ from streamproxy.protocol.openai_chat import (
 _encode = msgspec.json.Encoder().encode
 
 
-def _message(acc: Accumulator, i: int, reasoning_content: bool) -> ResponseMessage:
+def _message(acc: ChoiceAccumulator, i: int, reasoning_content: bool) -> ResponseMessage:
     calls = acc.tool_calls(i)
     text = acc.text(i)
     thinking = acc.reasoning(i)
@@ -59,7 +61,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await generation.run(request, state, **_plan(request, state, await decode_body(request, decode_request)))
 
 
-def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> dict[str, Any]:
+class _RunArgs(TypedDict):
+    """generation.run's keyword arguments (a plain dict at run time; mypy checks them against `run`)."""
+
+    engine: Engine
+    prompt_ids: list[int]
+    params: GenerationParams
+    stream: bool
+    encoder: Callable[[], ChatStreamEncoder]
+    render: Callable[[ChoiceAccumulator], bytes]
+    accumulator: Callable[[], ChoiceAccumulator]
+
+
+def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> _RunArgs:
     """generation.run's arguments for one decoded chat request."""
     engine = state.require_engine(req.model)
     prep = prepare(state.settings, engine, req)
@@ -123,10 +137,10 @@ class _ChatOutput:
         enc.reasoning_content = self.reasoning_content
         return enc
 
-    def accumulator(self) -> Accumulator:
-        return Accumulator(self.n, self.filters, self.logprobs)
+    def accumulator(self) -> ChoiceAccumulator:
+        return ChoiceAccumulator(self.n, self.filters, self.logprobs)
 
-    def render(self, acc: Accumulator) -> bytes:
+    def render(self, acc: ChoiceAccumulator) -> bytes:
         choices = []
         for i in range(self.n):
             lp = acc.logprobs(i)

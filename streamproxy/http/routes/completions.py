@@ -15,7 +15,7 @@ from aiohttp import web
 
 from streamproxy.core import params as P
 from streamproxy.core import structured as S
-from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs
 from streamproxy.core.stream import CompletionStreamEncoder
 from streamproxy.errors import InvalidRequest
@@ -77,14 +77,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
             logprobs=want_logprobs,
         )
 
-    def accumulator() -> Accumulator:
-        return Accumulator(params.n, logprobs=want_logprobs)
+    def accumulator() -> ChoiceAccumulator:
+        return ChoiceAccumulator(params.n, logprobs=want_logprobs)
 
-    def logprobs(acc: Accumulator, i: int) -> Any:
+    def logprobs(acc: ChoiceAccumulator, i: int) -> Any:
         tokens = acc.logprobs(i)
         return None if tokens is None else CompletionLogprobs().add(tokens)
 
-    def render(acc: Accumulator) -> bytes:
+    def render(acc: ChoiceAccumulator) -> bytes:
         choices = [
             CompletionChoice(index=i, text=acc.text(i), logprobs=logprobs(acc, i), finish_reason=acc.finish_reasons[i])
             for i in range(params.n)

@@ -26,11 +26,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 from aiohttp import web
 
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream
-from streamproxy.core import sse
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
@@ -54,6 +54,9 @@ from streamproxy.http.writer import (
 
 log = logging.getLogger("streamproxy.generation")
 
+# The route's non-stream sink: what its `accumulator` makes, its `render` reads.
+A = TypeVar("A", bound=Accumulator)
+
 
 class Generation:
     """One engine request: submit it, and abort it if it is left unfinished."""
@@ -69,8 +72,9 @@ class Generation:
 
     async def submit(self) -> OutputStream:
         prompt_ids, self.prompt_ids = self.prompt_ids, None  # the engine's now: not kept for the stream's life
+        assert prompt_ids is not None, "a generation is submitted once"
         try:
-            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)  # type: ignore[arg-type]
+            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)
         except APIError:
             raise
         except EngineFailure as exc:
@@ -99,8 +103,8 @@ async def run(
     params: GenerationParams,
     stream: bool,
     encoder: Callable[[], StreamEncoder],
-    render: Callable[[Accumulator], bytes],
-    accumulator: Callable[[], Accumulator] | None = None,
+    render: Callable[[A], bytes],
+    accumulator: Callable[[], A],
 ) -> web.StreamResponse:
     rec = record(request)
     rec.generation = True
@@ -113,7 +117,7 @@ async def run(
         if stream:
             return await _stream(request, state, gen, ticket, encoder(), rec)
         settings = state.settings
-        acc = accumulator() if accumulator is not None else Accumulator(params.n)
+        acc = accumulator()
         work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
         try:
             return await respond_nonstream(
@@ -141,7 +145,7 @@ async def run(
 # The non-streaming path's pieces are module functions, not closures in `run`:
 # a closure's cells would be made for every request, a stream's included, and
 # kept as long as it runs.
-async def _finish(gen: Generation, ticket: Ticket, acc: Accumulator, rec: Record, render: Callable[[Accumulator], bytes]) -> bytes:
+async def _finish(gen: Generation, ticket: Ticket, acc: A, rec: Record, render: Callable[[A], bytes]) -> bytes:
     await ticket.wait()
     out = await gen.submit()
     await collect(out, acc, rec)
@@ -174,11 +178,11 @@ async def _stream(
                 if out is None:
                     # Queued: the headers are out, keep the connection warm until a slot frees.
                     out = await _wait_for_slot(
-                        response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall, getattr(encoder, "keepalive", sse.KEEPALIVE)
+                        response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall, encoder.keepalive
                     )
                 await pump_sse(
                     request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec,
-                    push=getattr(settings, "stream_push", True),
+                    push=settings.stream_push,
                 )
         except TimeoutError:
             if not life.expired:
@@ -200,18 +204,13 @@ async def _stream(
         ACTIVE_STREAMS.dec()
         if outcome.error is not None and rec.error_code is None:
             rec.error_code = outcome.error.code
-        rec.usage(
-            encoder.prompt_tokens,
-            encoder.completion_tokens,
-            encoder.cached_tokens,
-            [c.finish_reason for c in encoder.choices],
-        )
+        rec.usage(encoder.prompt_tokens, encoder.completion_tokens, encoder.cached_tokens, encoder.finish_reasons)
     return response
 
 
 async def _wait_for_slot(
     response: web.StreamResponse,
-    transport: asyncio.BaseTransport | None,
+    transport: asyncio.Transport | None,
     gen: Generation,
     ticket: Ticket,
     outcome: StreamOutcome,

@@ -69,7 +69,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         prompt_ids=prep.prompt_ids,
         params=prep.params,
         stream=req.stream,
-        encoder=encoder,  # type: ignore[arg-type]
-        render=ResponsesEncoder.final_json,  # type: ignore[arg-type]
-        accumulator=accumulator,  # type: ignore[arg-type]
+        encoder=encoder,
+        render=ResponsesEncoder.final_json,
+        accumulator=accumulator,
     )
