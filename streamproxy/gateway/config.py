@@ -1,0 +1,147 @@
+"""The gateway's YAML: deployments, API keys, and the upstream policy (nginx/Envoy knobs).
+
+```yaml
+deployments:
+  - name: support-bot            # what clients send as `model`
+    id: dep-7f3a                 # also /v1/deployments/dep-7f3a/...
+    served_model: Qwen/Qwen3-8B  # the replicas' name for it (rewritten both ways)
+    upstreams: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+keys:                            # none: no key is asked for
+  - id: team-a                   # what the access log says; the key itself never is
+    key_env: TEAM_A_KEY          # or `key: sk-...`
+    deployments: [support-bot]   # or ["*"]
+    rpm: 600                     # requests per minute (0: no limit)
+    tpm: 200000                  # prompt + completion tokens per minute
+upstream:                        # defaults below
+  connect_timeout: 5
+```
+
+Every other top-level key is one of the server's flags (`sse_heartbeat`,
+`request_timeout`, ...), as in `streamproxy serve --config`. Sans-IO:
+`load(text)` only parses and checks.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    id: str
+    upstreams: list[str] = []
+    served_model: str | None = None  # None: the same as `name`
+
+    @property
+    def upstream_model(self) -> str:
+        return self.served_model or self.name
+
+
+class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    key: str | None = None
+    key_env: str | None = None
+    deployments: list[str] = ["*"]
+    rpm: int = 0
+    tpm: int = 0
+
+    def secret(self) -> str:
+        value = self.key if self.key is not None else os.environ.get(self.key_env or "", "")
+        if not value:
+            raise ConfigError(f"key {self.id!r}: give `key`, or `key_env` naming a set environment variable")
+        return value
+
+    def allows(self, deployment: Deployment) -> bool:
+        return "*" in self.deployments or deployment.name in self.deployments or deployment.id in self.deployments
+
+
+class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Names and defaults from Envoy's cluster settings and nginx's proxy module."""
+
+    # Seconds to open a connection to a replica (Envoy `connect_timeout`: 5 s).
+    connect_timeout: float = 5.0
+    # Longest silence between two reads from a replica (nginx `proxy_read_timeout`); 0: the request timeout.
+    read_timeout: float = 0.0
+    # Envoy's retry policy: attempts on another replica before the first byte (connect failure, 503, 429).
+    num_retries: int = 2
+    retry_on_status: list[int] = [429, 503]
+    # Envoy's retry budget: retries in flight at most this share of requests in flight, or this many.
+    retry_budget_percent: float = 20.0
+    min_retry_concurrency: int = 3
+    # Envoy's outlier detection: consecutive failures eject a replica for base time x times ejected.
+    consecutive_errors: int = 5
+    base_ejection_time: float = 30.0
+    max_ejection_time: float = 300.0
+    # Active health checks of GET /health (Envoy `interval`, `timeout`, thresholds).
+    health_check_interval: float = 5.0
+    health_check_timeout: float = 2.0
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 1
+    # Connections kept open to each replica (nginx `keepalive`).
+    keepalive: int = 256
+    # Prefix affinity (SGLang router's cache-aware policy): a request goes to the replica that holds
+    # the longest share of its prefix when that share is at least `cache_threshold`, unless the
+    # replicas' loads are imbalanced (both thresholds exceeded), when it goes to the least loaded.
+    prefix_affinity: bool = True
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 8
+    balance_rel_threshold: float = 1.5
+    prefix_block_bytes: int = 256
+    prefix_index_blocks: int = 100_000
+
+
+class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    deployments: list[Deployment]
+    keys: list[ApiKey] = []
+    upstream: UpstreamPolicy = msgspec.field(default_factory=UpstreamPolicy)
+
+
+_SECTIONS = ("deployments", "keys", "upstream")
+
+
+def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
+    """The gateway's own sections, and the rest (server flags) as a mapping."""
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("the gateway config must be a mapping with a `deployments` list")
+    own = {k: data.pop(k) for k in _SECTIONS if k in data}
+    try:
+        config = msgspec.convert(own, GatewayConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"gateway config: {exc}") from None
+    check(config)
+    return config, data
+
+
+def check(config: GatewayConfig) -> None:
+    if not config.deployments:
+        raise ConfigError("gateway config: `deployments` is empty")
+    seen: set[str] = set()
+    for d in config.deployments:
+        for name in (d.name, d.id):
+            if name in seen:
+                raise ConfigError(f"gateway config: {name!r} names two deployments")
+            seen.add(name)
+        if not d.upstreams:
+            raise ConfigError(f"deployment {d.name!r}: `upstreams` is empty")
+        for url in d.upstreams:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"deployment {d.name!r}: upstream {url!r} is not an http(s) URL")
+    names = {d.name for d in config.deployments} | {d.id for d in config.deployments}
+    ids: set[str] = set()
+    for key in config.keys:
+        key.secret()
+        if key.id in ids:
+            raise ConfigError(f"gateway config: two keys have the id {key.id!r}")
+        ids.add(key.id)
+        unknown = [n for n in key.deployments if n != "*" and n not in names]
+        if unknown:
+            raise ConfigError(f"key {key.id!r}: no deployment named {', '.join(unknown)}")
