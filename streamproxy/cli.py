@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamproxy.config import Settings, add_arguments, expand_config_file, settings_from_namespace
+if TYPE_CHECKING:
+    from streamproxy.gateway.config import GatewayConfig
+
+from streamproxy.config import Settings, add_arguments, expand_config_file, mapping_to_flags, settings_from_namespace
 
 if TYPE_CHECKING:
     from engine_adapter.base import Engine
@@ -81,18 +85,52 @@ def _check_reasoning_flag(settings: Settings, *, vllm_parsers: bool) -> None:
         raise SystemExit(f"unknown --reasoning-parser {name!r} ({where})")
 
 
+def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
+    """`streamproxy gateway --config FILE.yaml [flags]`: the deployments from the file, and the
+    edge's flags from the file's other keys, the environment and the command line."""
+    from streamproxy.gateway.config import ConfigError, split
+
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        raise SystemExit("streamproxy gateway needs --config FILE.yaml (see configs/gateway.yaml)")
+    at = argv.index("--config")
+    try:
+        config, flags = split(Path(argv[at + 1]).read_text())
+    except (OSError, ConfigError) as exc:
+        raise SystemExit(str(exc)) from None
+    parser = argparse.ArgumentParser(prog="streamproxy gateway")
+    add_arguments(parser, with_model_flags=False)
+    ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
+    return settings_from_namespace(ns), config
+
+
+USAGE = """usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]
+       streamproxy gateway --config FILE.yaml [--host H] [--port P] [flags]
+       streamproxy serve --help | streamproxy gateway --help   for every flag"""
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]\n"
-              "       streamproxy serve --help   for every flag")
+        print(USAGE)
         return
     command, rest = args[0], args[1:]
-    if command != "serve":
-        raise SystemExit(f"unknown command {command!r}; try 'streamproxy serve --help'")
+    if command not in ("serve", "gateway"):
+        raise SystemExit(f"unknown command {command!r}\n{USAGE}")
     # Logging first (INFO), so start-up decisions (default model, KV cache) are seen;
     # the level from the flags applies once they are parsed.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if command == "gateway":
+        if rest and rest[0] in ("-h", "--help"):
+            argparse_help = argparse.ArgumentParser(prog="streamproxy gateway --config FILE.yaml")
+            add_arguments(argparse_help, with_model_flags=False)
+            argparse_help.print_help()
+            return
+        settings, config = build_gateway(rest)
+        logging.getLogger().setLevel(settings.log_level.upper())
+        from streamproxy.gateway.app import run_gateway
+
+        run_gateway(settings, config)
+        return
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())
     from streamproxy.http.server import run

@@ -220,6 +220,14 @@ def expand_config_file(argv: list[str]) -> list[str]:
 
     data = yaml.safe_load(Path(argv[at + 1]).read_text()) or {}
     rest = argv[:at] + argv[at + 2 :]
+    flags = mapping_to_flags(data)
+    # Subcommand (e.g. "serve") stays first.
+    head = rest[:1] if rest and not rest[0].startswith("-") else []
+    return head + flags + rest[len(head) :]
+
+
+def mapping_to_flags(data: dict[str, Any]) -> list[str]:
+    """A config file's keys as command-line flags (`key: value` -> `--key value`)."""
     flags: list[str] = []
     for key, value in data.items():
         flag = "--" + str(key).replace("_", "-")
@@ -237,6 +245,4 @@ def expand_config_file(argv: list[str]) -> list[str]:
                 flags += [flag, *map(str, value)]
         else:
             flags += [flag, str(value)]
-    # Subcommand (e.g. "serve") stays first.
-    head = rest[:1] if rest and not rest[0].startswith("-") else []
-    return head + flags + rest[len(head) :]
+    return flags

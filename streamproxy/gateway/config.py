@@ -49,7 +49,7 @@ class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     id: str
     key: str | None = None
     key_env: str | None = None
-    deployments: list[str] = ["*"]
+    deployments: list[str] = msgspec.field(default_factory=lambda: ["*"])
     rpm: int = 0
     tpm: int = 0
 
@@ -72,7 +72,7 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     read_timeout: float = 0.0
     # Envoy's retry policy: attempts on another replica before the first byte (connect failure, 503, 429).
     num_retries: int = 2
-    retry_on_status: list[int] = [429, 503]
+    retry_on_status: list[int] = msgspec.field(default_factory=lambda: [429, 503])
     # Envoy's retry budget: retries in flight at most this share of requests in flight, or this many.
     retry_budget_percent: float = 20.0
     min_retry_concurrency: int = 3

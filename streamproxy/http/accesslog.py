@@ -48,6 +48,7 @@ class Record:
     __slots__ = (
         "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
         "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
+        "deployment", "upstream", "key_id", "usage_source",
     )
 
     def __init__(self, request_id: str, start: float) -> None:
@@ -66,6 +67,12 @@ class Record:
         self.finish_reason: str | list[str | None] | None = None
         self.error_code: str | None = None
         self.disconnected = False
+        # The gateway's: where the request went, whose key, and whether the tokens were
+        # reported by the replica ("billed") or counted by the gateway ("counted").
+        self.deployment: str | None = None
+        self.upstream: str | None = None
+        self.key_id: str | None = None
+        self.usage_source: str | None = None
 
     def first_token(self, now: float) -> None:
         """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
@@ -178,6 +185,11 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
         "client_disconnected": rec.disconnected,
         "remote": request.remote,
     }
+    if rec.deployment is not None:
+        fields.update(
+            deployment=rec.deployment, upstream=rec.upstream, key_id=rec.key_id,
+            cached_prompt_tokens=rec.cached_tokens, usage_source=rec.usage_source,
+        )
     return orjson.dumps(fields).decode()
 
 

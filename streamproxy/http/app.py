@@ -29,6 +29,7 @@ from streamproxy.http import accesslog
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
+from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
 from streamproxy.http.routes import add_routes
@@ -45,7 +46,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
     if exc.status == 405:
         return MethodNotAllowed(f"method {request.method} is not allowed on {request.path}")
     if exc.status == 413:
-        limit = request.app[STATE_KEY].settings.max_body_bytes
+        limit = request.client_max_size
         return PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
     err = APIError(exc.reason or "HTTP error", status=exc.status)
     err.type = "invalid_request_error" if exc.status < 500 else "internal_error"
@@ -125,6 +126,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         log.warning("--health/metrics-requires-api-key without --api-key: there is no key to require")
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE_KEY] = AppState(settings, engine)
+    app[INFLIGHT_KEY] = app[STATE_KEY].inflight
     watch_engine(engine)
     app.on_response_prepare.append(accesslog.on_prepare)
     if cors is not None:

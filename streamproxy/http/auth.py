@@ -21,7 +21,7 @@ from streamproxy.errors import AuthenticationError
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
-def _presented_key(request: web.Request) -> str | None:
+def presented_key(request: web.Request) -> str | None:
     header = request.headers.get("Authorization")
     if header:
         scheme, _, token = header.partition(" ")
@@ -38,7 +38,7 @@ def make_auth_middleware(keys: list[str], *, protect_health: bool = False, prote
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
-            presented = _presented_key(request)
+            presented = presented_key(request)
             candidate = (presented or "").encode()
             ok = False
             for key in encoded:

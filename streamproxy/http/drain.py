@@ -21,6 +21,8 @@ import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
+from aiohttp import web
+
 from streamproxy.errors import APIError, ServerShuttingDown
 
 
@@ -128,3 +130,7 @@ class InFlight:
 
 def _shutdown_error() -> ServerShuttingDown:
     return ServerShuttingDown("the server is shutting down; this request was ended before it finished, retry it")
+
+
+# Every app (serve's, the gateway's) puts its registry here, for the server's drain.
+INFLIGHT_KEY: web.AppKey[InFlight] = web.AppKey("inflight", InFlight)

@@ -45,6 +45,7 @@ from streamproxy.config import Settings
 from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest
 from streamproxy.http import accesslog
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
+from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.metrics import RESPONSES
 from streamproxy.http.state import STATE_KEY
 
@@ -114,19 +115,19 @@ def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.
 
 async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> int:
     """Stop accepting, let in-flight requests finish for `timeout` s, end the rest; how many were ended."""
-    state = app[STATE_KEY]
+    inflight = app[INFLIGHT_KEY]
     loop = asyncio.get_running_loop()
     for site in list(runner.sites):
         await site.stop()
-    running = len(state.inflight)
+    running = len(inflight)
     log.info("draining: %d request(s) in flight, up to %.1f s", running, timeout)
-    state.inflight.begin_drain(loop.time() + timeout)
+    inflight.begin_drain(loop.time() + timeout)
     if runner.server is not None:
         runner.server.pre_shutdown()  # idle keep-alive connections close now, busy ones after their response
-    if not await state.inflight.wait_idle(timeout):
+    if not await inflight.wait_idle(timeout):
         # The deadline passed: the Lifetimes are ending the rest; let them write their error events.
-        await state.inflight.wait_idle(DRAIN_GRACE)
-    ended = state.inflight.ended_by_drain
+        await inflight.wait_idle(DRAIN_GRACE)
+    ended = inflight.ended_by_drain
     log.info("drained: %d request(s) finished, %d ended at the deadline", max(running - ended, 0), ended)
     return ended
 
@@ -145,6 +146,16 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
         stop.set()
 
     app[STATE_KEY].on_engine_failure.append(on_engine_failure)
+    try:
+        await run_app(app, settings, stop=stop, ready=ready)
+    finally:
+        if listener is not None:
+            listener.stop()
+    return 1 if engine_failed else 0
+
+
+async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+    """Listen until the first SIGTERM/SIGINT (or `stop`), then drain and clean up."""
     runner = make_runner(app, settings)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
@@ -162,7 +173,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
             stop.set()
         else:
             log.info("%s again: ending in-flight requests now", sig.name)
-            app[STATE_KEY].inflight.begin_drain(loop.time())
+            app[INFLIGHT_KEY].begin_drain(loop.time())
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
@@ -176,10 +187,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        if listener is not None:
-            listener.stop()
         log.info("stopped")
-    return 1 if engine_failed else 0
 
 
 async def _freeze_after_start(app: web.Application) -> None:

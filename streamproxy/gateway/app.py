@@ -1,0 +1,222 @@
+"""The gateway's application: the edge of `serve`, with relaying routes instead of an engine.
+
+Every route `serve` has is here three times: `/v1/...` (the deployment
+named by the body's `model`), `/v1/deployments/{id}/...`, and
+`/v1/deployments/{id}/v1/...` (clients that append `/v1/...` to a base URL).
+The edge is `serve`'s own: the access log and request ids, the error
+middleware and error shapes (Anthropic's on its routes; a replica's own
+error answers pass through unchanged), the body cap, drain. The upstream
+client session and the health probes start with the app and stop with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+
+import aiohttp
+import orjson
+import uvloop
+from aiohttp import web
+
+from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.config import Settings
+from streamproxy.errors import APIError, AuthenticationError, ModelNotFound
+from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.probes import probe_forever
+from streamproxy.gateway.proxy import Route, relay
+from streamproxy.gateway.relay import Api
+from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
+from streamproxy.gateway.upstream import UpstreamError
+from streamproxy.http import accesslog, error_shapes
+from streamproxy.http.app import error_middleware
+from streamproxy.http.auth import presented_key
+from streamproxy.http.cors import Cors
+from streamproxy.http.drain import INFLIGHT_KEY
+from streamproxy.http.metrics import metrics
+from streamproxy.http.server import run_app
+from streamproxy.http.state import VERSION
+
+log = logging.getLogger("streamproxy.gateway")
+
+# The path under /v1/ (or the root, for tokenize) -> what the replica is asked.
+ROUTES: dict[str, Route] = {
+    "chat/completions": Route("/v1/chat/completions", Api.OPENAI, True),
+    "completions": Route("/v1/completions", Api.OPENAI, True),
+    "responses": Route("/v1/responses", Api.RESPONSES, True),
+    "messages": Route("/v1/messages", Api.ANTHROPIC, True),
+    "messages/count_tokens": Route("/v1/messages/count_tokens", Api.ANTHROPIC, False),
+    "embeddings": Route("/v1/embeddings", Api.OPENAI, False),
+    "tokenize": Route("/tokenize", Api.OPENAI, False),
+    "detokenize": Route("/detokenize", Api.OPENAI, False),
+}
+_PROBES_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("gateway_probes", asyncio.Task)
+
+
+def _anthropic_error_json(exc: APIError) -> bytes:
+    return exc.raw if isinstance(exc, UpstreamError) else anthropic_errors.error_json(exc)
+
+
+def add_routes(app: web.Application) -> None:
+    for name, route in ROUTES.items():
+        handler = partial(relay, route=route)
+        paths = [f"/v1/{name}", f"/v1/deployments/{{deployment}}/{name}", f"/v1/deployments/{{deployment}}/v1/{name}"]
+        if name in ("tokenize", "detokenize"):
+            paths.append(f"/{name}")
+        for path in paths:
+            added = app.router.add_post(path, handler)
+            if route.api is Api.ANTHROPIC:
+                error_shapes.register(app, added, _anthropic_error_json)
+    for prefix in ("/v1", "/v1/deployments/{deployment}", "/v1/deployments/{deployment}/v1"):
+        app.router.add_get(prefix + "/models", list_models)
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
+    app.router.add_get("/v1/deployments", list_deployments)
+    app.router.add_get("/v1/deployments/{deployment}", get_deployment)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+
+
+def _visible(request: web.Request) -> list[str]:
+    """The deployments the request's key may see (all of them when no key is configured)."""
+    state = gateway_state(request)
+    if not state.keys:
+        return [d.name for d in state.deployments]
+    presented = (presented_key(request) or "").encode()
+    for secret, key, _ in state.keys:
+        if presented == secret:
+            return [d.name for d in state.deployments if key.allows(d)]
+    raise AuthenticationError("missing or incorrect API key")
+
+
+def _card(state: GatewayState, name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": state.started, "owned_by": "streamproxy"}
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = gateway_state(request)
+    names = _visible(request)
+    only = request.match_info.get("deployment")
+    if only is not None:
+        pool = state.resolve(None, only)
+        names = [n for n in names if n == pool.deployment.name]
+    return _json({"object": "list", "data": [_card(state, n) for n in names]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = gateway_state(request)
+    name = request.match_info["model_id"]
+    pool = state.pools.get(name)
+    if pool is None or pool.deployment.name not in _visible(request):
+        raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+    return _json(_card(state, pool.deployment.name))
+
+
+def _describe(state: GatewayState, name: str) -> dict[str, object]:
+    pool = state.pools[name]
+    now = time.monotonic()
+    replicas = [
+        {
+            "url": r.url,
+            "available": r.health.routable(now),
+            "healthy": r.health.probed_healthy,
+            "breaker": r.health.breaker.name.lower(),
+            "ejections": r.health.ejections,
+            "in_flight": r.outstanding,
+            "requests": r.requests,
+        }
+        for r in pool.replicas
+    ]
+    d = pool.deployment
+    return {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
+
+
+async def list_deployments(request: web.Request) -> web.Response:
+    state = gateway_state(request)
+    return _json({"object": "list", "data": [_describe(state, n) for n in _visible(request)]})
+
+
+async def get_deployment(request: web.Request) -> web.Response:
+    state = gateway_state(request)
+    pool = state.resolve(None, request.match_info["deployment"])
+    if pool.deployment.name not in _visible(request):
+        raise ModelNotFound(f"no deployment `{request.match_info['deployment']}`")
+    return _json(_describe(state, pool.deployment.name))
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while some replica of every deployment can take requests; 503 otherwise (with which not)."""
+    state = gateway_state(request)
+    now = time.monotonic()
+    down = [d.name for d in state.deployments if not any(r.health.routable(now) for r in state.pools[d.name].replicas)]
+    if state.inflight.draining:
+        return _json({"status": "draining"}, status=503)
+    if down:
+        return _json({"status": "degraded", "unavailable": down}, status=503)
+    return _json({"status": "ok"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return _json({"version": VERSION})
+
+
+async def _start(app: web.Application) -> None:
+    state = app[STATE_KEY]
+    policy = state.policy
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=policy.connect_timeout, sock_read=policy.read_timeout or state.settings.request_timeout or None
+    )
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True)
+    state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+    app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
+
+
+async def _stop(app: web.Application) -> None:
+    task = app.get(_PROBES_KEY)
+    if task is not None:
+        task.cancel()
+    state = app[STATE_KEY]
+    if state.session is not None:
+        await state.session.close()
+
+
+def create_gateway_app(settings: Settings, config: GatewayConfig) -> web.Application:
+    middlewares = [accesslog.observe, error_middleware]
+    cors = None
+    if settings.allowed_origins:
+        cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)
+        middlewares.append(cors.middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    state = GatewayState(settings, config)
+    app[STATE_KEY] = state
+    app[INFLIGHT_KEY] = state.inflight
+    app.on_response_prepare.append(accesslog.on_prepare)
+    if cors is not None:
+        app.on_response_prepare.append(cors.on_prepare)
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    add_routes(app)
+    return app
+
+
+async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
+    listener = accesslog.configure(settings.access_log)
+    app = create_gateway_app(settings, config)
+    for d in config.deployments:
+        log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, ", ".join(d.upstreams))
+    try:
+        await run_app(app, settings, stop=asyncio.Event(), ready=ready)
+    finally:
+        if listener is not None:
+            listener.stop()
+    return 0
+
+
+def run_gateway(settings: Settings, config: GatewayConfig) -> None:
+    uvloop.run(serve_gateway(settings, config))

@@ -1,0 +1,88 @@
+"""Choosing a replica: least outstanding requests, prompt-prefix affinity, health.
+
+Per deployment, `Pool.choose(keys, exclude, now)`:
+  1. the candidates are the replicas whose `Health` lets a request through,
+     less those this request already tried;
+  2. with prefix affinity on, and the loads not imbalanced (SGLang's router
+     test: max - min over `balance_abs_threshold` and max over
+     `balance_rel_threshold` x min), the replica holding the longest share
+     of the request's prefix keys gets it, if that share is at least
+     `cache_threshold` and its load is within `balance_abs_threshold` of the
+     least loaded (so a hot prefix spreads when its replica is busy);
+  3. otherwise power of two choices: two random candidates, the one with
+     fewer outstanding requests (counted here, at dispatch and completion).
+`dispatched`/`completed` keep the counts, the health and the prefix index
+right; `observed_cache` corrects the index from the `cached_tokens` the
+replica reported. Sans-IO; the random source is injectable for tests.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from streamproxy.gateway.config import Deployment, UpstreamPolicy
+from streamproxy.gateway.health import Health
+from streamproxy.gateway.prefix import PrefixIndex
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str
+    deployment: str
+    health: Health
+    index: PrefixIndex
+    outstanding: int = 0
+    requests: int = 0
+
+
+class Pool:
+    def __init__(self, deployment: Deployment, policy: UpstreamPolicy, rng: random.Random | None = None) -> None:
+        self.deployment = deployment
+        self.policy = policy
+        self.replicas = [Replica(url.rstrip("/"), deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks)) for url in deployment.upstreams]
+        self._rng = rng or random.Random()
+
+    def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
+        """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""
+        candidates = [r for r in self.replicas if r.url not in exclude and r.health.available(now)]
+        if not candidates:
+            return None, 0
+        if len(candidates) == 1:
+            only = candidates[0]
+            return only, only.index.matched(keys) if keys else 0
+        policy = self.policy
+        loads = [r.outstanding for r in candidates]
+        low, high = min(loads), max(loads)
+        imbalanced = high - low > policy.balance_abs_threshold and high > policy.balance_rel_threshold * low
+        if policy.prefix_affinity and keys and not imbalanced:
+            best, matched = max(((r, r.index.matched(keys)) for r in candidates), key=lambda rm: (rm[1], -rm[0].outstanding))
+            if matched / len(keys) >= policy.cache_threshold and best.outstanding <= low + policy.balance_abs_threshold:
+                return best, matched
+        a, b = self._rng.sample(candidates, 2)
+        chosen = a if a.outstanding <= b.outstanding else b
+        return chosen, chosen.index.matched(keys) if keys else 0
+
+    def dispatched(self, replica: Replica, keys: list[int]) -> None:
+        replica.outstanding += 1
+        replica.requests += 1
+        replica.health.dispatched()
+        if keys and self.policy.prefix_affinity:
+            replica.index.insert(keys)
+
+    def completed(self, replica: Replica) -> None:
+        replica.outstanding -= 1
+
+    def observed_cache(self, replica: Replica, keys: list[int], matched: int, prompt_tokens: int, cached_tokens: int) -> None:
+        """The replica reported `cached_tokens` of `prompt_tokens`: if the index promised much
+        more than that, the replica evicted the rest of this prefix."""
+        if not keys or prompt_tokens <= 0 or not self.policy.prefix_affinity:
+            return
+        held = int(len(keys) * cached_tokens / prompt_tokens)
+        if held + 1 < matched:
+            replica.index.forget_after(keys, held)
+
+    def retry_after(self, now: float) -> int:
+        """Seconds until some replica may take a request (for a 503's Retry-After), at least 1."""
+        waits = [r.health.retry_after(now) for r in self.replicas]
+        return max(1, int(min(waits) + 0.999)) if waits else 1

@@ -1,0 +1,36 @@
+"""`streamproxy_gateway_*`: per deployment and upstream, created once at import.
+
+Requests by status, in flight, retries, ejections, breaker state, the
+replica's time to first byte, the gateway's own added latency, and tokens
+metered. Observed per request or per event (a retry, an ejection), never
+per relayed event.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+REQUESTS = Counter(
+    "streamproxy_gateway_requests", "Requests relayed, by deployment, upstream and the status the client got",
+    ["deployment", "upstream", "status"],
+)
+IN_FLIGHT = Gauge("streamproxy_gateway_in_flight", "Requests a replica is serving for the gateway now", ["deployment", "upstream"])
+RETRIES = Counter("streamproxy_gateway_retries", "Attempts on another replica before the first byte", ["deployment", "reason"])
+EJECTIONS = Counter("streamproxy_gateway_ejections", "Replicas taken out of rotation by outlier detection", ["deployment", "upstream"])
+BREAKER = Gauge("streamproxy_gateway_breaker_state", "0 closed, 1 open (ejected), 2 half-open", ["deployment", "upstream"])
+PROBE_HEALTHY = Gauge("streamproxy_gateway_upstream_healthy", "1 when the active health probe says the replica is up", ["deployment", "upstream"])
+UPSTREAM_TTFB = Histogram(
+    "streamproxy_gateway_upstream_ttfb_seconds", "From sending a request upstream to its response headers",
+    ["deployment"], buckets=_LATENCY,
+)
+UPSTREAM_TTFT = Histogram(
+    "streamproxy_gateway_upstream_ttft_seconds", "From sending a stream upstream to its first event", ["deployment"], buckets=_LATENCY
+)
+ADDED_LATENCY = Histogram(
+    "streamproxy_gateway_added_latency_seconds",
+    "The gateway's own time before the first byte: from the request's arrival to sending it upstream",
+    buckets=_LATENCY,
+)
+TOKENS = Counter("streamproxy_gateway_tokens", "Tokens metered, by deployment and kind (prompt, cached, completion)", ["deployment", "kind"])

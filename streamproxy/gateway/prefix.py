@@ -1,0 +1,87 @@
+"""Prompt-prefix keys and the per-replica index of what each replica has cached.
+
+`prefix_keys(body)` turns a request into chained hashes of fixed-size blocks
+of its canonical form: the tools first, then every message in order (role
+and content), the way a chat template lays them out, so two requests that
+share a system prompt and tools share their first keys, and a conversation's
+next turn shares every key of the turn before. Each key hashes the key
+before it with its block, so equal keys mean equal prefixes.
+
+`PrefixIndex` remembers, per replica, the keys of the requests sent there
+(bounded, least recently used out first) and answers how many leading keys
+of a new request a replica holds. A replica whose reported `cached_tokens`
+fall short of what its index promised has evicted the rest: `forget_after`
+drops those keys. Sans-IO.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+
+def canonical(body: dict[str, Any]) -> bytes:
+    """The part of a request the prompt is made of, in prompt order."""
+    parts: list[Any] = []
+    if body.get("tools"):
+        parts.append(body["tools"])
+    for field in ("instructions", "system"):  # Responses, Anthropic
+        if body.get(field):
+            parts.append(body[field])
+    for field in ("messages", "input", "prompt"):
+        value = body.get(field)
+        if isinstance(value, list):
+            parts.extend(value)
+        elif value is not None:
+            parts.append(value)
+    return b"".join(orjson.dumps(p, option=orjson.OPT_SORT_KEYS) for p in parts)
+
+
+def prefix_keys(body: dict[str, Any], block: int) -> list[int]:
+    data = canonical(body)
+    keys: list[int] = []
+    key = 0
+    for start in range(0, len(data) - block + 1, block):
+        key = hash((key, data[start : start + block]))  # one process's index: its hash seed is fine
+        keys.append(key)
+    return keys
+
+
+class PrefixIndex:
+    """The prefix keys one replica is believed to hold, at most `capacity` of them."""
+
+    __slots__ = ("capacity", "_keys")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._keys: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def matched(self, keys: list[int]) -> int:
+        """How many leading keys of `keys` this replica holds."""
+        held = self._keys
+        n = 0
+        for key in keys:
+            if key not in held:
+                break
+            n += 1
+        return n
+
+    def insert(self, keys: list[int]) -> None:
+        held = self._keys
+        for key in keys:
+            if key in held:
+                held.move_to_end(key)
+            else:
+                held[key] = None
+        while len(held) > self.capacity:
+            held.popitem(last=False)
+
+    def forget_after(self, keys: list[int], kept: int) -> None:
+        """The replica holds only the first `kept` keys of this prefix: drop the others."""
+        for key in keys[kept:]:
+            self._keys.pop(key, None)

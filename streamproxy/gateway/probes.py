@@ -1,0 +1,54 @@
+"""Active health checks: `GET /health` on every replica, every `health_check_interval`.
+
+One task for the gateway; each round probes all replicas at once, each
+bounded by `health_check_timeout`. A 200 is healthy; anything else (a
+status, a refused connection, a timeout) is not. Never an inference request:
+a probe costs the replica nothing but an HTTP round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from streamproxy.gateway import metrics as M
+from streamproxy.gateway.balance import Pool, Replica
+from streamproxy.gateway.state import GatewayState
+
+log = logging.getLogger("streamproxy.gateway")
+
+
+async def probe_forever(state: GatewayState) -> None:
+    pools = list({id(p): p for p in state.pools.values()}.values())
+    interval = state.policy.health_check_interval
+    while True:
+        await probe_once(state, pools)
+        await asyncio.sleep(interval)
+
+
+async def probe_once(state: GatewayState, pools: list[Pool]) -> None:
+    checks = [_probe(state, pool, replica) for pool in pools for replica in pool.replicas]
+    await asyncio.gather(*checks)
+
+
+async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
+    session = state.session
+    assert session is not None
+    ok = False
+    try:
+        async with asyncio.timeout(state.policy.health_check_timeout):
+            async with session.get(replica.url + "/health") as response:
+                ok = response.status == 200
+                await response.read()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        ok = False
+    was = replica.health.probed_healthy, replica.health.breaker
+    replica.health.probed(ok, time.monotonic())
+    now = replica.health.probed_healthy, replica.health.breaker
+    if now != was:
+        log.info("deployment %s: upstream %s is %s", pool.deployment.name, replica.url, "up" if now[0] else "down")
+    M.PROBE_HEALTHY.labels(pool.deployment.name, replica.url).set(1 if now[0] else 0)
+    M.BREAKER.labels(pool.deployment.name, replica.url).set(int(now[1]))

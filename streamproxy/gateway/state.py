@@ -1,0 +1,116 @@
+"""What the gateway's handlers share: deployments and their pools, keys, the upstream client.
+
+`resolve(model, deployment_id)` finds the deployment a request names (404
+`model_not_found` otherwise); `authorize(request, deployment)` checks the
+request's key against the deployments it may use (401) and its per-minute
+limits (429 + Retry-After). The key's id, never the key, goes to the record.
+`retries` is Envoy's retry budget: retries in flight stay under a share of
+the requests in flight, or under `min_retry_concurrency`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+import aiohttp
+from aiohttp import web
+
+from streamproxy.config import Settings
+from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, RateLimited, ServerShuttingDown
+from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
+from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.http.auth import presented_key
+from streamproxy.http.drain import InFlight
+
+
+class RetryBudget:
+    __slots__ = ("percent", "floor", "active", "retrying")
+
+    def __init__(self, percent: float, floor: int) -> None:
+        self.percent = percent
+        self.floor = floor
+        self.active = 0  # requests in flight
+        self.retrying = 0  # of those, the ones on a retry now
+
+    def allows(self) -> bool:
+        return self.retrying < max(self.floor, self.active * self.percent / 100.0)
+
+
+class GatewayState:
+    def __init__(self, settings: Settings, config: GatewayConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self.policy = config.upstream
+        self.inflight = InFlight()
+        self.started = int(time.time())
+        self.pools: dict[str, Pool] = {}
+        for d in config.deployments:
+            pool = Pool(d, config.upstream)
+            self.pools[d.name] = self.pools[d.id] = pool
+        self.keys: list[tuple[bytes, ApiKey, KeyLimiter]] = [
+            (k.secret().encode(), k, KeyLimiter(k.rpm, k.tpm)) for k in config.keys
+        ]
+        # `--api-key` keys of the edge open every deployment.
+        for i, secret in enumerate(settings.api_key):
+            self.keys.append((secret.encode(), ApiKey(id=f"api-key-{i + 1}", key=secret), KeyLimiter(0, 0)))
+        self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
+        self.session: aiohttp.ClientSession | None = None
+
+    @property
+    def deployments(self) -> list[Deployment]:
+        return self.config.deployments
+
+    def resolve(self, model: object, deployment_id: str | None) -> Pool:
+        if self.inflight.draining:
+            raise ServerShuttingDown("the gateway is shutting down; retry on another instance")
+        if deployment_id is not None:
+            pool = self.pools.get(deployment_id)
+            if pool is None:
+                raise ModelNotFound(f"no deployment `{deployment_id}`", param="model")
+            return pool
+        if model is None:
+            if len(self.deployments) == 1:
+                return self.pools[self.deployments[0].name]
+            raise InvalidRequest("'model' is required: name one of the deployments (GET /v1/models)", param="model")
+        if not isinstance(model, str):
+            raise InvalidRequest("'model' must be a string", param="model")
+        pool = self.pools.get(model)
+        if pool is None:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return pool
+
+    def authorize(self, request: web.Request, deployment: Deployment) -> KeyLimiter | None:
+        """The key's limiter (None when no key is configured); raises 401 or 429."""
+        if not self.keys:
+            return None
+        presented = presented_key(request)
+        candidate = (presented or "").encode()
+        found: tuple[ApiKey, KeyLimiter] | None = None
+        for secret, key, limiter in self.keys:  # every key compared: timing says nothing
+            if hmac.compare_digest(candidate, secret) and found is None:
+                found = (key, limiter)
+        if found is None:
+            if presented is None:
+                raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
+            raise AuthenticationError("incorrect API key provided")
+        key, limiter = found
+        request["record"].key_id = key.id
+        if not key.allows(deployment):
+            raise AuthenticationError(f"this API key may not use the deployment `{deployment.name}`")
+        wait = limiter.admit(time.monotonic())
+        if wait is not None:
+            raise RateLimited(
+                f"API key `{key.id}` is over its per-minute limit; retry after {wait:.0f} s",
+                code="rate_limit_exceeded",
+                retry_after=max(1, int(wait + 0.999)),
+            )
+        return limiter
+
+
+STATE_KEY: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)
+
+
+def gateway_state(request: web.Request) -> GatewayState:
+    return request.app[STATE_KEY]

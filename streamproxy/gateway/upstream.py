@@ -1,0 +1,160 @@
+"""Sending a request to a replica, with failover before the first byte.
+
+`open_upstream` tries replicas one at a time (`Pool.choose`, never one this
+request already tried): a connect error, a timeout before the response
+headers, or a retryable status (503, 429 by default) moves on to another
+replica, while Envoy's retry budget and `num_retries` allow. The first
+response that is not retried comes back open, with its replica counted as
+busy until `Attempt.release`. When no replica can take the request the
+answer is 503 `upstream_unavailable` with a Retry-After, or, if the last
+replica answered 429/503 itself, that answer (its Retry-After passed on).
+
+`UpstreamError` carries a replica's own error answer (status, body,
+Retry-After) through to the client unchanged: the client's mistakes (400,
+404, context too long) come back as the replica said them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import aiohttp
+
+from streamproxy.errors import APIError, ServiceUnavailable
+from streamproxy.gateway import metrics as M
+from streamproxy.gateway.balance import Pool, Replica
+from streamproxy.gateway.state import GatewayState
+
+log = logging.getLogger("streamproxy.gateway")
+
+_CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
+
+
+class UpstreamError(APIError):
+    """A replica's error answer, relayed as it is."""
+
+    def __init__(self, status: int, body: bytes, retry_after: str | None) -> None:
+        super().__init__(f"the replica answered {status}", status=status)
+        self.raw = body
+        self.retry_after_header = retry_after
+        self.code = "upstream_error"
+
+    def to_json(self) -> bytes:
+        return self.raw
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": self.retry_after_header} if self.retry_after_header else {}
+
+
+@dataclass(eq=False)
+class Attempt:
+    pool: Pool
+    replica: Replica
+    response: aiohttp.ClientResponse
+    matched: int  # prefix keys the replica held
+    sent_at: float
+    keys: list[int] = field(default_factory=list)
+    released: bool = False
+
+    def release(self, *, ok: bool | None, now: float | None = None) -> None:
+        """The request is over on this replica: counts, and health (None: says nothing of it)."""
+        if self.released:
+            return
+        self.released = True
+        self.pool.completed(self.replica)
+        M.IN_FLIGHT.labels(self.pool.deployment.name, self.replica.url).dec()
+        health = self.replica.health
+        if ok:
+            health.succeeded()
+        elif ok is None:
+            health.trial = False
+        elif health.failed(time.monotonic() if now is None else now):
+            _ejected(self.pool, self.replica)
+        M.BREAKER.labels(self.pool.deployment.name, self.replica.url).set(int(health.breaker))
+        self.response.close()  # a stream still open: closing it is how the replica learns to abort
+
+
+def _ejected(pool: Pool, replica: Replica) -> None:
+    log.warning("deployment %s: upstream %s ejected for %.0f s", pool.deployment.name, replica.url, replica.health.ejected_until - time.monotonic())
+    M.EJECTIONS.labels(pool.deployment.name, replica.url).inc()
+
+
+async def open_upstream(
+    state: GatewayState, pool: Pool, path: str, body: bytes, headers: dict[str, str], keys: list[int]
+) -> Attempt:
+    policy = state.policy
+    session = state.session
+    assert session is not None
+    tried: set[str] = set()
+    last: UpstreamError | None = None
+    budget = state.retries
+    retrying = False
+    try:
+        for attempt in range(policy.num_retries + 1):
+            now = time.monotonic()
+            replica, matched = pool.choose(keys, tried, now)
+            if replica is None:
+                break
+            if attempt:
+                if not budget.allows():
+                    break
+                if not retrying:
+                    budget.retrying += 1
+                    retrying = True
+            tried.add(replica.url)
+            pool.dispatched(replica, keys)
+            M.IN_FLIGHT.labels(pool.deployment.name, replica.url).inc()
+            sent = perf_counter()
+            try:
+                response = await session.post(replica.url + path, data=body, headers=headers)
+            except _CONNECT_ERRORS as exc:
+                _settle(pool, replica, failed=True)
+                log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url, type(exc).__name__)
+                M.RETRIES.labels(pool.deployment.name, "connect_failure").inc()
+                continue
+            except BaseException:
+                _settle(pool, replica, failed=False)
+                raise
+            M.UPSTREAM_TTFB.labels(pool.deployment.name).observe(perf_counter() - sent)
+            status = response.status
+            if status in policy.retry_on_status:
+                retry_after = response.headers.get("Retry-After")
+                raw = await _read_error(response)
+                _settle(pool, replica, failed=status >= 500)
+                last = UpstreamError(status, raw, retry_after)
+                M.RETRIES.labels(pool.deployment.name, str(status)).inc()
+                continue
+            return Attempt(pool, replica, response, matched, sent, keys)
+    finally:
+        if retrying:
+            budget.retrying -= 1
+    if last is not None:
+        raise last
+    raise ServiceUnavailable(
+        f"no replica of deployment `{pool.deployment.name}` can take the request now; retry shortly",
+        code="upstream_unavailable",
+        retry_after=pool.retry_after(time.monotonic()),
+    )
+
+
+def _settle(pool: Pool, replica: Replica, *, failed: bool) -> None:
+    pool.completed(replica)
+    M.IN_FLIGHT.labels(pool.deployment.name, replica.url).dec()
+    if failed and replica.health.failed(time.monotonic()):
+        _ejected(pool, replica)
+    elif not failed:
+        replica.health.trial = False
+    M.BREAKER.labels(pool.deployment.name, replica.url).set(int(replica.health.breaker))
+
+
+async def _read_error(response: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await response.read()
+    except _CONNECT_ERRORS:
+        return b""
+    finally:
+        response.release()
