@@ -26,6 +26,10 @@ async def read_body(request: web.Request) -> bytes:
     """`request.read()` without its cache: the request object (alive as long as a
     stream is) does not keep the raw body once it has been decoded."""
     limit = request.client_max_size
+    declared = request.content_length
+    if limit and declared is not None and declared > limit:
+        # Said up front: refused before a byte of the body is read.
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
     payload = request.content
     set_chunk = getattr(payload, "set_read_chunk_size", None)  # aiohttp >= 3.13, as read() does
     if limit and set_chunk is not None:

@@ -1,0 +1,129 @@
+"""The relay's bytes: whole events out whatever the reads, exact edits, usage metered.
+
+Fed byte by byte and in every two-way split: the output is the same bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamproxy.errors import ServiceUnavailable
+from streamproxy.gateway.relay import Api, SSERelay, Usage, error_event, keepalive
+
+ROLE = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TEXT = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"\\"model\\":\\"Qwen/Qwen3-8B\\" \xf0\x9f\x8c\x8a"}}]}\n\n'
+FINISH = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+USAGE = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[],'
+    b'"usage":{"prompt_tokens":618,"completion_tokens":2,"total_tokens":620,"prompt_tokens_details":{"cached_tokens":512}}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + TEXT + FINISH + USAGE + DONE
+
+
+def public(event: bytes) -> bytes:
+    return event.replace(b'"model":"Qwen/Qwen3-8B"', b'"model":"support-bot"')
+
+
+def relay_all(pieces: list[bytes], **kw) -> tuple[bytes, SSERelay]:
+    relay = SSERelay(Api.OPENAI, served="Qwen/Qwen3-8B", public="support-bot", **kw)
+    return b"".join(relay.feed(p) for p in pieces), relay
+
+
+def test_byte_by_byte_gives_whole_events_renamed_and_the_unasked_usage_chunk_removed():
+    out, relay = relay_all([STREAM[i : i + 1] for i in range(len(STREAM))], strip_usage=True)
+    # The content's escaped "model":"..." is text, not the key: it stays as the replica wrote it.
+    assert out == public(ROLE) + TEXT.replace(b'"model":"Qwen/Qwen3-8B","choices"', b'"model":"support-bot","choices"') + public(FINISH) + DONE
+    assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens, relay.usage.billed) == (618, 2, 512, True)
+    assert relay.done and not relay.pending
+
+
+@pytest.mark.parametrize("cut", range(1, len(STREAM)))
+def test_every_two_way_split_is_the_same_bytes(cut):
+    out, _ = relay_all([STREAM[:cut], STREAM[cut:]], strip_usage=False)
+    whole, _ = relay_all([STREAM], strip_usage=False)
+    assert out == whole
+
+
+def test_no_output_until_an_event_is_whole():
+    relay = SSERelay(Api.OPENAI, served="m", public="m", strip_usage=False)
+    assert relay.feed(ROLE[:-1]) == b""
+    assert relay.pending
+    assert relay.feed(b"\n") == ROLE
+
+
+def test_the_asked_usage_chunk_stays_and_is_metered():
+    out, relay = relay_all([STREAM], strip_usage=False)
+    assert out == public(ROLE) + TEXT.replace(b'"model":"Qwen/Qwen3-8B","choices"', b'"model":"support-bot","choices"') + public(FINISH) + public(USAGE) + DONE
+    assert relay.usage.cached_tokens == 512
+
+
+def test_same_name_needs_no_rewrite_and_spaced_json_is_renamed_too():
+    relay = SSERelay(Api.OPENAI, served="a", public="b", strip_usage=False)
+    assert relay.feed(b'data: {"model": "a", "x": 1}\n\n') == b'data: {"model": "b", "x": 1}\n\n'
+    same = SSERelay(Api.OPENAI, served="a", public="a", strip_usage=False)
+    assert same.feed(b'data: {"model":"a"}\n\n') == b'data: {"model":"a"}\n\n'
+
+
+def test_crlf_framed_replica():
+    relay = SSERelay(Api.OPENAI, served="m", public="m", strip_usage=False)
+    assert relay.feed(b"data: 1\r\n\r\ndata: [DO") == b"data: 1\r\n\r\n"
+    assert relay.feed(b"NE]\r\n\r\n") == b"data: [DONE]\r\n\r\n"
+    assert relay.done
+
+
+def test_a_cut_stream_is_not_done_and_counts_what_it_relayed():
+    out, relay = relay_all([ROLE + TEXT + TEXT + FINISH[:10]], strip_usage=True)
+    assert not relay.done and relay.pending
+    relay.counted()
+    assert (relay.usage.billed, relay.usage.completion_tokens) == (False, 1)  # 3 events less the role chunk and [DONE]
+
+
+def test_comments_pass_through_between_events():
+    out, relay = relay_all([b": keepalive\n\n" + ROLE], strip_usage=True)
+    assert out == b": keepalive\n\n" + public(ROLE)
+
+
+def test_responses_usage_from_the_final_event():
+    created = b'event: response.created\ndata: {"type":"response.created","response":{"model":"m","usage":null}}\n\n'
+    done = (
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"model":"m",'
+        b'"usage":{"input_tokens":30,"output_tokens":4,"total_tokens":34,"input_tokens_details":{"cached_tokens":16}}}}\n\n'
+    )
+    relay = SSERelay(Api.RESPONSES, served="m", public="m", strip_usage=False)
+    assert relay.feed(created + done) == created + done
+    assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens, relay.done) == (30, 4, 16, True)
+
+
+def test_anthropic_usage_from_message_start_and_delta():
+    start = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"model":"m",'
+        b'"usage":{"input_tokens":10,"output_tokens":1,"cache_read_input_tokens":20}}}\n\n'
+    )
+    delta = b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":7}}\n\n'
+    stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    relay = SSERelay(Api.ANTHROPIC, served="m", public="m", strip_usage=False)
+    relay.feed(start)
+    relay.feed(delta + stop)
+    assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens, relay.done) == (30, 7, 20, True)
+
+
+def test_non_stream_body_usage():
+    usage = Usage()
+    usage.take_body(b'{"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}')
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.billed) == (5, 3, 4, True)
+    broken = Usage()
+    broken.take_body(b"not json")
+    assert not broken.billed
+
+
+def test_error_events_in_each_api_shape():
+    exc = ServiceUnavailable("gone", code="upstream_unavailable")
+    assert error_event(Api.OPENAI, exc) == (
+        b'data: {"error":{"message":"gone","type":"service_unavailable","param":null,"code":"upstream_unavailable"}}\n\ndata: [DONE]\n\n'
+    )
+    assert error_event(Api.ANTHROPIC, exc).startswith(b'event: error\ndata: {"type":"error","error":{"type":')
+    assert error_event(Api.RESPONSES, exc, 7) == (
+        b'event: error\ndata: {"type":"error","code":"upstream_unavailable","message":"gone","param":null,"sequence_number":7}\n\n'
+    )
+    assert keepalive(Api.OPENAI) == b": keepalive\n\n"
+    assert keepalive(Api.ANTHROPIC) == b'event: ping\ndata: {"type":"ping"}\n\n'
