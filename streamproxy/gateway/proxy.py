@@ -38,8 +38,7 @@ from streamproxy.gateway.relay import Api, SSERelay, Usage, error_event, keepali
 from streamproxy.gateway.state import GatewayState, gateway_state
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, Attempt, UpstreamError, open_upstream
 from streamproxy.http.accesslog import Record, record
-from streamproxy.http.error_shapes import error_json
-from streamproxy.http.nonstream import respond_nonstream
+from streamproxy.http.nonstream import answer_nonstream
 from streamproxy.http.routes.body import read_body
 from streamproxy.http.writer import SSE_HEADERS, WriteStalled, client_gone, write
 
@@ -143,16 +142,8 @@ async def _nonstream(request: web.Request, call: Call) -> web.StreamResponse:
     settings = call.state.settings
     work = asyncio.ensure_future(_fetch(call))
     try:
-        return await respond_nonstream(
-            request,
-            work,
-            keepalive_after=settings.nonstream_keepalive_after,
-            keepalive_interval=settings.nonstream_keepalive_interval,
-            life=call.state.inflight.lifetime(settings.request_timeout, partial(_timed_out, settings.request_timeout)),
-            stall_timeout=settings.write_stall_timeout,
-            record=call.rec,
-            error_body=error_json(request),
-        )
+        life = call.state.inflight.lifetime(settings.request_timeout, partial(_timed_out, settings.request_timeout))
+        return await answer_nonstream(request, work, settings, life, call.rec)
     finally:
         if not work.done():
             work.cancel()

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from engine_adapter.base import EngineFailure, OutputStream
+from streamproxy.config import Settings
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.errors import APIError, InternalError
+from streamproxy.http.error_shapes import error_json
 from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
 from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
 
@@ -81,6 +83,22 @@ async def respond_nonstream(
             raise
         client_gone(request, exc, record)
         return early[0]
+
+
+async def answer_nonstream(
+    request: web.Request, work: asyncio.Future[bytes], settings: Settings, life: Lifetime, record: Record
+) -> web.StreamResponse:
+    """`respond_nonstream` with the server's keepalive and stall settings and the route's error shape."""
+    return await respond_nonstream(
+        request,
+        work,
+        keepalive_after=settings.nonstream_keepalive_after,
+        keepalive_interval=settings.nonstream_keepalive_interval,
+        life=life,
+        stall_timeout=settings.write_stall_timeout,
+        record=record,
+        error_body=error_json(request),
+    )
 
 
 async def _respond_nonstream(

@@ -41,20 +41,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
     model = req.model or engine.info.name
     filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped
 
-    def encoder(emit: bool = True) -> AnthropicEncoder:
+    def encoder(emit: bool) -> AnthropicEncoder:
         return AnthropicEncoder(message_id=message_id, model=model, filters=filters, stop_sequences=stops, window_capped=capped, emit=emit)
 
-    return await generation.run(
-        request,
-        state,
-        engine,
-        prompt_ids=prep.prompt_ids,
-        params=prep.params,
-        stream=req.stream,
-        encoder=encoder,
-        render=AnthropicEncoder.final_json,
-        accumulator=lambda: encoder(emit=False),
-    )
+    return await generation.run_blocks(request, state, engine, prep, stream=req.stream, make=encoder, render=AnthropicEncoder.final_json)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -32,13 +32,14 @@ from aiohttp import web
 
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream
 from streamproxy.core.accumulate import Accumulator
+from streamproxy.core.blockstream import BlockEncoder
+from streamproxy.core.prepare import Prepared
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http.accesslog import Record, record
 from streamproxy.http.admission import Ticket
-from streamproxy.http.error_shapes import error_json
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
-from streamproxy.http.nonstream import collect, respond_nonstream
+from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import AppState
 from streamproxy.http.writer import (
     SSE_HEADERS,
@@ -120,16 +121,8 @@ async def run(
         acc = accumulator()
         work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
         try:
-            return await respond_nonstream(
-                request,
-                work,
-                keepalive_after=settings.nonstream_keepalive_after,
-                keepalive_interval=settings.nonstream_keepalive_interval,
-                life=state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout)),
-                stall_timeout=settings.write_stall_timeout,
-                record=rec,
-                error_body=error_json(request),
-            )
+            life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
+            return await answer_nonstream(request, work, settings, life, rec)
         finally:
             rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
     finally:
@@ -140,6 +133,20 @@ async def run(
             await gen.abort_if_running()
         finally:
             state.release_engine_id(gen.request_id)
+
+
+B = TypeVar("B", bound=BlockEncoder)
+
+
+async def run_blocks(
+    request: web.Request, state: AppState, engine: Engine, prep: Prepared, *, stream: bool, make: Callable[[bool], B], render: Callable[[B], bytes]
+) -> web.StreamResponse:
+    """`run` for the APIs whose one encoder class (`make(emit)`) is both the stream's
+    encoder (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic."""
+    return await run(
+        request, state, engine, prompt_ids=prep.prompt_ids, params=prep.params, stream=stream,
+        encoder=partial(make, True), render=render, accumulator=partial(make, False),
+    )
 
 
 # The non-streaming path's pieces are module functions, not closures in `run`:

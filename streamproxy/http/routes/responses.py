@@ -56,20 +56,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     shell = _shell(req, "resp_" + request["request_id"], req.model or engine.info.name)
     filters = prep.filters
 
-    def encoder() -> ResponsesEncoder:
-        return ResponsesEncoder(shell, filters)
+    def encoder(emit: bool) -> ResponsesEncoder:
+        return ResponsesEncoder(shell, filters, emit=emit)
 
-    def accumulator() -> ResponsesEncoder:
-        return ResponsesEncoder(shell, filters, emit=False)
-
-    return await generation.run(
-        request,
-        state,
-        engine,
-        prompt_ids=prep.prompt_ids,
-        params=prep.params,
-        stream=req.stream,
-        encoder=encoder,
-        render=ResponsesEncoder.final_json,
-        accumulator=accumulator,
-    )
+    return await generation.run_blocks(request, state, engine, prep, stream=req.stream, make=encoder, render=ResponsesEncoder.final_json)
