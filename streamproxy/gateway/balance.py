@@ -40,6 +40,7 @@ class Pool:
     def __init__(self, deployment: Deployment, policy: UpstreamPolicy, rng: random.Random | None = None) -> None:
         self.deployment = deployment
         self.policy = policy
+        self.upstream_headers = deployment.upstream_headers()  # the replicas' key, read once
         self.replicas = [Replica(url.rstrip("/"), deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks)) for url in deployment.upstreams]
         self._rng = rng or random.Random()
 

@@ -39,10 +39,20 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     id: str
     upstreams: list[str] = []
     served_model: str | None = None  # None: the same as `name`
+    # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
+    upstream_key_env: str | None = None
 
     @property
     def upstream_model(self) -> str:
         return self.served_model or self.name
+
+    def upstream_headers(self) -> dict[str, str]:
+        if not self.upstream_key_env:
+            return {}
+        key = os.environ.get(self.upstream_key_env)
+        if not key:
+            raise ConfigError(f"deployment {self.name!r}: the environment variable {self.upstream_key_env} is not set")
+        return {"Authorization": f"Bearer {key}"}
 
 
 class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -130,6 +140,7 @@ def check(config: GatewayConfig) -> None:
             if name in seen:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
+        d.upstream_headers()
         if not d.upstreams:
             raise ConfigError(f"deployment {d.name!r}: `upstreams` is empty")
         for url in d.upstreams:

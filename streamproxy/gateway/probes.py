@@ -40,7 +40,7 @@ async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
     ok = False
     try:
         async with asyncio.timeout(state.policy.health_check_timeout):
-            async with session.get(replica.url + "/health") as response:
+            async with session.get(replica.url + "/health", headers=pool.upstream_headers) as response:
                 ok = response.status == 200
                 await response.read()
     except (aiohttp.ClientError, OSError, TimeoutError):
