@@ -15,10 +15,12 @@ import anthropic
 import pytest
 import requests
 from anthropic.types import Message, TextBlock, ToolUseBlock
-from http_support import USER_HI_PROMPT_TOKENS
-from unit.api_events import anthropic_order, anthropic_text, check_anthropic, named_events
 
 from engine_adapter.fake import FakeScript
+from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
+from tests.support.prompts import USER_HI_PROMPT_TOKENS
+from tests.support.server import fake_server
+from tests.support.sse import named_events
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {
@@ -293,8 +295,6 @@ async def test_engine_failure_mid_stream_is_an_error_event(serve):
 
 
 def test_sync_sdk_against_the_cli_server():
-    from fake_process import fake_server
-
     with fake_server("--fake-text", "Paris is the capital.", "--sse-heartbeat", "0.05", "--fake-ttft", "0.2") as base:
         api = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
         message = api.messages.create(model="fake", max_tokens=4, messages=HI)

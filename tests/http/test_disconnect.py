@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from http_support import USER_HI, wait_until
-
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI, wait_until
 
 SLOW = FakeScript(text=" word", token_delay=0.05)  # one token, repeated
 

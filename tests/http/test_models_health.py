@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from http_support import USER_HI, assert_openai_error, validate, wait_until
+from tests.http.http_support import assert_openai_error
+from tests.support import USER_HI, validate, wait_until
 
 
 async def test_list_models(serve):

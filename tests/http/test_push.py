@@ -15,10 +15,11 @@ import json
 import socket
 
 import pytest
-from http_support import USER_HI, normalize_created, sse_payloads, wait_until
 
 from engine_adapter.fake import FakeScript
 from streamproxy.http import writer
+from tests.http.http_support import normalize_created
+from tests.support import USER_HI, sse, wait_until
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ async def test_pushed_stream_is_byte_identical_to_the_pulled_one(serve, pushes, 
     assert body_a == body_b
     # One frame per chunk boundary: no chunk splits an SSE event.
     assert all(c.endswith(b"\n\n") for c in chunks_a)
-    payloads = sse_payloads(body_a)
+    payloads = sse.payloads(body_a)
     assert payloads and all("choices" in p for p in payloads)
 
 
@@ -123,7 +124,7 @@ async def test_client_that_stops_reading_moves_to_pull_and_back_to_push(serve, p
         s.close()
     assert any(took for _, took in pushes[first_refusal:]), "never went back to push"
     _, chunks = _dechunk(bytes(raw))
-    payloads = sse_payloads(b"".join(chunks))
+    payloads = sse.payloads(b"".join(chunks))
     text = "".join(p["choices"][0]["text"] for p in payloads if p["choices"])
     assert text == word * tokens  # nothing lost or reordered across the switches
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
@@ -134,7 +135,7 @@ async def test_idle_pushed_stream_gets_heartbeats_and_a_busy_one_does_not(serve,
     client, _ = await serve(FakeScript(text=" w", ttft=0.45, token_delay=0.02), sse_heartbeat=0.1)
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True, "max_tokens": 15})
     body = await resp.read()
-    frames = body.split(b"\n\n")
+    frames = sse.frames(body)
     first_text = next(i for i, f in enumerate(frames) if b'"content":" w"' in f)
     beats_before = sum(f == b": keepalive" for f in frames[:first_text])
     assert 2 <= beats_before <= 6, frames[:first_text]
@@ -184,15 +185,15 @@ async def test_sink_exception_ends_only_that_stream_in_band(serve, monkeypatch):
         return await resp.read()
 
     boom, ok = await asyncio.gather(stream("boom"), stream("ok"))
-    frames = [f for f in boom.split(b"\n\n") if f]
+    frames = sse.frames(boom)
     assert frames[-1] == b"data: [DONE]"
     error = json.loads(frames[-2][len(b"data: ") :])
     assert error["error"]["type"] and "streaming" in error["error"]["message"]
     assert sum(b'"content":" w"' in f for f in frames) == 3
     # The other stream, fed by the same engine steps, is whole.
-    payloads = sse_payloads(ok)
+    payloads = sse.payloads(ok)
     assert "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads) == " w" * 30
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert await wait_until(lambda: "boom" in engine.aborted and engine.num_running == 0, 2.0)
     # And the engine loop still serves.
-    assert "".join(p["choices"][0]["delta"].get("content") or "" for p in sse_payloads(await stream("after"))) == " w" * 30
+    assert "".join(p["choices"][0]["delta"].get("content") or "" for p in sse.payloads(await stream("after"))) == " w" * 30

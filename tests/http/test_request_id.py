@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from http_support import USER_HI, sse_payloads, wait_until
 
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI, sse, wait_until
 
 REQUESTS = [
     ("POST", "/v1/chat/completions", {"messages": USER_HI}, 200),
@@ -75,7 +75,7 @@ async def test_request_id_is_engine_id_and_response_id(serve):
     assert data["id"] == "chatcmpl-abc-123"
 
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True}, headers={"X-Request-Id": "abc-124"})
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert engine.submitted[-1][0] == "abc-124"
     assert {p["id"] for p in payloads} == {"chatcmpl-abc-124"}
 
@@ -94,7 +94,7 @@ async def test_generated_request_id_is_engine_id_and_response_id(serve):
 
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
     rid = resp.headers["X-Request-Id"]
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert engine.submitted[-1][0] == rid
     assert {p["id"] for p in payloads} == {"chatcmpl-" + rid}
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from http_support import USER_HI
-from unit.api_events import check_anthropic, named_events
-
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI
+from tests.support.api_events import check_anthropic
+from tests.support.sse import named_events
 
 LATE = dict(nonstream_keepalive_after=0.05, nonstream_keepalive_interval=0.03)
 

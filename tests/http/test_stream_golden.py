@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-from http_support import DONE, USER_HI, USER_HI_PROMPT_TOKENS, assert_created_sane, normalize_created, sse_payloads
-
 from engine_adapter.fake import FakeScript
 from streamproxy.http.state import SYSTEM_FINGERPRINT
+from tests.http.http_support import assert_created_sane, normalize_created
+from tests.support import USER_HI, USER_HI_PROMPT_TOKENS, sse
 
 FP = SYSTEM_FINGERPRINT.encode()
+DONE = sse.DONE_FRAME + b"\n\n"
 
 CHAT_HEAD = b'data: {"id":"chatcmpl-req-1","object":"chat.completion.chunk","created":0,"model":"fake","system_fingerprint":"' + FP + b'",'
 CMPL_HEAD = b'data: {"id":"cmpl-req-1","object":"text_completion","created":0,"model":"fake","system_fingerprint":"' + FP + b'",'
@@ -71,7 +71,7 @@ async def test_chat_stream_golden_include_usage(serve):
         {"messages": USER_HI, "stream": True, "stream_options": {"include_usage": True}},
     )
     assert body == CHAT_GOLDEN + CHAT_USAGE + DONE
-    payloads = sse_payloads(body)
+    payloads = sse.payloads(body)
     usage_chunks = [p for p in payloads if "usage" in p]
     assert len(usage_chunks) == 1 and usage_chunks[0] is payloads[-1]
     assert usage_chunks[0]["choices"] == []
@@ -112,7 +112,7 @@ async def test_chat_continuous_usage_on_every_chunk(serve):
         "/v1/chat/completions",
         {"messages": USER_HI, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
     )
-    payloads = sse_payloads(body)
+    payloads = sse.payloads(body)
     assert len(payloads) == 6  # role, 3 content, finish, final usage
     assert all("usage" in p for p in payloads), payloads
     assert [p["usage"]["completion_tokens"] for p in payloads] == [0, 1, 2, 3, 3, 3]
@@ -132,7 +132,7 @@ async def test_chat_continuous_usage_role_chunk_counts_the_prompt(serve):
         "/v1/chat/completions",
         {"messages": USER_HI, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
     )
-    first = sse_payloads(body)[0]
+    first = sse.payloads(body)[0]
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["usage"] == {"prompt_tokens": 24, "completion_tokens": 0, "total_tokens": 24}
 
@@ -155,7 +155,7 @@ async def test_completions_continuous_usage(serve):
         "/v1/completions",
         {"prompt": "hi", "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
     )
-    payloads = sse_payloads(body)
+    payloads = sse.payloads(body)
     assert [p["usage"] for p in payloads] == [
         {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
         {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
@@ -180,7 +180,7 @@ async def _headers_before_first_token(serve, path: str, body: dict) -> None:
     done_at = time.monotonic() - t0
     # The engine really did hold the first token back (otherwise this test proves nothing).
     assert done_at >= 0.9, done_at
-    texts = [c.get("text", c.get("delta", {}).get("content")) for p in sse_payloads(raw) for c in p["choices"]]
+    texts = [c.get("text", c.get("delta", {}).get("content")) for p in sse.payloads(raw) for c in p["choices"]]
     assert "".join(t for t in texts if t) == "ab"
 
 
@@ -196,7 +196,7 @@ async def test_heartbeat_comment_while_waiting_for_first_token(serve):
     client, _ = await serve(FakeScript(tokens=["a"], ttft=0.35), sse_heartbeat=0.1)
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
     raw = await resp.read()
-    frames = raw[:-2].split(b"\n\n")
+    frames = sse.frames(raw)
     keepalives = [f for f in frames if f.startswith(b":")]
     assert 2 <= len(keepalives) <= 4, frames
     assert set(keepalives) == {b": keepalive"}

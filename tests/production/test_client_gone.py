@@ -10,9 +10,10 @@ import socket
 import time
 
 import psutil
-from support import chat_body, http_request, read_head, wait_until
 
 from engine_adapter.fake import FakeScript
+from tests.production.raw_http import chat_body, http_request, read_head
+from tests.support import wait_until
 
 
 async def test_1000_clients_disconnecting_after_first_byte_leave_nothing_running(server):

@@ -4,17 +4,18 @@ and a proxy that drops idle connections keeps a slow stream alive only thanks to
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
 from aiohttp import web
-from support import DONE, KEEPALIVE, USER_HI, data_payloads, frames, stream_verdict, wait_until
 
 from engine_adapter.base import Delta, OutputStream
 from engine_adapter.fake import FakeScript
 from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.http.writer import SSE_HEADERS, pump_sse
+from tests.support import USER_HI, sse, wait_until
+from tests.support.sse import DONE_FRAME as DONE
+from tests.support.sse import KEEPALIVE_FRAME as KEEPALIVE
 
 
 async def _timed_frames(session, url: str, body: dict) -> list[tuple[float, bytes]]:
@@ -81,7 +82,7 @@ async def test_heartbeat_while_queued(server, session):
     first_data = next(i for i, f in enumerate(kinds) if f.startswith(b"data: "))
     assert 3 <= first_data <= 6, kinds
     assert second[0][0] < 0.1 + 0.15
-    assert stream_verdict(b"\n\n".join(kinds) + b"\n\n") == "done"
+    assert sse.verdict(b"\n\n".join(kinds) + b"\n\n") == "done"
     assert srv.state.admission.active == 0 and srv.state.admission.queued == 0
 
 
@@ -126,7 +127,7 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
                 body = await resp.read()
     finally:
         await runner.cleanup()
-    fs = frames(body)
+    fs = sse.frames(body)
     # 12 steps x 30 ms = 0.36 s of steps that write nothing: 3 heartbeats.
     assert 2 <= fs.count(KEEPALIVE) <= 4, fs
     assert fs[-1] == DONE
@@ -198,9 +199,9 @@ async def test_idle_dropping_proxy_keeps_slow_stream_alive(server, session, hear
             cut = True
         if heartbeat:
             assert not cut and proxy.dropped == 0
-            payloads = data_payloads(body)
+            payloads = sse.payloads(body)
             assert [p["choices"][0]["delta"].get("content") for p in payloads[1:4]] == [" slow"] * 3
-            assert frames(body).count(KEEPALIVE) >= 10
+            assert sse.frames(body).count(KEEPALIVE) >= 10
             assert srv.engine.aborted == []
         else:
             # The control: without heartbeats the proxy cuts the stream mid-way,

@@ -7,9 +7,9 @@ import asyncio
 import json
 import time
 
-from support import USER_HI, chat_body, http_request, read_head, stream_verdict, wait_until
-
 from engine_adapter.fake import FakeScript
+from tests.production.raw_http import chat_body, http_request, read_head
+from tests.support import USER_HI, sse, wait_until
 
 
 def _err(raw: bytes) -> dict:
@@ -165,7 +165,7 @@ async def test_engine_death_error_event_in_flight_then_503(server, session):
     await asyncio.sleep(0.1)
     srv.engine.kill()
     for body in await asyncio.gather(*streams):
-        assert stream_verdict(body) == "error"
+        assert sse.verdict(body) == "error"
         assert b'"content":" x"' in body  # it was mid-stream
     status, raw = await plain
     assert status == 500 and _err(raw)["code"] == "engine_error"

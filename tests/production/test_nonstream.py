@@ -9,9 +9,9 @@ import json
 import httpx
 import openai
 import pytest
-from support import USER_HI, stream_verdict, wait_until
 
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI, sse, wait_until
 
 SLOW4 = FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.1)  # ~0.4 s
 KEEPALIVE = {"nonstream_keepalive_after": 0.1, "nonstream_keepalive_interval": 0.05}
@@ -139,10 +139,10 @@ async def test_queue_wait_is_bounded_by_request_timeout(server, session):
     async with session.post(srv.url("/v1/completions"), json={"prompt": "hi", "stream": True, "max_tokens": 2}) as resp:
         assert resp.status == 200
         body = await resp.read()
-    assert stream_verdict(body) == "error"
+    assert sse.verdict(body) == "error"
     assert b'"code":"queue_timeout"' in body and body.startswith(b": keepalive\n\n")
     first = await holder
-    assert stream_verdict(await first.read()) == "done"
+    assert sse.verdict(await first.read()) == "done"
     assert len(srv.engine.submitted) == 1
     assert srv.state.admission.active == 0 and srv.state.admission.queued == 0
 

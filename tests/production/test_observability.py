@@ -7,9 +7,10 @@ import json
 import re
 
 from prometheus_client.parser import text_string_to_metric_families
-from support import USER_HI, http_request, wait_until
 
 from engine_adapter.fake import FakeScript
+from tests.production.raw_http import http_request
+from tests.support import USER_HI, wait_until
 
 FAMILIES = {
     "streamproxy_time_to_first_byte_seconds": "histogram",

@@ -15,8 +15,7 @@ from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.llama3_json import Llama3JsonParser
 from streamproxy.filters.mistral import MistralParser
 from streamproxy.filters.pythonic import PythonicParser
-
-from .filter_support import TOOLS, bytewise, every_split, outcome, run
+from tests.unit.filter_support import TOOLS, bytewise, every_split, outcome, run
 
 
 def hermes(parallel: bool = True):
@@ -63,8 +62,8 @@ CASES = [
         "",
         [("get_weather", '{"city": "Oslo"}')],
     ),
-    ("hermes-unclosed-but-complete", hermes(), f'<tool_call>{{"name": "get_time", "arguments": {{}}}}', "", [("get_time", "{}")]),
-    ("hermes-text-after-call", hermes(), f'<tool_call>{{"name": "get_time", "arguments": {{}}}}</tool_call>\n\nDone.', "Done.", [("get_time", "{}")]),
+    ("hermes-unclosed-but-complete", hermes(), '<tool_call>{"name": "get_time", "arguments": {}}', "", [("get_time", "{}")]),
+    ("hermes-text-after-call", hermes(), '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n\nDone.', "Done.", [("get_time", "{}")]),
     ("hermes-lookalike-tag", hermes(), "a <tool_cal b <tool_call", "a <tool_cal b <tool_call", []),
     ("llama3", llama(), f'{{"name": "get_weather", "parameters": {PARIS}}}', "", [("get_weather", PARIS)]),
     (
@@ -185,7 +184,7 @@ def test_one_invalid_block_does_not_spoil_a_valid_one():
 @pytest.mark.parametrize(
     ("make", "text"),
     [
-        (hermes(), f'ok <tool_call>{{"name": "get_weather", "arguments": {{"city": "Par'),
+        (hermes(), 'ok <tool_call>{"name": "get_weather", "arguments": {"city": "Par'),
         (llama(), '{"name": "get_weather", "parameters": {"city": "Par'),
         (mistral(), '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'),
         (pythonic(), '[get_weather(city="Par'),
