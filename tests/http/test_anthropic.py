@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens on the fake engine: raw HTTP and the Anthropic SDK.
 
 Streams are checked event by event against the SDK's own models and for
-their life cycle (`unit/api_events.py`); the SDK itself runs over the wire
+their life cycle (`tests/support/api_events.py`); the SDK itself runs over the wire
 (`messages.create`, stream and not, `messages.stream`, `count_tokens`) and
 must hand back complete, correctly typed objects. Errors on these routes are
 in Anthropic's shape, before the first byte and in the stream.
@@ -139,15 +139,6 @@ async def test_max_tokens_beyond_the_context_is_lowered_to_fit(serve):
     assert engine.submitted[-1][2].max_tokens == room
     message = json.loads(data)
     assert message["stop_reason"] == "model_context_window_exceeded" and message["usage"]["output_tokens"] == room
-
-
-async def test_ping_keeps_a_slow_stream_alive(serve):
-    client, _ = await serve(FakeScript(tokens=["late"], ttft=0.35), sse_heartbeat=0.1)
-    r, body = await post(client, {"max_tokens": 5, "messages": HI, "stream": True})
-    events = named_events(body)
-    check_anthropic(events)
-    assert [e for e, _ in events].count("ping") >= 2
-    assert b"\n: keepalive" not in body and not body.startswith(b":")
 
 
 # -- the Anthropic SDK ---------------------------------------------------------------

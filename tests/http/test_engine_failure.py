@@ -72,36 +72,6 @@ async def test_nonstream_failure_is_openai_500(serve):
     assert engine.num_running == 0
 
 
-async def test_nonstream_failure_after_keepalive_started(serve):
-    # Past `nonstream_keepalive_after` the 200 is already out: the error goes in the body.
-    client, _ = await serve(
-        FakeScript(text=" x", fail_after=3, token_delay=0.05),
-        nonstream_keepalive_after=0.05,
-        nonstream_keepalive_interval=0.03,
-    )
-    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
-    assert resp.status == 200
-    raw = await resp.read()
-    assert raw.startswith(b"\n")
-    assert raw.lstrip(b"\n") == ERROR_EVENT[6:]
-    assert b"Traceback" not in raw
-
-
-async def test_nonstream_keepalive_then_body(serve):
-    client, _ = await serve(
-        FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.05),
-        nonstream_keepalive_after=0.05,
-        nonstream_keepalive_interval=0.03,
-    )
-    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
-    assert resp.status == 200
-    assert resp.headers["Content-Type"].startswith("application/json")
-    raw = await resp.read()
-    assert raw.startswith(b"\n")
-    data = json.loads(raw)
-    assert data["choices"][0]["message"]["content"] == "abcd"
-
-
 async def test_engine_dead_is_503(serve):
     client, engine = await serve()
     engine.kill()

@@ -1,7 +1,7 @@
 """POST /v1/responses end to end on the fake engine: raw HTTP and the OpenAI SDK.
 
 Streams are checked event by event against the SDK's own models and for
-their life cycle (`unit/api_events.py`); the SDK itself is also run over the
+their life cycle (`tests/support/api_events.py`); the SDK itself is also run over the
 wire (`responses.create`, stream and not, and `responses.stream`) and must
 hand back complete, correctly typed objects.
 """

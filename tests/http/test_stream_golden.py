@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from engine_adapter.fake import FakeScript
@@ -190,18 +189,3 @@ async def test_chat_headers_before_first_token(serve):
 
 async def test_completions_headers_before_first_token(serve):
     await _headers_before_first_token(serve, "/v1/completions", {"prompt": "hi", "stream": True})
-
-
-async def test_heartbeat_comment_while_waiting_for_first_token(serve):
-    client, _ = await serve(FakeScript(tokens=["a"], ttft=0.35), sse_heartbeat=0.1)
-    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
-    raw = await resp.read()
-    frames = sse.frames(raw)
-    keepalives = [f for f in frames if f.startswith(b":")]
-    assert 2 <= len(keepalives) <= 4, frames
-    assert set(keepalives) == {b": keepalive"}
-    # Keepalives come after the role chunk and before any content.
-    first_content = next(i for i, f in enumerate(frames) if b'"content":"a"' in f)
-    assert all(i < first_content for i, f in enumerate(frames) if f.startswith(b":"))
-    assert json.loads(frames[0][6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert frames[-1] == b"data: [DONE]"

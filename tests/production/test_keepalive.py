@@ -1,9 +1,16 @@
 """SSE heartbeats: while queued, during a long time to first token, in mid-stream gaps,
-and a proxy that drops idle connections keeps a slow stream alive only thanks to them."""
+in push mode, in each API's own shape (a `: keepalive` comment; `event: ping`
+on /v1/messages), and a proxy that drops idle connections keeps a slow stream
+alive only thanks to them.
+
+This file is the one home of the SSE keepalive; the non-stream keepalive
+(newlines before the JSON) is in test_nonstream.py, and what clients make of
+both is in tests/compat/test_keepalive.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -14,8 +21,10 @@ from engine_adapter.fake import FakeScript
 from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.http.writer import SSE_HEADERS, pump_sse
 from tests.support import USER_HI, sse, wait_until
+from tests.support.api_events import check_anthropic
 from tests.support.sse import DONE_FRAME as DONE
 from tests.support.sse import KEEPALIVE_FRAME as KEEPALIVE
+from tests.support.sse import named_events
 
 
 async def _timed_frames(session, url: str, body: dict) -> list[tuple[float, bytes]]:
@@ -84,6 +93,75 @@ async def test_heartbeat_while_queued(server, session):
     assert second[0][0] < 0.1 + 0.15
     assert sse.verdict(b"\n\n".join(kinds) + b"\n\n") == "done"
     assert srv.state.admission.active == 0 and srv.state.admission.queued == 0
+
+
+async def test_heartbeat_comment_while_waiting_for_first_token(server, session):
+    srv = await server(FakeScript(tokens=["a"], ttft=0.35), sse_heartbeat=0.1)
+    async with session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "stream": True}) as resp:
+        raw = await resp.read()
+    frames = sse.frames(raw)
+    keepalives = [f for f in frames if f.startswith(b":")]
+    assert 2 <= len(keepalives) <= 4, frames
+    assert set(keepalives) == {b": keepalive"}
+    # Keepalives come after the role chunk and before any content.
+    first_content = next(i for i, f in enumerate(frames) if b'"content":"a"' in f)
+    assert all(i < first_content for i, f in enumerate(frames) if f.startswith(b":"))
+    assert json.loads(frames[0][6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert frames[-1] == b"data: [DONE]"
+
+
+async def test_queued_stream_gets_the_encoders_keepalive(server, session):
+    """A stream waiting for an admission slot is kept alive with its encoder's keepalive
+    (`event: ping` on /v1/messages, an SSE comment elsewhere), as it is once generating."""
+    srv = await server(
+        FakeScript(text=" x", token_delay=0.05), sse_heartbeat=0.05, max_concurrent_requests=1, max_queued_requests=2
+    )
+    busy = asyncio.ensure_future(session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "max_tokens": 8}))
+    await asyncio.sleep(0.05)  # the first request holds the only slot for ~0.4 s
+    queued_anthropic = session.post(srv.url("/v1/messages"), json={"max_tokens": 2, "messages": USER_HI, "stream": True})
+    queued_chat = session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "max_tokens": 2, "stream": True})
+    first, a, c = await asyncio.gather(busy, queued_anthropic, queued_chat)
+    assert first.status == 200 and (await first.json())["choices"][0]["finish_reason"] == "length"
+    body = await a.read()
+    events = named_events(body)
+    check_anthropic(events)
+    assert events[0][0] == "ping", [e for e, _ in events][:4]  # while queued: before message_start
+    assert b": keepalive" not in body
+    chat_body = await c.read()
+    assert chat_body.startswith(b": keepalive\n\n") and b"event: ping" not in chat_body
+
+
+async def test_ping_keeps_a_slow_anthropic_stream_alive(server, session):
+    srv = await server(FakeScript(tokens=["late"], ttft=0.35), sse_heartbeat=0.1)
+    async with session.post(srv.url("/v1/messages"), json={"max_tokens": 5, "messages": USER_HI, "stream": True}) as resp:
+        body = await resp.read()
+    events = named_events(body)
+    check_anthropic(events)
+    assert [e for e, _ in events].count("ping") >= 2
+    assert b"\n: keepalive" not in body and not body.startswith(b":")
+
+
+async def test_idle_pushed_stream_gets_heartbeats_and_a_busy_one_does_not(server, session, pushes):
+    srv = await server(FakeScript(text=" w", ttft=0.45, token_delay=0.02), sse_heartbeat=0.1)
+    async with session.post(srv.url("/v1/chat/completions"), json={"messages": USER_HI, "stream": True, "max_tokens": 15}) as resp:
+        body = await resp.read()
+    frames = sse.frames(body)
+    first_text = next(i for i, f in enumerate(frames) if b'"content":" w"' in f)
+    beats_before = sum(f == b": keepalive" for f in frames[:first_text])
+    assert 2 <= beats_before <= 6, frames[:first_text]
+    # Tokens every 20 ms keep the stream busy: no keepalive once they flow.
+    assert b": keepalive" not in b"\n\n".join(frames[first_text:])
+    assert sum(took for _, took in pushes) >= 15
+
+
+async def test_idle_pushed_anthropic_stream_gets_ping_events(server, session, pushes):
+    srv = await server(FakeScript(text=" w", ttft=0.35, token_delay=0.01), sse_heartbeat=0.1)
+    async with session.post(srv.url("/v1/messages"), json={"model": "fake", "max_tokens": 5, "stream": True, "messages": USER_HI}) as resp:
+        body = await resp.read()
+    assert body.count(b"event: ping\n") >= 2
+    assert b": keepalive" not in body
+    assert body.rstrip().endswith(b'{"type":"message_stop"}')
+    assert sum(took for _, took in pushes) >= 5
 
 
 async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
