@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import time
 
 import openai
 import pytest
@@ -218,10 +217,6 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
             before = _metric(engine_server, finished), _metric(engine_server, generated)
             r = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
-            time.sleep(0.5)  # vLLM's stat loggers record after the step's outputs are handed over
-            after = _metric(engine_server, finished), _metric(engine_server, generated)
-            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
-            assert after[1] - before[1] > 0
             if stream:
                 chunks = sse.payloads(r.content)
                 text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
@@ -230,6 +225,15 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
             else:
                 data = r.json()
                 results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
+            # vLLM's stat loggers record after the step's outputs are handed over: wait until
+            # every token of the answer is counted (then its last step, finish included, is).
+            tokens = results[-1][2]["completion_tokens"]
+            assert wait_until_sync(lambda: _metric(engine_server, generated) - before[1] >= tokens, 30, interval=0.1)
+            if extra:
+                assert wait_until_sync(lambda: _metric(engine_server, finished) - before[0] >= 1, 30, interval=0.1)
+            after = _metric(engine_server, finished), _metric(engine_server, generated)
+            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
+            assert after[1] - before[1] > 0
         direct, vllm_path = results
         assert direct[0] and direct == vllm_path
         if not stop:  # the last round again with a stop string from the middle of the answer

@@ -18,7 +18,7 @@ from anthropic.types import Message, TextBlock, ToolUseBlock
 
 from engine_adapter.fake import FakeScript
 from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
-from tests.support.prompts import USER_HI_PROMPT_TOKENS
+from tests.support.fake import USER_HI_PROMPT_TOKENS
 from tests.support.server import fake_server
 from tests.support.sse import named_events
 

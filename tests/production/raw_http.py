@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from tests.support.prompts import USER_HI
+from tests.support.fake import USER_HI
 
 
 def http_request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:

@@ -236,7 +236,7 @@ async def test_client_that_never_reads_is_bounded_then_ended(server):
     peak_rss = rss_before
     t0 = time.monotonic()
     try:
-        while time.monotonic() - t0 < 10:
+        while time.monotonic() - t0 < 30:
             sizes = _server_buffers(srv)
             if sizes:
                 peak_buffer = max(peak_buffer, max(sizes))
@@ -248,8 +248,8 @@ async def test_client_that_never_reads_is_bounded_then_ended(server):
         ended_after = time.monotonic() - t0
         assert sorted(srv.engine.aborted) == sorted(f"stuck-{i}" for i in range(clients))
         assert srv.engine.num_running == 0
-        # Each stream was ended about `stall` after its buffer filled.
-        assert ended_after < stall + 3.0, ended_after
+        # Each stream was ended about `stall` after its buffer filled (not left to run).
+        assert ended_after < stall + 10.0, ended_after
         per_stream_bound = 64 * 1024 + 64 * 1024 + 8 * 1024
         assert peak_buffer <= per_stream_bound, peak_buffer
         growth = peak_rss - rss_before
@@ -259,7 +259,7 @@ async def test_client_that_never_reads_is_bounded_then_ended(server):
         )
         assert growth < 64 * 2**20, growth
         # The connections were dropped (their buffers freed), and the server still serves.
-        assert await wait_until(lambda: not any(_server_buffers(srv)), 2.0)
+        assert await wait_until(lambda: not any(_server_buffers(srv)), 5.0)
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         writer.write(http_request("GET", "/health"))
         status, _ = await read_head(reader)

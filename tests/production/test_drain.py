@@ -39,16 +39,16 @@ async def test_drain_finishes_short_requests_and_ends_long_ones(server, session)
         async with session.post(url, json={"prompt": "hi", "max_tokens": tokens}, headers={"X-Request-Id": rid}) as resp:
             return resp.status, await resp.read()
 
-    short = [asyncio.ensure_future(stream(f"short-{i}", 15)) for i in range(5)]
+    short = [asyncio.ensure_future(stream(f"short-{i}", 15)) for i in range(5)]  # ~0.3 s: inside the drain
     long = [asyncio.ensure_future(stream(f"long-{i}", 5000)) for i in range(5)]
     plain_short = asyncio.ensure_future(plain("plain-short", 15))
     plain_long = asyncio.ensure_future(plain("plain-long", 5000))
-    assert await wait_until(lambda: srv.engine.num_running == 12, 2.0)
+    assert await wait_until(lambda: srv.engine.num_running == 12, 5.0)
     await asyncio.sleep(0.05)
     t0 = time.monotonic()
-    ended = await drain(srv.runner, srv.app, timeout=0.6)
+    ended = await drain(srv.runner, srv.app, timeout=1.5)
     took = time.monotonic() - t0
-    assert ended == 6 and 0.55 < took < 2.0, (ended, took)
+    assert ended == 6 and 1.45 < took < 10.0, (ended, took)  # the long ones kept it to its timeout
     for body in await asyncio.gather(*short):
         assert sse.verdict(body) == "done"
     for body in await asyncio.gather(*long):
@@ -60,7 +60,7 @@ async def test_drain_finishes_short_requests_and_ends_long_ones(server, session)
     status, raw = await plain_long
     assert status == 200 and raw.startswith(b"\n")  # it had sent its early 200
     assert json.loads(raw)["error"]["code"] == "server_shutting_down"
-    assert await wait_until(lambda: srv.engine.num_running == 0, 1.0)
+    assert await wait_until(lambda: srv.engine.num_running == 0, 5.0)
     assert sorted(srv.engine.aborted) == sorted([f"long-{i}" for i in range(5)] + ["plain-long"])
     # No longer listening.
     with pytest.raises(aiohttp.ClientConnectorError):
@@ -78,12 +78,12 @@ async def test_drain_with_nothing_in_flight_is_immediate_and_new_work_is_refused
             assert resp.headers["Retry-After"]
             assert (await resp.json())["error"]["code"] == "server_shutting_down"
     t0 = time.monotonic()
-    assert await drain(srv.runner, srv.app, timeout=5) == 0
-    assert time.monotonic() - t0 < 0.5
+    assert await drain(srv.runner, srv.app, timeout=60) == 0
+    assert time.monotonic() - t0 < 30  # at once: it did not wait for its timeout
 
 
 async def test_sigterm_during_100_streams_loses_none_silently(tmp_path):
-    drain_timeout = 1.5
+    drain_timeout = 3.0  # the even streams need ~1 s of it
     args = [
         "--engine", "fake",
         "--fake-token-delay", "0.02", "--fake-max-model-len", "100000",
@@ -131,7 +131,7 @@ async def test_sigterm_during_100_streams_loses_none_silently(tmp_path):
         took = time.monotonic() - t_sig
         out, err = srv.stdout(), srv.stderr()
         assert code == 0, err[-3000:]
-        assert took < drain_timeout + 3, took
+        assert took < drain_timeout + 10, took
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         by_id = {line["request_id"]: line for line in lines if line["path"] == "/v1/chat/completions"}
         assert len(by_id) == 100

@@ -17,7 +17,7 @@ import pytest
 from engine_adapter.fake import FakeScript
 from tests.support import USER_HI, sse, wait_until
 
-SLOW4 = FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.1)  # ~0.4 s
+SLOW4 = FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.15)  # ~0.6 s
 KEEPALIVE = {"nonstream_keepalive_after": 0.1, "nonstream_keepalive_interval": 0.05}
 ROUTES = {
     "/v1/chat/completions": {"messages": USER_HI},
@@ -39,7 +39,7 @@ async def test_newlines_then_json(server, session, route):
         raw = await resp.read()
     body = raw.lstrip(b"\n")
     newlines = len(raw) - len(body)
-    assert 3 <= newlines <= 10, raw[:20]
+    assert 3 <= newlines <= 40, raw[:20]  # about 10: one every 0.05 s from 0.1 s on
     assert not body.startswith((b" ", b"\r", b"\t"))
     data = json.loads(raw)  # JSON allows the leading whitespace
     assert _text(route, data) == "abcd"
@@ -139,7 +139,7 @@ async def test_request_timeout_before_early_200_is_504_and_aborts(server, sessio
     err = json.loads(raw)["error"]
     assert err["code"] == "generation_timeout" and err["type"] == "timeout_error"
     assert "0.3 seconds" in err["message"]
-    assert await wait_until(lambda: "slow-1" in srv.engine.aborted and srv.engine.num_running == 0, 1.0)
+    assert await wait_until(lambda: "slow-1" in srv.engine.aborted and srv.engine.num_running == 0, 5.0)
 
 
 async def test_request_timeout_after_early_200_is_in_body_and_aborts(server, session):
@@ -152,7 +152,7 @@ async def test_request_timeout_after_early_200_is_in_body_and_aborts(server, ses
     assert raw.startswith(b"\n")
     data = json.loads(raw)
     assert "choices" not in data and data["error"]["code"] == "generation_timeout"
-    assert await wait_until(lambda: "slow-2" in srv.engine.aborted and srv.engine.num_running == 0, 1.0)
+    assert await wait_until(lambda: "slow-2" in srv.engine.aborted and srv.engine.num_running == 0, 5.0)
 
 
 async def test_openai_sdk_does_not_retry_a_generation_timeout(server):
@@ -166,7 +166,7 @@ async def test_openai_sdk_does_not_retry_a_generation_timeout(server):
     assert info.value.status_code == 504
     assert info.value.code == "generation_timeout"
     assert len(srv.engine.submitted) == 1
-    assert await wait_until(lambda: srv.engine.num_running == 0, 1.0)
+    assert await wait_until(lambda: srv.engine.num_running == 0, 5.0)
 
 
 async def test_queue_wait_is_bounded_by_request_timeout(server, session):
@@ -182,7 +182,7 @@ async def test_queue_wait_is_bounded_by_request_timeout(server, session):
     holder = asyncio.ensure_future(
         session.post(srv.url("/v1/completions"), json={"prompt": "hi", "stream": True, "max_tokens": 20})
     )
-    assert await wait_until(lambda: srv.engine.num_running == 1, 2.0)
+    assert await wait_until(lambda: srv.engine.num_running == 1, 5.0)
     async with session.post(srv.url("/v1/completions"), json={"prompt": "hi", "max_tokens": 2}) as resp:
         raw = await resp.read()
         assert resp.status == 429 and resp.headers["Retry-After"]

@@ -14,6 +14,7 @@ on a frame boundary, there are no problems, and (for the chat and
 completions streams) every frame is one `data: ` line or one comment line.
 
     frames(body)          the raw frames, comments included: [b'data: {...}', b': keepalive', ...]
+    arrivals(pieces)      the same for a body read in timed pieces, each frame with its arrival time
     data(body)            the bytes after `data: ` of each data frame (comments skipped)
     payloads(body)        the JSON of each data frame before the single, final `data: [DONE]`
     named_events(body)    [(event name, JSON payload)] of a Responses or Anthropic stream
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 DONE_FRAME = b"data: [DONE]"
@@ -119,6 +121,20 @@ def frames(body: bytes) -> list[bytes]:
         assert b"\n" not in frame.raw, frame.raw
         assert frame.raw.startswith(b"data: ") or frame.raw.startswith(b":"), frame.raw
         out.append(frame.raw)
+    return out
+
+
+def arrivals(chunks: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
+    """`frames` of a body read in timed pieces: each frame with the time of the piece that completed it."""
+    body = b"".join(piece for _, piece in chunks)
+    ends = list(accumulate(len(piece) for _, piece in chunks))
+    out = []
+    end = k = 0
+    for raw in frames(body):
+        end += len(raw) + 2
+        while ends[k] < end:
+            k += 1
+        out.append((chunks[k][0], raw))
     return out
 
 
