@@ -17,7 +17,7 @@ openai>=3 is built on `httpx2` (httpx's API under another name), openai<3
 on `httpx`: the transports are built from whichever module the installed
 SDK uses (`http_module()`), and LangChain follows the SDK the same way.
 Depends only on that module: the LlamaIndex client runs in its own
-virtualenv (tests/compat/llamaindex/, openai<3) and imports this file too;
+virtualenv (tests/compat/llamaindex/, openai<3) and imports this module too;
 it prints `Wire.dump()` and the test side rebuilds the exchanges with
 `Exchange.load`.
 """

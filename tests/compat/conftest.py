@@ -35,16 +35,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
+
+from tests.support.server import FAKE_ARGS, ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPAT = Path(__file__).resolve().parent
@@ -90,64 +88,9 @@ WEATHER_SCHEMA = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerFailed(RuntimeError):
-    def __init__(self, message: str, log: str) -> None:
-        super().__init__(f"{message}:\n{log[-4000:]}")
-        self.log = log
-
-
-class FakeServer:
-    """`python -m streamproxy serve --engine fake ARGS` on a free loopback port."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [
-            sys.executable, "-m", "streamproxy", "serve", "--engine", "fake",
-            "--host", "127.0.0.1", "--port", str(self.port), "--access-log", "off", *args,
-        ]
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                raise ServerFailed(f"fake server exited with {self.proc.returncode}", self.log_path.read_text())
-            try:
-                if requests.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise ServerFailed(f"fake server not ready after {START_TIMEOUT} s", self.log_path.read_text())
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
-
-
-def _start_fake(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]):
-    server = FakeServer(args, tmp_path_factory.mktemp(name) / "server.log")
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+def _start_fake(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> ServerProcess:
+    """`python -m streamproxy serve --engine fake --access-log off ARGS`, ready; the fixture stops it."""
+    return start_server([*FAKE_ARGS, *args], tmp_path_factory.mktemp(name), name=name, timeout=START_TIMEOUT)
 
 
 @pytest.fixture(scope="session")
@@ -292,7 +235,10 @@ def llamaindex_runner():
         )
 
     def run(config: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
-        return _run_json([str(LLAMAINDEX_PYTHON), str(COMPAT / "llamaindex" / "client.py")], config, "llamaindex", COMPAT, timeout)
+        # A module of the tests package, run from the repository root: it imports tests.compat.capture
+        # from there (tests/__init__.py and tests/compat/__init__.py import nothing, so LlamaIndex's
+        # venv needs none of the main one's packages).
+        return _run_json([str(LLAMAINDEX_PYTHON), "-m", "tests.compat.llamaindex.client"], config, "llamaindex", ROOT, timeout)
 
     return run
 
@@ -300,6 +246,6 @@ def llamaindex_runner():
 @pytest.fixture
 def wire():
     """What the Python clients of one test received (see capture.py)."""
-    from .capture import Wire
+    from tests.compat.capture import Wire
 
     return Wire()

@@ -16,9 +16,10 @@ import subprocess
 
 import pytest
 
-from .capture import Exchange
-from .conftest import missing_runtime
-from .wirecheck import assert_wire_ok
+from tests.compat.capture import Exchange
+from tests.compat.conftest import missing_runtime
+from tests.compat.wirecheck import assert_wire_ok
+from tests.support import sse
 
 CLIENT = "curl"
 FP = b"streamproxy-VERSION"
@@ -135,9 +136,10 @@ def test_chat_stream_framing(curl, target):
     }
     headers, payload = run_curl(curl, url, body, "compat-curl-framing")
     assert headers[":status"] == "200", f"{CLIENT}: status {headers[':status']}: {payload[:300]!r}"
-    events = payload.split(b"\n\n")
-    assert events[-1] == b"" and events[-2] == b"data: [DONE]", f"{CLIENT}: stream ends with {payload[-60:]!r}"
-    events = [e for e in events[:-2] if not e.startswith(b":")]  # keepalive comments may come in between
+    assert payload.endswith(b"\n\n"), f"{CLIENT}: stream ends with {payload[-60:]!r}"
+    events = sse.frames(payload)
+    assert events[-1] == b"data: [DONE]", f"{CLIENT}: stream ends with {payload[-60:]!r}"
+    events = [e for e in events[:-1] if not e.startswith(b":")]  # keepalive comments may come in between
     for event in events:
         assert event.startswith(b"data: {") and b"\n" not in event, f"{CLIENT}: event {event[:120]!r} is not one 'data: {{json}}' line"
     assert all(b'"id":"chatcmpl-compat-curl-framing"' in e for e in events), f"{CLIENT}: id not derived from X-Request-Id"

@@ -14,8 +14,8 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
-from .capture import Exchange
-from .wirecheck import assert_wire_ok
+from tests.compat.capture import Exchange
+from tests.compat.wirecheck import assert_wire_ok
 
 PROMPT = [{"role": "user", "content": "hi"}]
 

@@ -19,10 +19,10 @@ import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
-from unit.openai_schema import errors as schema_errors
 
-from .capture import Exchange
-from .wirecheck import assert_wire_ok
+from tests.compat.capture import Exchange
+from tests.compat.wirecheck import assert_wire_ok
+from tests.support.openai_schema import errors as schema_errors
 
 PROMPT = [{"role": "user", "content": "hi"}]
 TEXT = "Hello! This is"

@@ -18,8 +18,8 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from .conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, Target
-from .wirecheck import assert_wire_ok
+from tests.compat.conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, Target
+from tests.compat.wirecheck import assert_wire_ok
 
 CLIENT = "langchain"
 PROMPT = [HumanMessage("Say hello in five words.")]

@@ -8,9 +8,9 @@ exchanges it read, which are checked here like every other client's.
 
 from __future__ import annotations
 
-from .capture import Exchange
-from .conftest import Target
-from .wirecheck import assert_wire_ok
+from tests.compat.capture import Exchange
+from tests.compat.conftest import Target
+from tests.compat.wirecheck import assert_wire_ok
 
 CLIENT = "llamaindex"
 

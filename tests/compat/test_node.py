@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from .capture import Exchange
-from .conftest import END, PARALLEL_ARGS, TOOL_ARGS, WEATHER_TOOL, Target
-from .wirecheck import assert_wire_ok, stream_chunks
+from tests.compat.capture import Exchange
+from tests.compat.conftest import END, PARALLEL_ARGS, TOOL_ARGS, WEATHER_TOOL, Target
+from tests.compat.wirecheck import assert_wire_ok, stream_chunks
 
 OPENAI_NODE = "openai-node"
 AI_SDK = "ai-sdk"

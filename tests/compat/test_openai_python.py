@@ -14,8 +14,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from .conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, WEATHER_SCHEMA, WEATHER_TOOL, Target
-from .wirecheck import assert_wire_ok, stream_chunks
+from tests.compat.conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, WEATHER_SCHEMA, WEATHER_TOOL, Target
+from tests.compat.wirecheck import assert_wire_ok, stream_chunks
 
 CLIENT = "openai-python"
 PROMPT = [{"role": "user", "content": "Say hello in five words."}]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import anthropic
 import openai
 
-from .conftest import Target
+from tests.compat.conftest import Target
 
 
 def test_openai_responses_create_and_stream(target: Target, wire):

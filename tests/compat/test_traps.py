@@ -15,9 +15,9 @@ import openai
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
-from .capture import Exchange
-from .conftest import END, WEATHER_TOOL, Target
-from .wirecheck import assert_wire_ok, stream_chunks
+from tests.compat.capture import Exchange
+from tests.compat.conftest import END, WEATHER_TOOL, Target
+from tests.compat.wirecheck import assert_wire_ok, stream_chunks
 
 PROMPT = [{"role": "user", "content": "Say hello in five words."}]
 

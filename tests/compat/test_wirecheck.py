@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from .capture import Exchange
-from .wirecheck import problems
+from tests.compat.capture import Exchange
+from tests.compat.wirecheck import problems
 
 HEAD = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "system_fingerprint": "fp"}
 

@@ -8,7 +8,7 @@ problems, each naming the client, the endpoint and the exact field, e.g.
     role in a chunk after the first of choice 0
 
 Every chat response and every chat stream chunk is validated against
-OpenAI's published schemas (tests/unit/openai_schema.py); `/v1/models`
+OpenAI's published schemas (tests/support/openai_schema.py); `/v1/models`
 against ListModelsResponse / Model; errors against ErrorResponse. The spec
 files hold no legacy-completions schema, so `/v1/completions` gets a
 structural check here. On top of the schemas, streams are held to the
@@ -25,32 +25,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from unit.openai_schema import errors as schema_errors
+from tests.support import sse
+from tests.support.openai_schema import errors as schema_errors
 
 DONE = "[DONE]"
 
 
 def sse_data(body: bytes) -> tuple[list[str], list[str]]:
     """The `data` payloads of an SSE body (comments skipped) and framing problems."""
-    issues: list[str] = []
-    text = body.decode("utf-8")
-    if text and not text.endswith("\n\n"):
-        issues.append(f"stream does not end with a blank line: {text[-60:]!r}")
+    frames, issues = sse.parse(body)
     out: list[str] = []
-    for block in text.split("\n\n"):
-        if not block.strip("\n"):
-            continue
-        data_lines = []
-        for line in block.split("\n"):
-            if line.startswith(":"):
-                continue  # keepalive comment
-            if line.startswith("data:"):
-                data_lines.append(line[5:].removeprefix(" "))
-            elif line:
-                field = line.split(":", 1)[0]
-                issues.append(f"unexpected SSE field {field!r} in event {block[:80]!r}")
-        if data_lines:
-            out.append("\n".join(data_lines))
+    for frame in frames:
+        if frame.event is not None:  # chat and completions streams carry no event names
+            issues.append(f"unexpected SSE field 'event' in event {frame.raw[:80]!r}")
+        if frame.data is not None:
+            out.append(frame.data.decode("utf-8"))
     return out, issues
 
 

@@ -10,7 +10,9 @@ import anthropic
 import openai
 import pytest
 import requests
-from unit.api_events import anthropic_order, anthropic_text, check_anthropic, check_responses, named_events, responses_order, responses_text
+
+from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic, check_responses, responses_order, responses_text
+from tests.support.sse import named_events
 
 pytestmark = pytest.mark.engine
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import re
 import socket
-import time
 
 import openai
 import pytest
 import requests
+
+from tests.support import sse, wait_until_sync
 
 pytestmark = pytest.mark.engine
 
@@ -21,23 +22,6 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer i
 FORCED_TEXT = "Waves 🌊 roll in, gulls cry 🐦 over the sea; night falls."
 STOP_WORD = "gulls"
 FORCED = {"structured_outputs": {"regex": re.escape(FORCED_TEXT)}}
-
-
-def _events(body: bytes) -> list[bytes]:
-    assert body.endswith(b"\n\n"), body[-200:]
-    return body[:-2].split(b"\n\n")
-
-
-def _chunks(body: bytes) -> list[dict]:
-    events = _events(body)
-    assert events[-1] == b"data: [DONE]"
-    out = []
-    for e in events[:-1]:
-        if e.startswith(b":"):  # keepalive comment
-            continue
-        assert e.startswith(b"data: "), e
-        out.append(json.loads(e[6:]))
-    return out
 
 
 def running_requests(base: str) -> float:
@@ -59,7 +43,7 @@ def test_stream_chat_contract(engine_server, model_name):
     assert r.headers["Cache-Control"] == "no-cache"
     assert r.headers["X-Accel-Buffering"] == "no"
     assert r.headers["X-Request-Id"] == "engine-stream-1"
-    chunks = _chunks(r.content)
+    chunks = sse.payloads(r.content)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert {c["id"] for c in chunks} == {"chatcmpl-engine-stream-1"}
     assert len({c["created"] for c in chunks}) == 1 and {c["model"] for c in chunks} == {model_name}
@@ -81,7 +65,7 @@ def test_non_stream_usage_matches_stream_usage(engine_server, model_name):
         json={**body, "stream": True, "stream_options": {"include_usage": True}},
         timeout=120,
     )
-    chunks = _chunks(r.content)
+    chunks = sse.payloads(r.content)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == usage["prompt_tokens"]
     assert chunks[-1]["usage"]["completion_tokens"] == usage["completion_tokens"]
     streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
@@ -114,7 +98,7 @@ def test_seed_is_reproducible_and_n2_keeps_choices_apart(engine_server, model_na
     assert [c["index"] for c in a["choices"]] == [0, 1]
     assert [c["message"]["content"] for c in a["choices"]] == [c["message"]["content"] for c in b["choices"]]
     r = requests.post(engine_server + "/v1/chat/completions", json={**body, "stream": True}, timeout=120)
-    chunks = _chunks(r.content)
+    chunks = sse.payloads(r.content)
     roles = [c["choices"][0]["index"] for c in chunks if "role" in c["choices"][0]["delta"]]
     finishes = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
     assert sorted(roles) == [0, 1] and sorted(finishes) == [0, 1]
@@ -130,7 +114,7 @@ def test_completions_stream_and_non_stream(engine_server, model_name):
     full = requests.post(engine_server + "/v1/completions", json=body, timeout=120).json()
     assert full["object"] == "text_completion" and full["usage"]["completion_tokens"] >= 1
     r = requests.post(engine_server + "/v1/completions", json={**body, "stream": True}, timeout=120)
-    chunks = _chunks(r.content)
+    chunks = sse.payloads(r.content)
     assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
 
@@ -166,14 +150,15 @@ def _raw_stream_then_close(base: str, body: dict, read_bytes: int) -> None:
             got += data
 
 
+def _busy(base: str) -> float:
+    """What vLLM runs plus what the engine adapter holds (direct route included)."""
+    return running_requests(base) + _metric(base, "streamproxy_engine_requests")
+
+
 def _wait_idle(base: str, timeout: float = 20.0) -> float:
-    """Until vLLM runs nothing and the engine adapter holds nothing (direct route included)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        n = running_requests(base) + _metric(base, "streamproxy_engine_requests")
-        if n == 0 or time.monotonic() > deadline:
-            return n
-        time.sleep(0.2)
+    """Until nothing runs; what still runs at the deadline."""
+    wait_until_sync(lambda: _busy(base) == 0, timeout, interval=0.2)
+    return _busy(base)
 
 
 def test_disconnect_mid_stream_aborts(engine_server, model_name):
@@ -191,10 +176,7 @@ def test_disconnect_non_stream_aborts(engine_server, model_name):
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
         )
-        deadline = time.monotonic() + 20
-        while running_requests(engine_server) == 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert running_requests(engine_server) >= 1
+        assert wait_until_sync(lambda: running_requests(engine_server) >= 1, 20, interval=0.1)
         assert _metric(engine_server, "streamproxy_engine_requests") >= 1
     assert _wait_idle(engine_server) == 0
 
@@ -240,18 +222,23 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
             before = _metric(engine_server, finished), _metric(engine_server, generated)
             r = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
-            time.sleep(0.5)  # vLLM's stat loggers record after the step's outputs are handed over
-            after = _metric(engine_server, finished), _metric(engine_server, generated)
-            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
-            assert after[1] - before[1] > 0
             if stream:
-                chunks = _chunks(r.content)
+                chunks = sse.payloads(r.content)
                 text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
                 finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
                 results.append((text, finish, chunks[-1]["usage"]))
             else:
                 data = r.json()
                 results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
+            # vLLM's stat loggers record after the step's outputs are handed over: wait until
+            # every token of the answer is counted (then its last step, finish included, is).
+            tokens = results[-1][2]["completion_tokens"]
+            assert wait_until_sync(lambda: _metric(engine_server, generated) - before[1] >= tokens, 30, interval=0.1)
+            if extra:
+                assert wait_until_sync(lambda: _metric(engine_server, finished) - before[0] >= 1, 30, interval=0.1)
+            after = _metric(engine_server, finished), _metric(engine_server, generated)
+            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
+            assert after[1] - before[1] > 0
         direct, vllm_path = results
         assert direct == vllm_path
         assert direct[2]["completion_tokens"] >= 1

@@ -12,8 +12,6 @@ own tool parsers through the adapter filter with the real tokenizer.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import openai
@@ -21,8 +19,8 @@ import pydantic
 import pytest
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))
-from http_support import sse_payloads, validate  # noqa: E402
+from tests.support import validate
+from tests.support.chat import Call, chat_chunks, reassemble
 
 pytestmark = pytest.mark.engine
 
@@ -45,24 +43,8 @@ def chat(base: str, body: dict) -> requests.Response:
     return requests.post(base + "/v1/chat/completions", json={"temperature": 0, "max_tokens": 120, **body}, timeout=300)
 
 
-def reassemble(payloads: list[dict], index: int = 0) -> tuple[str | None, list[tuple[str, str]], str | None]:
-    content, calls, reason = None, {}, None
-    for p in payloads:
-        validate("CreateChatCompletionStreamResponse", p)
-        for ch in p["choices"]:
-            if ch["index"] != index:
-                continue
-            d = ch["delta"]
-            if d.get("content"):
-                content = (content or "") + d["content"]
-            for tc in d.get("tool_calls", []):
-                if "id" in tc:
-                    assert tc["function"]["arguments"] == "" and tc["index"] == len(calls)
-                    calls[tc["index"]] = [tc["function"]["name"], ""]
-                else:
-                    calls[tc["index"]][1] += tc["function"]["arguments"]
-            reason = ch["finish_reason"] or reason
-    return content, [tuple(calls[i]) for i in sorted(calls)], reason
+def named(calls: list[Call]) -> list[tuple[str, str]]:
+    return [(c.name, c.arguments) for c in calls]
 
 
 def assert_valid_calls(calls: list[tuple[str, str]]) -> None:
@@ -92,11 +74,11 @@ def test_forced_tool_calls_validate_stream_and_nonstream(engine_server, model_na
         assert [name for name, _ in calls] == ["get_weather"]
     r = chat(engine_server, {**body, "stream": True})
     assert r.status_code == 200
-    payloads = sse_payloads(r.content)
+    payloads = chat_chunks(r.content)
     assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     content, streamed, streamed_reason = reassemble(payloads)
     assert (content, streamed_reason) == (None, reason)
-    assert streamed == calls  # greedy: the stream reassembles to exactly the non-stream answer
+    assert named(streamed) == calls  # greedy: the stream reassembles to exactly the non-stream answer
     argument_chunks = [p for p in payloads if p["choices"] and "tool_calls" in p["choices"][0]["delta"]]
     assert len(argument_chunks) > 3  # arguments arrive as the model writes them, not in one piece
 
@@ -113,10 +95,10 @@ def test_required_with_n2_keeps_choices_apart(engine_server, model_name):
         assert_valid_calls([(c["function"]["name"], c["function"]["arguments"]) for c in calls])
         ids += [c["id"] for c in calls]
     assert len(ids) == len(set(ids))
-    payloads = sse_payloads(chat(engine_server, {**body, "stream": True}).content)
+    payloads = chat_chunks(chat(engine_server, {**body, "stream": True}).content)
     for index in (0, 1):
         _, calls, reason = reassemble(payloads, index)
-        assert_valid_calls(calls)
+        assert_valid_calls(named(calls))
         assert reason == "tool_calls"
 
 
@@ -127,7 +109,7 @@ def test_json_schema_response_format_stream_and_nonstream(engine_server, model_n
     validate("CreateChatCompletionResponse", data)
     text = data["choices"][0]["message"]["content"]
     jsonschema.validate(json.loads(text), WEATHER)
-    content, calls, reason = reassemble(sse_payloads(chat(engine_server, {**body, "stream": True}).content))
+    content, calls, reason = reassemble(chat_chunks(chat(engine_server, {**body, "stream": True}).content))
     assert (content, calls, reason) == (text, [], "stop")
 
 
@@ -159,11 +141,9 @@ def test_chat_logprobs_shape_and_real_bytes(engine_server, model_name):
         above = [t["token"] for t in e["top_logprobs"] if t["logprob"] > e["logprob"]]
         assert all(t.startswith("<") and t.endswith(">") for t in above), (e["token"], above)
     assert b"".join(bytes(e["bytes"]) for e in entries).decode() == data["choices"][0]["message"]["content"]
-    payloads = sse_payloads(chat(engine_server, {**body, "stream": True}).content)
+    payloads = chat_chunks(chat(engine_server, {**body, "stream": True}).content)
     streamed = [e for p in payloads for c in p["choices"] if c["logprobs"] for e in c["logprobs"]["content"]]
-    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
-    for p in payloads:
-        validate("CreateChatCompletionStreamResponse", p)
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]  # chat_chunks validated each chunk
 
 
 def test_completion_legacy_logprobs(engine_server, model_name):

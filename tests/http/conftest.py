@@ -8,20 +8,15 @@ the engine (started in a background task on app startup) is ready.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from http_support import wait_until  # noqa: E402
-
-from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
-from streamproxy.config import Settings  # noqa: E402
-from streamproxy.http.app import create_app  # noqa: E402
+from engine_adapter.fake import FakeEngine, FakeScript
+from streamproxy.config import Settings
+from streamproxy.http.app import create_app
+from tests.support.waiting import wait_until
 
 Serve = Callable[..., Awaitable[tuple[Any, FakeEngine]]]
 

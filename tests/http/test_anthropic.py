@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens on the fake engine: raw HTTP and the Anthropic SDK.
 
 Streams are checked event by event against the SDK's own models and for
-their life cycle (`unit/api_events.py`); the SDK itself runs over the wire
+their life cycle (`tests/support/api_events.py`); the SDK itself runs over the wire
 (`messages.create`, stream and not, `messages.stream`, `count_tokens`) and
 must hand back complete, correctly typed objects. Errors on these routes are
 in Anthropic's shape, before the first byte and in the stream.
@@ -15,10 +15,12 @@ import anthropic
 import pytest
 import requests
 from anthropic.types import Message, TextBlock, ToolUseBlock
-from http_support import USER_HI_PROMPT_TOKENS
-from unit.api_events import anthropic_order, anthropic_text, check_anthropic, named_events
 
 from engine_adapter.fake import FakeScript
+from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
+from tests.support.fake import USER_HI_PROMPT_TOKENS
+from tests.support.server import fake_server
+from tests.support.sse import named_events
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {
@@ -137,15 +139,6 @@ async def test_max_tokens_beyond_the_context_is_lowered_to_fit(serve):
     assert engine.submitted[-1][2].max_tokens == room
     message = json.loads(data)
     assert message["stop_reason"] == "model_context_window_exceeded" and message["usage"]["output_tokens"] == room
-
-
-async def test_ping_keeps_a_slow_stream_alive(serve):
-    client, _ = await serve(FakeScript(tokens=["late"], ttft=0.35), sse_heartbeat=0.1)
-    r, body = await post(client, {"max_tokens": 5, "messages": HI, "stream": True})
-    events = named_events(body)
-    check_anthropic(events)
-    assert [e for e, _ in events].count("ping") >= 2
-    assert b"\n: keepalive" not in body and not body.startswith(b":")
 
 
 # -- the Anthropic SDK ---------------------------------------------------------------
@@ -293,8 +286,6 @@ async def test_engine_failure_mid_stream_is_an_error_event(serve):
 
 
 def test_sync_sdk_against_the_cli_server():
-    from fake_process import fake_server
-
     with fake_server("--fake-text", "Paris is the capital.", "--sse-heartbeat", "0.05", "--fake-ttft", "0.2") as base:
         api = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
         message = api.messages.create(model="fake", max_tokens=4, messages=HI)

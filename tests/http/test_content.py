@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from http_support import USER_HI, USER_HI_PROMPT_TOKENS, sse_payloads
 
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI, USER_HI_PROMPT_TOKENS, sse
 
 TEXT = "aé€😀z"
 # "é" = C3 A9, "€" = E2 82 AC, "😀" = F0 9F 98 80, each split across deltas.
@@ -34,7 +34,7 @@ async def test_utf8_split_across_deltas_chat_stream(serve):
     raw = await resp.read()
     assert b"\xef\xbf\xbd" not in raw and b"\\ufffd" not in raw.lower()
     raw.decode("utf-8")  # strict: the body itself is valid UTF-8
-    payloads = sse_payloads(raw)
+    payloads = sse.payloads(raw)
     contents = chat_contents(payloads)
     assert all("\ufffd" not in c for c in contents)
     assert "".join(contents) == TEXT
@@ -47,7 +47,7 @@ async def test_utf8_split_across_deltas_completions_stream(serve):
     resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True, "max_tokens": 50})
     raw = await resp.read()
     assert b"\xef\xbf\xbd" not in raw and b"\\ufffd" not in raw.lower()
-    texts = [c["text"] for p in sse_payloads(raw) for c in p["choices"] if c["text"]]
+    texts = [c["text"] for p in sse.payloads(raw) for c in p["choices"] if c["text"]]
     assert texts == SPLIT_CONTENTS
 
 
@@ -68,7 +68,7 @@ async def test_utf8_dangling_tail_at_end_becomes_replacement_char(serve):
     # Documented in utf8.py: an incomplete character at the very end is U+FFFD, not dropped.
     client, _ = await serve(FakeScript(tokens=[b"ok", b"\xe2\x82"], token_delay=0.01))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
-    contents = chat_contents(sse_payloads(await resp.read()))
+    contents = chat_contents(sse.payloads(await resp.read()))
     assert "".join(contents) == "ok\ufffd"
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
     assert (await resp.json())["choices"][0]["message"]["content"] == "ok\ufffd"
@@ -84,7 +84,7 @@ async def test_n2_stream_keeps_choices_apart(serve):
         json={"messages": USER_HI, "stream": True, "n": 2, "stream_options": {"include_usage": True}},
     )
     assert resp.status == 200
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     usage = payloads.pop()
     assert usage["choices"] == []
     assert usage["usage"] == {
@@ -109,7 +109,7 @@ async def test_n2_stream_keeps_choices_apart(serve):
 async def test_n2_completions_stream_keeps_choices_apart(serve):
     client, _ = await serve(FakeScript(tokens=["A", "B"], token_delay=0.01))
     resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True, "n": 2})
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     for index in (0, 1):
         mine = [p["choices"][0] for p in payloads if p["choices"][0]["index"] == index]
         assert [c["text"] for c in mine] == ["A", "B", ""]
@@ -157,7 +157,7 @@ async def test_stop_nonstream(serve, stop, expected):
 async def test_stop_stream(serve, stop, expected):
     client, _ = await serve(FakeScript(tokens=STOP_TOKENS, token_delay=0.005))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stop": stop, "stream": True})
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert "".join(chat_contents(payloads)) == expected
     finishes = [c["finish_reason"] for p in payloads for c in p["choices"] if c["finish_reason"]]
     assert finishes == ["stop"]
@@ -203,7 +203,7 @@ async def test_max_tokens_stream_length(serve):
     resp = await client.post(
         "/v1/chat/completions", json={"messages": USER_HI, "max_completion_tokens": 4, "stream": True}
     )
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert chat_contents(payloads) == ["one", " two", " three", " four"]
     assert payloads[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
 

@@ -11,16 +11,14 @@ import pytest
 from engine_adapter.fake import FakeEngine
 from streamproxy.config import Settings
 from streamproxy.http.app import create_app
+from tests.support import wait_until
 
 
 @pytest.fixture
 async def embed_client(aiohttp_client):
     engine = FakeEngine(runner="pooling", embedding_dim=8, max_model_len=64)
     client = await aiohttp_client(create_app(Settings(engine="fake"), engine))
-    while engine.state != "ready":
-        import asyncio
-
-        await asyncio.sleep(0.01)
+    assert await wait_until(lambda: engine.state == "ready", 10.0), engine.state
     return client, engine
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from http_support import USER_HI, assert_openai_error, normalize_created, sse_frames
-
 from engine_adapter.fake import FakeScript
 from streamproxy.http.state import SYSTEM_FINGERPRINT
+from tests.http.http_support import assert_openai_error, normalize_created
+from tests.support import USER_HI, sse
 
 FAILING = FakeScript(text="Hello! This is a fake streamed answer. ", fail_after=3, token_delay=0.005)
 ERROR_EVENT = (
@@ -33,7 +33,7 @@ async def test_stream_failure_is_in_band_then_done(serve):
         ERROR_EVENT,
         b"data: [DONE]",
     ]
-    assert sse_frames(raw) == expected
+    assert sse.frames(raw) == expected
     err = json.loads(ERROR_EVENT[6:])
     assert set(err["error"]) == {"message", "type", "param", "code"}
     assert engine.num_running == 0
@@ -45,7 +45,7 @@ async def test_stream_failure_with_include_usage_has_no_usage_chunk_but_done(ser
         "/v1/chat/completions",
         json={"messages": USER_HI, "stream": True, "stream_options": {"include_usage": True}},
     )
-    frames = sse_frames(await resp.read())
+    frames = sse.frames(await resp.read())
     assert frames[-2] == ERROR_EVENT
     assert frames[-1] == b"data: [DONE]"
     assert sum(b'"content":' in f and b'"role"' not in f for f in frames) == 3
@@ -55,7 +55,7 @@ async def test_completions_stream_failure(serve):
     client, _ = await serve(FAILING)
     resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True, "max_tokens": 50})
     assert resp.status == 200
-    frames = sse_frames(await resp.read())
+    frames = sse.frames(await resp.read())
     assert [json.loads(f[6:])["choices"][0]["text"] for f in frames[:3]] == ["Hello!", " This", " is"]
     assert frames[3:] == [ERROR_EVENT, b"data: [DONE]"]
 
@@ -70,36 +70,6 @@ async def test_nonstream_failure_is_openai_500(serve):
     assert raw == ERROR_EVENT[6:]
     assert resp.headers["X-Request-Id"] == "f-2"
     assert engine.num_running == 0
-
-
-async def test_nonstream_failure_after_keepalive_started(serve):
-    # Past `nonstream_keepalive_after` the 200 is already out: the error goes in the body.
-    client, _ = await serve(
-        FakeScript(text=" x", fail_after=3, token_delay=0.05),
-        nonstream_keepalive_after=0.05,
-        nonstream_keepalive_interval=0.03,
-    )
-    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
-    assert resp.status == 200
-    raw = await resp.read()
-    assert raw.startswith(b"\n")
-    assert raw.lstrip(b"\n") == ERROR_EVENT[6:]
-    assert b"Traceback" not in raw
-
-
-async def test_nonstream_keepalive_then_body(serve):
-    client, _ = await serve(
-        FakeScript(tokens=["a", "b", "c", "d"], token_delay=0.05),
-        nonstream_keepalive_after=0.05,
-        nonstream_keepalive_interval=0.03,
-    )
-    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
-    assert resp.status == 200
-    assert resp.headers["Content-Type"].startswith("application/json")
-    raw = await resp.read()
-    assert raw.startswith(b"\n")
-    data = json.loads(raw)
-    assert data["choices"][0]["message"]["content"] == "abcd"
 
 
 async def test_engine_dead_is_503(serve):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from http_support import assert_openai_error
+
+from tests.http.http_support import assert_openai_error
 
 MSG = [{"role": "user", "content": "x"}]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from http_support import USER_HI, sse_payloads
 
 from engine_adapter.base import GenerationParams
+from tests.support import USER_HI, sse
 
 SAMPLING = {
     "temperature": 0.7,
@@ -96,7 +96,7 @@ async def test_user_is_never_echoed(serve, path, stream):
     assert resp.status == 200
     raw = await resp.read()
     assert b"user-secret-7f3a" not in raw
-    docs = sse_payloads(raw) if stream else [await resp.json()]
+    docs = sse.payloads(raw) if stream else [await resp.json()]
     for doc in docs:
         assert "user" not in doc
 
@@ -162,7 +162,7 @@ async def test_all_roles_in_one_conversation(serve):
     messages = [m for case in ROLE_CASES.values() for m in case]
     resp = await client.post("/v1/chat/completions", json={"messages": messages, "stream": True})
     assert resp.status == 200
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
     prompt = engine.decode(engine.submitted[-1][1])
     for role in ("system", "user", "assistant", "tool", "function"):

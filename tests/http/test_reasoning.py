@@ -15,11 +15,14 @@ import json
 import anthropic
 import openai
 import pytest
-from http_support import USER_HI, assert_openai_error, sse_payloads, validate
 from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
-from unit.api_events import anthropic_order, check_anthropic, check_responses, named_events, responses_order
 
 from engine_adapter.fake import FakeScript
+from tests.http.http_support import assert_openai_error
+from tests.support import USER_HI, sse, validate
+from tests.support.api_events import anthropic_order, check_anthropic, check_responses, responses_order
+from tests.support.server import fake_server
+from tests.support.sse import named_events
 
 QWEN = ["<think>", "\nThe user", " says hi", ".\n", "</think>", "\n\n", "Hello", " there!"]
 THOUGHT, ANSWER = "\nThe user says hi.\n", "\n\nHello there!"
@@ -38,7 +41,7 @@ async def chat(client, **body):
 
 def stream_parts(body: bytes) -> tuple[str, str, list[dict], list[dict]]:
     """(reasoning, content, reasoning deltas, payloads) of a chat stream; every chunk schema-valid."""
-    payloads = sse_payloads(body)
+    payloads = sse.payloads(body)
     for p in payloads:
         validate("CreateChatCompletionStreamResponse", p)
     ds = [p["choices"][0]["delta"] for p in payloads if p["choices"]]
@@ -234,7 +237,6 @@ async def test_anthropic_stop_sequence_inside_the_thinking(serve):
 def test_langchain_reads_reasoning_content():
     """ChatOpenAI targets OpenAI's spec only and drops `reasoning_content` (its docs say so);
     ChatDeepSeek (langchain-deepseek) reads it into additional_kwargs. Either way the content is clean."""
-    from fake_process import fake_server
     from langchain_core.messages import HumanMessage
     from langchain_deepseek import ChatDeepSeek
     from langchain_openai import ChatOpenAI

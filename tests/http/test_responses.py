@@ -1,7 +1,7 @@
 """POST /v1/responses end to end on the fake engine: raw HTTP and the OpenAI SDK.
 
 Streams are checked event by event against the SDK's own models and for
-their life cycle (`unit/api_events.py`); the SDK itself is also run over the
+their life cycle (`tests/support/api_events.py`); the SDK itself is also run over the
 wire (`responses.create`, stream and not, and `responses.stream`) and must
 hand back complete, correctly typed objects.
 """
@@ -12,11 +12,14 @@ import json
 
 import openai
 import pytest
-from http_support import USER_HI_PROMPT_TOKENS, assert_openai_error
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
-from unit.api_events import check_responses, named_events, responses_order, responses_text
 
 from engine_adapter.fake import FakeScript
+from tests.http.http_support import assert_openai_error
+from tests.support.api_events import check_responses, responses_order, responses_text
+from tests.support.fake import USER_HI_PROMPT_TOKENS
+from tests.support.server import fake_server
+from tests.support.sse import named_events
 
 WEATHER = {
     "type": "function",
@@ -249,8 +252,6 @@ async def test_engine_failure_mid_stream_is_error_then_failed(serve):
 
 
 def test_sync_sdk_against_the_cli_server():
-    from fake_process import fake_server
-
     with fake_server("--fake-text", "Paris is the capital.") as base:
         api = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         resp = api.responses.create(model="fake", input="capital of France?", max_output_tokens=4)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from http_support import USER_HI, sse_payloads, validate, validator_with
 
 from engine_adapter.fake import FakeScript
+from tests.support import USER_HI, sse, validate
+from tests.support.openai_schema import validator_with
 
 
 def test_schema_helper_is_strict():
@@ -71,7 +72,7 @@ async def test_nonstream_matches_schema(serve):
 async def test_stream_chunks_match_schema(serve, extra):
     client, _ = await serve(FakeScript(tokens=["Hel", "lo", " é"], token_delay=0.005))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True, **extra})
-    payloads = sse_payloads(await resp.read())
+    payloads = sse.payloads(await resp.read())
     assert len(payloads) >= 4
     for chunk in payloads:
         validate("CreateChatCompletionStreamResponse", chunk)

@@ -11,9 +11,11 @@ import json
 
 import openai
 import pytest
-from http_support import assert_openai_error, sse_payloads, validate
 
 from engine_adapter.fake import FakeScript
+from tests.http.http_support import assert_openai_error
+from tests.support import sse, validate
+from tests.support.chat import chat_chunks, reassemble
 
 USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
 WEATHER = {
@@ -41,36 +43,6 @@ EXPECTED = [("get_weather", PARIS), ("get_weather", ROME)]
 
 def tokens(text: str, size: int = 3) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-def check_chunks(body: bytes) -> list[dict]:
-    payloads = sse_payloads(body)
-    for p in payloads:
-        validate("CreateChatCompletionStreamResponse", p)
-    return payloads
-
-
-def reassemble(payloads: list[dict], index: int = 0) -> tuple[str | None, list[tuple[str, str, str]], str | None]:
-    """(content, [(id, name, arguments)], finish_reason) as a client rebuilds them from chunks."""
-    content = None
-    calls: dict[int, list[str]] = {}
-    reason = None
-    for p in payloads:
-        for ch in p["choices"]:
-            if ch["index"] != index:
-                continue
-            delta = ch["delta"]
-            if delta.get("content"):
-                content = (content or "") + delta["content"]
-            for tc in delta.get("tool_calls", []):
-                if "id" in tc:
-                    assert tc["index"] == len(calls) and tc["function"]["arguments"] == "" and tc["type"] == "function"
-                    calls[tc["index"]] = [tc["id"], tc["function"]["name"], ""]
-                else:
-                    assert set(tc) == {"index", "function"}, tc
-                    calls[tc["index"]][2] += tc["function"]["arguments"]
-            reason = ch["finish_reason"] or reason
-    return content, [tuple(calls[i]) for i in sorted(calls)], reason
 
 
 def message_calls(message: dict) -> list[tuple[str, str]]:
@@ -106,7 +78,7 @@ async def test_auto_stream(serve, parser):
     client, _ = await serve(FakeScript(tokens=tokens(NATIVE[parser])), enable_auto_tool_choice=True, tool_call_parser=parser)
     resp = await post(client, {"messages": USER, "tools": TOOLS, "tool_choice": "auto", "stream": True})
     assert resp.status == 200
-    payloads = check_chunks(await resp.read())
+    payloads = chat_chunks(await resp.read())
     content, calls, reason = reassemble(payloads)
     assert (content, reason) == (None, "tool_calls")
     assert [(name, args) for _, name, args in calls] == EXPECTED
@@ -127,7 +99,7 @@ async def test_auto_text_before_a_call(serve):
     message = data["choices"][0]["message"]
     assert message["content"] == "Let me look."
     assert message_calls(message) == [("get_time", "{}")]
-    payloads = check_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "stream": True})).read())
     content, calls, reason = reassemble(payloads)
     assert (content, [(n, a) for _, n, a in calls], reason) == ("Let me look.", [("get_time", "{}")], "tool_calls")
 
@@ -138,7 +110,7 @@ async def test_auto_invalid_arguments_come_back_as_content(serve):
     data = await (await post(client, {"messages": USER, "tools": TOOLS})).json()
     assert data["choices"][0]["message"] == {"role": "assistant", "content": text, "refusal": None}
     assert data["choices"][0]["finish_reason"] == "stop"
-    payloads = check_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "stream": True})).read())
     assert reassemble(payloads) == (text, [], "stop")
 
 
@@ -165,7 +137,7 @@ async def test_n2_keeps_each_choice_apart(serve):
     first, second = (c["message"] for c in data["choices"])
     assert message_calls(first) == message_calls(second) == EXPECTED
     assert {c["id"] for c in first["tool_calls"]}.isdisjoint(c["id"] for c in second["tool_calls"])
-    payloads = check_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "n": 2, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {"messages": USER, "tools": TOOLS, "n": 2, "stream": True})).read())
     for index in (0, 1):
         content, calls, reason = reassemble(payloads, index)
         assert (content, [(n, a) for _, n, a in calls], reason) == (None, EXPECTED, "tool_calls")
@@ -208,7 +180,7 @@ async def test_required_stream_and_nonstream_agree(serve):
     assert (message["content"], data["choices"][0]["finish_reason"]) == (None, "tool_calls")
     assert message_calls(message) == [("get_weather", PARIS), ("get_time", "{}")]
     assert engine.submitted[0][2].structured["json"]["type"] == "array"
-    payloads = check_chunks(await (await post(client, {**body, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {**body, "stream": True})).read())
     assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     content, calls, reason = reassemble(payloads)
     assert (content, [(n, a) for _, n, a in calls], reason) == (None, [("get_weather", PARIS), ("get_time", "{}")], "tool_calls")
@@ -222,7 +194,7 @@ async def test_named_function(serve):
     assert message_calls(data["choices"][0]["message"]) == [("get_weather", ROME)]
     assert data["choices"][0]["finish_reason"] == "stop"  # OpenAI's reason for a forced function
     assert engine.submitted[0][2].structured == {"json": WEATHER}
-    payloads = check_chunks(await (await post(client, {**body, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {**body, "stream": True})).read())
     content, calls, reason = reassemble(payloads)
     assert (content, [(n, a) for _, n, a in calls], reason) == (None, [("get_weather", ROME)], "stop")
 
@@ -238,7 +210,7 @@ async def test_response_format_json_schema_reaches_the_engine(serve, stream):
     assert resp.status == 200
     assert engine.submitted[0][2].structured == {"json": WEATHER}
     if stream:
-        payloads = check_chunks(await resp.read())
+        payloads = chat_chunks(await resp.read())
         texts = [reassemble(payloads, i)[0] for i in (0, 1)]
     else:
         texts = [c["message"]["content"] for c in (await resp.json())["choices"]]
@@ -279,7 +251,7 @@ async def test_chat_logprobs_nonstream_and_stream(serve):
     ]
     assert [[t["token"] for t in e["top_logprobs"]] for e in entries] == [["Hel", " alt1"], ["\\xe4\\xbd", " alt1"], ["\\xa0", " alt1"]]
     assert data["choices"][0]["message"]["content"] == "Hel你"
-    payloads = check_chunks(await (await post(client, {**body, "stream": True})).read())
+    payloads = chat_chunks(await (await post(client, {**body, "stream": True})).read())
     streamed = [e for p in payloads for c in p["choices"] if c["logprobs"] for e in c["logprobs"]["content"]]
     assert streamed == entries
     first = [p for p in payloads if p["choices"] and p["choices"][0]["delta"].get("content") == "Hel"]
@@ -302,7 +274,7 @@ async def test_completion_legacy_logprobs(serve):
         "text_offset": [0, 2],
     }
     body = await (await client.post("/v1/completions", json={"prompt": "x", "logprobs": 1, "stream": True})).read()
-    payloads = sse_payloads(body)
+    payloads = sse.payloads(body)
     assert [p["choices"][0]["logprobs"] for p in payloads] == [
         {"tokens": ["Hé"], "token_logprobs": [-0.5], "top_logprobs": [{"Hé": -0.5}], "text_offset": [0]},
         {"tokens": ["llo"], "token_logprobs": [-1.5], "top_logprobs": [{"llo": -1.5}], "text_offset": [2]},

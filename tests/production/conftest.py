@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,16 +21,13 @@ import pytest
 import uvloop
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from support import wait_until  # noqa: E402
-
-from engine_adapter.fake import FakeEngine, FakeScript  # noqa: E402
-from streamproxy.config import Settings  # noqa: E402
-from streamproxy.http import accesslog  # noqa: E402
-from streamproxy.http.app import create_app  # noqa: E402
-from streamproxy.http.server import make_runner  # noqa: E402
-from streamproxy.http.state import STATE_KEY, AppState  # noqa: E402
+from engine_adapter.fake import FakeEngine, FakeScript
+from streamproxy.config import Settings
+from streamproxy.http import accesslog
+from streamproxy.http.app import create_app
+from streamproxy.http.server import make_runner
+from streamproxy.http.state import STATE_KEY, AppState
+from tests.support.waiting import wait_until
 
 HARD_LIMIT = 120.0
 

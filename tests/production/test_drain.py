@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
-from support import USER_HI, data_payloads, stream_verdict, wait_until
 
 from engine_adapter.fake import FakeScript
 from streamproxy.http.server import drain
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import USER_HI, sse, wait_until
+from tests.support.server import start_server
 
 
 async def test_drain_finishes_short_requests_and_ends_long_ones(server, session):
@@ -45,28 +39,28 @@ async def test_drain_finishes_short_requests_and_ends_long_ones(server, session)
         async with session.post(url, json={"prompt": "hi", "max_tokens": tokens}, headers={"X-Request-Id": rid}) as resp:
             return resp.status, await resp.read()
 
-    short = [asyncio.ensure_future(stream(f"short-{i}", 15)) for i in range(5)]
+    short = [asyncio.ensure_future(stream(f"short-{i}", 15)) for i in range(5)]  # ~0.3 s: inside the drain
     long = [asyncio.ensure_future(stream(f"long-{i}", 5000)) for i in range(5)]
     plain_short = asyncio.ensure_future(plain("plain-short", 15))
     plain_long = asyncio.ensure_future(plain("plain-long", 5000))
-    assert await wait_until(lambda: srv.engine.num_running == 12, 2.0)
+    assert await wait_until(lambda: srv.engine.num_running == 12, 5.0)
     await asyncio.sleep(0.05)
     t0 = time.monotonic()
-    ended = await drain(srv.runner, srv.app, timeout=0.6)
+    ended = await drain(srv.runner, srv.app, timeout=1.5)
     took = time.monotonic() - t0
-    assert ended == 6 and 0.55 < took < 2.0, (ended, took)
+    assert ended == 6 and 1.45 < took < 10.0, (ended, took)  # the long ones kept it to its timeout
     for body in await asyncio.gather(*short):
-        assert stream_verdict(body) == "done"
+        assert sse.verdict(body) == "done"
     for body in await asyncio.gather(*long):
-        assert stream_verdict(body) == "error"
-        err = data_payloads(body)[-1]["error"]
+        assert sse.verdict(body) == "error"
+        err = sse.payloads(body)[-1]["error"]
         assert err["code"] == "server_shutting_down" and err["type"] == "service_unavailable"
     status, raw = await plain_short
     assert status == 200 and json.loads(raw)["choices"][0]["finish_reason"] == "length"
     status, raw = await plain_long
     assert status == 200 and raw.startswith(b"\n")  # it had sent its early 200
     assert json.loads(raw)["error"]["code"] == "server_shutting_down"
-    assert await wait_until(lambda: srv.engine.num_running == 0, 1.0)
+    assert await wait_until(lambda: srv.engine.num_running == 0, 5.0)
     assert sorted(srv.engine.aborted) == sorted([f"long-{i}" for i in range(5)] + ["plain-long"])
     # No longer listening.
     with pytest.raises(aiohttp.ClientConnectorError):
@@ -84,46 +78,22 @@ async def test_drain_with_nothing_in_flight_is_immediate_and_new_work_is_refused
             assert resp.headers["Retry-After"]
             assert (await resp.json())["error"]["code"] == "server_shutting_down"
     t0 = time.monotonic()
-    assert await drain(srv.runner, srv.app, timeout=5) == 0
-    assert time.monotonic() - t0 < 0.5
+    assert await drain(srv.runner, srv.app, timeout=60) == 0
+    assert time.monotonic() - t0 < 30  # at once: it did not wait for its timeout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def test_sigterm_during_100_streams_loses_none_silently():
-    port = _free_port()
-    drain_timeout = 1.5
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "streamproxy", "serve", "--engine", "fake",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--fake-token-delay", "0.02", "--fake-max-model-len", "100000",
-            "--drain-timeout", str(drain_timeout), "--sse-heartbeat", "0.5",
-            "--access-log", "stdout", "--log-level", "warning",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    base = f"http://127.0.0.1:{port}"
+async def test_sigterm_during_100_streams_loses_none_silently(tmp_path):
+    drain_timeout = 3.0  # the even streams need ~1 s of it
+    args = [
+        "--engine", "fake",
+        "--fake-token-delay", "0.02", "--fake-max-model-len", "100000",
+        "--drain-timeout", str(drain_timeout), "--sse-heartbeat", "0.5",
+        "--access-log", "stdout", "--log-level", "warning",
+    ]
+    srv = await asyncio.to_thread(start_server, args, tmp_path, timeout=20)
+    proc, base = srv.proc, srv.base
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    async with session.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "not ready"
-                await asyncio.sleep(0.05)
-
             started = 0
 
             async def stream(i: int) -> bytes:
@@ -152,17 +122,17 @@ async def test_sigterm_during_100_streams_loses_none_silently():
             with pytest.raises(aiohttp.ClientConnectionError):
                 async with session.get(base + "/health") as resp:
                     await resp.read()
-        verdicts = [stream_verdict(b) for b in bodies]
+        verdicts = [sse.verdict(b) for b in bodies]
         assert verdicts[0::2] == ["done"] * 50
         assert verdicts[1::2] == ["error"] * 50
         for body in bodies[1::2]:
-            assert data_payloads(body)[-1]["error"]["code"] == "server_shutting_down"
+            assert sse.payloads(body)[-1]["error"]["code"] == "server_shutting_down"
         code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 15)
         took = time.monotonic() - t_sig
-        out, err = proc.communicate()
-        assert code == 0, err.decode()[-3000:]
-        assert took < drain_timeout + 3, took
-        lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+        out, err = srv.stdout(), srv.stderr()
+        assert code == 0, err[-3000:]
+        assert took < drain_timeout + 10, took
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         by_id = {line["request_id"]: line for line in lines if line["path"] == "/v1/chat/completions"}
         assert len(by_id) == 100
         for i in range(100):
@@ -172,8 +142,6 @@ async def test_sigterm_during_100_streams_loses_none_silently():
                 assert line["error_code"] == "server_shutting_down" and line["finish_reason"] is None
             else:
                 assert line["error_code"] is None and line["finish_reason"] == "length" and line["completion_tokens"] == 50
-        assert b"Traceback" not in err, err.decode()[-3000:]
+        assert "Traceback" not in err, err[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        srv.stop()

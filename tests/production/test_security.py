@@ -7,7 +7,8 @@ import json
 
 import openai
 import pytest
-from support import USER_HI
+
+from tests.support import USER_HI
 
 KEY = "sk-test-0123456789abcdef"
 

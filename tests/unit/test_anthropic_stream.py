@@ -19,8 +19,8 @@ from streamproxy.errors import EngineError, InvalidRequest, RateLimited, Service
 from streamproxy.filters.base import CONTENT, Part
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.toolset import ToolSet
-
-from .api_events import anthropic_order, anthropic_text, check_anthropic, named_events
+from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
+from tests.support.sse import named_events
 
 
 def encoder(filters=None, **kw) -> AnthropicEncoder:

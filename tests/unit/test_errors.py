@@ -9,8 +9,7 @@ import pytest
 
 from streamproxy import errors as E
 from streamproxy.protocol.openai_chat import decode_request
-
-from .openai_schema import errors as schema_errors
+from tests.support import schema_errors
 
 
 def bad(body: bytes) -> msgspec.ValidationError:

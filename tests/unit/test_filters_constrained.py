@@ -11,8 +11,7 @@ import pytest
 
 from streamproxy.filters.base import CONTENT, TOOL_ARGS, TOOL_CALL, Pipeline
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
-
-from .filter_support import bytewise, every_split, outcome, run
+from tests.unit.filter_support import bytewise, every_split, outcome, run
 
 NAMED = '{"city": "Paris", "note": "a}\\"[b", "days": [1, {"x": null}]}'
 REQUIRED = (

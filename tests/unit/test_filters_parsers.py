@@ -15,8 +15,7 @@ from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.llama3_json import Llama3JsonParser
 from streamproxy.filters.mistral import MistralParser
 from streamproxy.filters.pythonic import PythonicParser
-
-from .filter_support import TOOLS, bytewise, every_split, outcome, run
+from tests.unit.filter_support import TOOLS, bytewise, every_split, outcome, run
 
 
 def hermes(parallel: bool = True):

@@ -1,4 +1,11 @@
-"""DeltaQueue: the engine -> writer hand-over (coalescing, end, errors, cancellation)."""
+"""What only `engine_adapter.base.DeltaQueue` does; the contract every OutputStream
+keeps (coalescing, the end, failures, cancellation, wait, push) is
+tests/contract/test_output_stream.py.
+
+The base stream ends on `close()` (with or without a last step), and an error
+given to `close(error)` comes after what is pending, the first one only, and
+is raised again on every later take.
+"""
 
 from __future__ import annotations
 
@@ -15,35 +22,6 @@ def d(text: str, index: int = 0) -> Delta:
 
 def texts(deltas) -> list[str]:
     return [x.text for x in deltas]
-
-
-def test_get_nowait_is_none_when_nothing_is_pending():
-    assert DeltaQueue().get_nowait() is None
-
-
-def test_one_put_one_get():
-    s = DeltaQueue()
-    s.put([d("a")])
-    assert texts(s.get_nowait()) == ["a"]
-    assert s.get_nowait() is None
-
-
-def test_several_puts_coalesce_into_one_get_in_order():
-    s = DeltaQueue()
-    s.put([d("a"), d("x", 1)])
-    s.put([d("b")])
-    s.put([d("c")])
-    assert texts(s.get_nowait()) == ["a", "x", "b", "c"]
-    assert s.get_nowait() is None
-
-
-def test_get_returns_a_list_the_stream_no_longer_touches():
-    s = DeltaQueue()
-    s.put([d("a")])
-    got = s.get_nowait()
-    s.put([d("b")])
-    assert texts(got) == ["a"]
-    assert texts(s.get_nowait()) == ["b"]
 
 
 def test_close_after_pending_items_delivers_them_first():
@@ -85,34 +63,23 @@ def test_first_error_wins():
         s.get_nowait()
 
 
-def test_fresh_stream_is_not_finished():
-    assert DeltaQueue().finished is False
+def test_several_puts_keep_every_delta_in_order():
+    s = DeltaQueue()
+    s.put([d("a"), d("x", 1)])
+    s.put([d("b")])
+    assert texts(s.get_nowait()) == ["a", "x", "b"]
 
 
-def test_async_iteration_ends_with_stop_async_iteration():
-    async def main():
-        s = DeltaQueue()
-        s.put([d("a")])
-        s.put([d("b")])
-        s.close()
-        return [texts(step) async for step in s]
-
-    assert asyncio.run(main()) == [["a", "b"]]
+def test_a_put_never_changes_the_producers_list():
+    s = DeltaQueue()
+    first = [d("a")]
+    s.put(first)
+    s.put([d("b")])
+    assert texts(first) == ["a"]
+    assert texts(s.get_nowait()) == ["a", "b"]
 
 
-def test_get_waits_for_a_put():
-    async def main():
-        s = DeltaQueue()
-        task = asyncio.create_task(s.get())
-        await asyncio.sleep(0)
-        assert not task.done()
-        s.put([d("late")])
-        return texts(await task)
-
-    assert asyncio.run(main()) == ["late"]
-
-
-def test_get_wakes_on_close():
+def test_get_wakes_on_close_without_a_last_step():
     async def main():
         s = DeltaQueue()
         task = asyncio.create_task(s.get())
@@ -124,63 +91,16 @@ def test_get_wakes_on_close():
     asyncio.run(main())
 
 
-def test_get_wakes_on_close_with_error():
+def test_close_disarms_and_wakes_the_consumer():
     async def main():
         s = DeltaQueue()
+        got = []
+        assert s.arm(lambda deltas: got.append(deltas) or True)
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
-        s.close(EngineFailure("died"))
-        with pytest.raises(EngineFailure, match="died"):
+        s.close()
+        with pytest.raises(StopAsyncIteration):
             await task
+        assert got == [] and s.finished
 
     asyncio.run(main())
-
-
-def test_get_timed_out_loses_nothing():
-    async def main():
-        s = DeltaQueue()
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.01):
-                await s.get()
-        s.put([d("a")])
-        return texts(await s.get())
-
-    assert asyncio.run(main()) == ["a"]
-
-
-def test_get_cancelled_right_after_a_put_loses_nothing():
-    # The put wakes the waiter, but the cancel lands before get() resumes.
-    async def main():
-        s = DeltaQueue()
-        task = asyncio.create_task(s.get())
-        await asyncio.sleep(0)
-        s.put([d("a")])
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return texts(s.get_nowait())
-
-    assert asyncio.run(main()) == ["a"]
-
-
-def test_repeated_timeouts_then_items_then_end():
-    async def main():
-        s = DeltaQueue()
-        seen = []
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.03, s.put, [d("a")])
-        loop.call_later(0.05, s.put, [d("b")])
-        loop.call_later(0.05, s.close)
-        timeouts = 0
-        while True:
-            try:
-                async with asyncio.timeout(0.01):
-                    seen += texts(await s.get())
-            except TimeoutError:
-                timeouts += 1
-            except StopAsyncIteration:
-                return seen, timeouts
-
-    seen, timeouts = asyncio.run(main())
-    assert seen == ["a", "b"]
-    assert timeouts >= 1

@@ -25,8 +25,7 @@ from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.chain import chat_filters, reasoning_spec
 from streamproxy.protocol.openai_chat import decode_request as decode_chat
-
-from .openai_schema import validate
+from tests.support import sse, validate
 
 THINK_THEN_ANSWER = ["<think>", "Let", " me", " see", "</think>", "\n\n", "Hello", " é"]
 
@@ -43,9 +42,7 @@ def deltas(tokens: list[str], index: int = 0) -> list[Delta]:
 
 def chunks(encoder: ChatStreamEncoder, steps: list[Delta]) -> list[dict]:
     data = encoder.start() + b"".join(encoder.step([d]) for d in steps) + encoder.finish()
-    frames = data[:-2].split(b"\n\n")
-    assert frames[-1] == b"data: [DONE]"
-    payloads = [json.loads(f[len(b"data: ") :]) for f in frames[:-1]]
+    payloads = sse.payloads(data)
     for p in payloads:
         validate("CreateChatCompletionStreamResponse", p)
     return payloads

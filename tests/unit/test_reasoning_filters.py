@@ -17,8 +17,7 @@ from streamproxy.filters.chain import chat_filters, known_reasoning_parser, reas
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.reasoning import OWN_REASONING, ThinkSplitter
 from streamproxy.filters.stopseq import StopSequenceFilter
-
-from .filter_support import TOOLS, bytewise, every_split, outcome, run
+from tests.unit.filter_support import TOOLS, bytewise, every_split, outcome, run
 
 
 def splitter(name: str, **kwargs):

@@ -14,8 +14,7 @@ import pytest
 from streamproxy.filters.base import CONTENT, REASONING, Pipeline
 from streamproxy.filters.chain import chat_filters, known_reasoning_parser, reasoning_spec
 from streamproxy.filters.hermes import HermesParser
-
-from .filter_support import TOOLS, outcome
+from tests.unit.filter_support import TOOLS, outcome
 
 pytestmark = pytest.mark.engine
 

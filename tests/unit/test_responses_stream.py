@@ -19,8 +19,8 @@ from streamproxy.errors import EngineError, ServerShuttingDown
 from streamproxy.filters.base import CONTENT, Part
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.toolset import ToolSet
-
-from .api_events import check_responses, named_events, responses_order, responses_text
+from tests.support.api_events import check_responses, responses_order, responses_text
+from tests.support.sse import named_events
 
 
 def shell(**kw) -> Response:

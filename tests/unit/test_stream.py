@@ -9,8 +9,7 @@ import pytest
 from engine_adapter.base import Delta
 from streamproxy.core.stream import ChatStreamEncoder, CompletionStreamEncoder
 from streamproxy.errors import ContextLengthExceeded, EngineError
-
-from .openai_schema import errors as schema_errors
+from tests.support import schema_errors, sse
 
 HEAD = b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1700000000,"model":"m","system_fingerprint":"fp"'
 ROLE = HEAD + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
@@ -47,23 +46,13 @@ def finish_chunk(reason: str, index: int = 0) -> bytes:
 
 
 def frames(data: bytes) -> list[bytes]:
-    """Split a byte stream into SSE payloads; every frame must be `data: <one line>\\n\\n`."""
-    assert data.endswith(b"\n\n")
-    out = []
-    for part in data[:-2].split(b"\n\n"):
-        assert part.startswith(b"data: ")
-        payload = part[len(b"data: ") :]
-        assert b"\n" not in payload and b"\r" not in payload
-        out.append(payload)
-    return out
+    """The payload of each SSE frame; every frame must be `data: <one line>\\n\\n` (no comments)."""
+    return sse.data(data, comments=False)
 
 
 def json_chunks(data: bytes) -> list[dict]:
     """Every payload except the final [DONE], parsed; asserts the [DONE] is last and only there."""
-    payloads = frames(data)
-    assert payloads[-1] == b"[DONE]"
-    assert b"[DONE]" not in payloads[:-1]
-    return [json.loads(p) for p in payloads[:-1]]
+    return sse.payloads(data, comments=False)
 
 
 def run_chat(encoder, steps) -> bytes:

@@ -9,16 +9,14 @@ a client reassembles from the stream.
 
 from __future__ import annotations
 
-import json
-
 from engine_adapter.base import Delta, TokenLogprob, token_text
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.stream import ChatStreamEncoder, CompletionStreamEncoder
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
 from streamproxy.filters.hermes import HermesParser
-
-from .filter_support import TOOLS
-from .openai_schema import errors as schema_errors
+from tests.support import schema_errors, sse
+from tests.support.chat import reassemble
+from tests.unit.filter_support import TOOLS
 
 HERMES_TEXT = 'Hi!\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
@@ -28,37 +26,10 @@ def chat(**kw) -> ChatStreamEncoder:
 
 
 def chunks(data: bytes) -> list[dict]:
-    frames = data[:-2].split(b"\n\n")
-    assert frames[-1] == b"data: [DONE]"
-    out = [json.loads(f[6:]) for f in frames[:-1]]
+    out = sse.payloads(data)
     for c in out:
         assert schema_errors("CreateChatCompletionStreamResponse", c) == [], c
     return out
-
-
-def reassemble(cs: list[dict], index: int = 0) -> tuple[str | None, list[dict], str | None]:
-    """What the OpenAI SDK's stream accumulator makes of the chunks."""
-    content: str | None = None
-    calls: dict[int, dict] = {}
-    reason = None
-    for c in cs:
-        for ch in c["choices"]:
-            if ch["index"] != index:
-                continue
-            d = ch["delta"]
-            if d.get("content") is not None:
-                content = (content or "") + d["content"]
-            for tc in d.get("tool_calls", []):
-                slot = calls.setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
-                if "id" in tc:
-                    assert slot["id"] is None, "id sent twice"
-                    slot["id"], slot["name"] = tc["id"], tc["function"]["name"]
-                    assert tc["type"] == "function" and tc["function"]["arguments"] == ""
-                else:
-                    assert set(tc) == {"index", "function"} and set(tc["function"]) == {"arguments"}, tc
-                    slot["arguments"] += tc["function"]["arguments"]
-            reason = ch["finish_reason"] or reason
-    return content, [calls[i] for i in sorted(calls)], reason
 
 
 def feed_all(enc, text: str, index: int = 0, n: int = 1, reason: str = "stop") -> bytes:
@@ -83,7 +54,7 @@ def test_hermes_stream_golden_fragments():
     assert cs[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
     content, calls, reason = reassemble(cs)
     assert (content, reason) == ("Hi!", "tool_calls")
-    assert calls == [{"id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    assert [c._asdict() for c in calls] == [{"id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'}]
 
 
 def test_required_stream_arguments_arrive_token_by_token():
@@ -96,15 +67,15 @@ def test_required_stream_arguments_arrive_token_by_token():
     assert len(args) == len('{"city": "Paris"}')  # one piece per generated character
     content, calls, reason = reassemble(cs)
     assert (content, reason) == (None, "tool_calls")
-    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city": "Paris"}')]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
 
 
 def test_n2_choices_parse_apart():
     enc = chat(n=2, filters=lambda: [HermesParser(TOOLS)])
     cs = chunks(feed_all(enc, HERMES_TEXT, n=2))
     a, b = reassemble(cs, 0), reassemble(cs, 1)
-    assert a[1][0]["id"] != b[1][0]["id"]
-    assert (a[0], a[2], a[1][0]["arguments"]) == (b[0], b[2], b[1][0]["arguments"]) == ("Hi!", "tool_calls", '{"city": "Paris"}')
+    assert a.calls[0].id != b.calls[0].id
+    assert (a[0], a[2], a.calls[0].arguments) == (b[0], b[2], b.calls[0].arguments) == ("Hi!", "tool_calls", '{"city": "Paris"}')
 
 
 def test_invalid_call_streams_as_content_with_stop():
@@ -174,7 +145,7 @@ def test_completion_legacy_logprobs_with_text_offsets():
     out = enc.step([Delta(0, "Hé", 1, logprobs=[lp("Hé", -0.5, [lp("Hé", -0.5), lp("Ha", -1.5)])])])
     out += enc.step([Delta(0, b"\xe4\xbd", 1, logprobs=[lp(b"\xe4\xbd", -1.0)])])
     out += enc.step([Delta(0, b"\xa0!", 1, "length", logprobs=[lp(b"\xa0!", -2.0)])])
-    frames = [json.loads(f[6:]) for f in out[:-2].split(b"\n\n")]
+    frames = sse.payloads(out, done=False)
     assert [f["choices"][0]["logprobs"] for f in frames] == [
         {"tokens": ["Hé"], "token_logprobs": [-0.5], "top_logprobs": [{"Hé": -0.5, "Ha": -1.5}], "text_offset": [0]},
         {

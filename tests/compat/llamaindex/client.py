@@ -9,7 +9,10 @@ reads its configuration as JSON on stdin:
 calls `complete`, `chat`, `stream_chat`, `astream_chat` (chat model) and
 `complete` / `stream_complete` on /v1/completions (`is_chat_model=False`), and
 prints one JSON line: what each call returned, plus every exchange on the
-wire (capture.py, in the parent folder) for the schema checks.
+wire (tests/compat/capture.py) for the schema checks.
+
+Run it as a module from the repository root, as tests/compat/conftest.py does:
+`.venv/llamaindex/bin/python -m tests.compat.llamaindex.client < config.json`.
 """
 
 from __future__ import annotations
@@ -18,15 +21,12 @@ import asyncio
 import json
 import sys
 import traceback
-from pathlib import Path
 
 import httpx
+from llama_index.core.llms import ChatMessage
+from llama_index.llms.openai_like import OpenAILike
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from capture import Wire  # noqa: E402
-from llama_index.core.llms import ChatMessage  # noqa: E402
-from llama_index.llms.openai_like import OpenAILike  # noqa: E402
+from tests.compat.capture import Wire
 
 
 def main() -> None:

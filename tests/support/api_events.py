@@ -1,8 +1,7 @@
-"""Test support for the Responses and Anthropic event streams: split, check, validate.
+"""Test support for the Responses and Anthropic event streams: check, validate.
 
-`named_events(body)` splits an SSE body of named events into `(event, payload)`
-pairs and asserts the framing: every frame is `event: X` + one `data:` line
-(comments allowed), and the payload's `type` equals the event name.
+The events come from `tests.support.sse.named_events(body)`: `(event, payload)`
+pairs, the framing already asserted.
 
 `check_responses(events)` validates every payload against the OpenAI SDK's own
 pydantic model for its type (strictly: a wrong or missing field fails) and
@@ -13,29 +12,12 @@ the same with the Anthropic SDK's models. `responses_order(events)` and
 
 from __future__ import annotations
 
-import json
 import typing
 from functools import lru_cache
 from typing import Any
 
 import anthropic.types as at
 from openai.types import responses as ot
-
-
-def named_events(body: bytes) -> list[tuple[str, dict[str, Any]]]:
-    assert body.endswith(b"\n\n"), body[-120:]
-    out: list[tuple[str, dict[str, Any]]] = []
-    for frame in body[:-2].split(b"\n\n"):
-        if frame.startswith(b":"):
-            assert b"\n" not in frame, frame
-            continue
-        lines = frame.split(b"\n")
-        assert len(lines) == 2 and lines[0].startswith(b"event: ") and lines[1].startswith(b"data: "), frame
-        event = lines[0][len(b"event: ") :].decode()
-        payload = json.loads(lines[1][len(b"data: ") :])
-        assert payload["type"] == event, (event, payload)
-        out.append((event, payload))
-    return out
 
 
 def _by_type(union: Any) -> dict[str, Any]:

@@ -1,0 +1,161 @@
+"""The engine side of each OutputStream implementation, driven the same way.
+
+The contract suite (test_output_stream.py) talks to a `Producer`: `step()`
+is one engine step, `finish()` the request's last output (a step carrying
+a finish reason, then the end), `fail()` the engine failing the request.
+Each implementation is fed the way its engine feeds it:
+
+- `BaseProducer`: `engine_adapter.base.DeltaQueue`, as the fake engine and
+  vLLM's direct route use it (`put(deltas)`, `close()`, `close(error)`).
+- `VllmProducer`: `engine_adapter.vllm_stream.VllmOutputStream` over a
+  `RequestOutputCollector`, as vLLM's output handler feeds it
+  (`collector.put(RequestOutput)`, the last one `finished`;
+  `collector.put(exception)` from `propagate_error`). Two flavours:
+  `vllm`, vLLM's own classes (importing vLLM takes 10-15 s, so that one runs
+  with the engine tests), and `vllm-standin`, the stand-in below with the
+  shape and semantics of vLLM 0.32's classes, for the fast suite. The suite
+  run on both is what keeps the stand-in honest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import cache
+from typing import Any
+
+from engine_adapter.base import Delta, DeltaQueue, EngineFailure
+from engine_adapter.vllm_stream import VllmOutputStream
+
+Piece = str | tuple[int, str]  # text of choice 0, or (choice index, text)
+
+
+def _pieces(pieces: tuple[Piece, ...]) -> list[tuple[int, str]]:
+    return [p if isinstance(p, tuple) else (0, p) for p in pieces]
+
+
+class BaseProducer:
+    name = "base"
+
+    def __init__(self) -> None:
+        self.stream = DeltaQueue()
+
+    def step(self, *pieces: Piece) -> None:
+        self.stream.put([Delta(i, text, 1, None, [len(text)]) for i, text in _pieces(pieces)])
+
+    def finish(self, text: str = "", reason: str = "stop") -> None:
+        self.stream.put([Delta(0, text, 1, reason, [len(text)])])
+        self.stream.close()
+
+    def fail(self, message: str) -> None:
+        self.stream.close(EngineFailure(message))
+
+
+# -- vLLM ------------------------------------------------------------------------------
+
+
+class StandinCompletion:
+    """vllm.outputs.CompletionOutput: the fields the adapter reads."""
+
+    def __init__(self, index: int, text: str, token_ids: list[int], finish_reason: str | None = None) -> None:
+        self.index = index
+        self.text = text
+        self.token_ids = token_ids
+        self.finish_reason = finish_reason
+        self.logprobs = None
+
+
+class StandinRequestOutput:
+    """vllm.outputs.RequestOutput: `add` merges as vLLM 0.32 does in DELTA mode."""
+
+    def __init__(self, outputs: list[StandinCompletion], finished: bool, prompt_token_ids: list[int], num_cached_tokens: int) -> None:
+        self.outputs = outputs
+        self.finished = finished
+        self.prompt_token_ids = prompt_token_ids
+        self.num_cached_tokens = num_cached_tokens
+
+    def add(self, next_output: StandinRequestOutput, aggregate: bool) -> None:
+        self.finished |= next_output.finished
+        for nxt in next_output.outputs:
+            for i, comp in enumerate(self.outputs):
+                if comp.index == nxt.index:
+                    if aggregate:
+                        comp.text += nxt.text
+                        comp.token_ids = [*comp.token_ids, *nxt.token_ids]
+                        comp.finish_reason = nxt.finish_reason
+                    else:
+                        self.outputs[i] = nxt
+                    break
+            else:
+                self.outputs.append(nxt)
+
+
+class StandinCollector:
+    """vllm.v1.engine.output_processor.RequestOutputCollector (DELTA), as in 0.32."""
+
+    def __init__(self) -> None:
+        self.aggregate = True
+        self.output: Any = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: Any) -> None:
+        if self.output is None or isinstance(output, Exception):
+            self.output = output
+            self.ready.set()
+        elif isinstance(self.output, StandinRequestOutput) and isinstance(output, StandinRequestOutput):
+            self.output.add(output, aggregate=self.aggregate)
+
+    def get_nowait(self) -> Any:
+        output = self.output
+        if output is not None:
+            self.output = None
+            self.ready.clear()
+        if isinstance(output, Exception):
+            raise output
+        return output
+
+
+@cache
+def vllm_classes() -> tuple[Any, Any, Any, Any]:
+    """vLLM's own (RequestOutputCollector, RequestOutput, CompletionOutput, RequestOutputKind)."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    return RequestOutputCollector, RequestOutput, CompletionOutput, RequestOutputKind
+
+
+class VllmProducer:
+    """What vLLM's output handler does to a request's collector."""
+
+    PROMPT = [1, 2, 3]
+    CACHED = 1
+
+    def __init__(self, real: bool) -> None:
+        self.name = "vllm" if real else "vllm-standin"
+        self.real = real
+        if real:
+            collector_cls, _, _, kind = vllm_classes()
+            self.collector = collector_cls(kind.DELTA, "r")
+        else:
+            self.collector = StandinCollector()
+        self.stream = VllmOutputStream(self.collector)
+
+    def output(self, pieces: list[tuple[int, str]], finish: str | None = None, finished: bool = False) -> Any:
+        if self.real:
+            _, request_output, completion, _ = vllm_classes()
+            outputs = [
+                completion(index=i, text=text, token_ids=[len(text)], cumulative_logprob=None, logprobs=None, finish_reason=finish)
+                for i, text in pieces
+            ]
+            return request_output("r", None, list(self.PROMPT), None, outputs, finished, num_cached_tokens=self.CACHED)
+        outputs = [StandinCompletion(i, text, [len(text)], finish) for i, text in pieces]
+        return StandinRequestOutput(outputs, finished, list(self.PROMPT), self.CACHED)
+
+    def step(self, *pieces: Piece) -> None:
+        self.collector.put(self.output(_pieces(pieces)))
+
+    def finish(self, text: str = "", reason: str = "stop") -> None:
+        self.collector.put(self.output([(0, text)], reason, finished=True))
+
+    def fail(self, message: str) -> None:
+        self.collector.put(RuntimeError(message))  # EngineDeadError / EngineGenerateError in vLLM

@@ -1,0 +1,21 @@
+"""Helpers shared by every test folder (tests/README.md says who owns what).
+
+    sse            the one SSE parser: frames, data, JSON payloads, named events
+    openai_schema  OpenAI's published JSON Schemas: validate, errors, validator_with
+    waiting        wait_until (async) and wait_until_sync
+    server         serve_process / fake_server: `python -m streamproxy serve` on a free port
+    api_events     Responses and Anthropic event streams against the SDKs' own models
+    fake           USER_HI and what the fake engine makes of it; hold_start (an engine left loading)
+    chat           schema-checked chat chunks, reassembled as a client does
+    push           a spy on the writer's push sink
+
+Import them absolutely, e.g. `from tests.support import sse, wait_until`.
+"""
+
+from tests.support import sse
+from tests.support.fake import USER_HI, USER_HI_PROMPT_TOKENS
+from tests.support.openai_schema import errors as schema_errors
+from tests.support.openai_schema import validate
+from tests.support.waiting import wait_until, wait_until_sync
+
+__all__ = ["USER_HI", "USER_HI_PROMPT_TOKENS", "schema_errors", "sse", "validate", "wait_until", "wait_until_sync"]

@@ -1,0 +1,139 @@
+"""The tests' one launcher of `python -m streamproxy serve ...` processes.
+
+    with serve_process(["--engine", "fake", ...], log_dir=...) as srv:   # srv.base, srv.url(path)
+        ...
+    with fake_server("--fake-text", "Hi") as base:                      # --engine fake, access log off
+        ...
+
+A real process also runs the CLI and the start-up path, and it is what a
+sync client (which blocks) or a spawned vLLM engine core (which re-imports
+the main module) needs. The server listens on a free 127.0.0.1 port;
+`wait_ready` polls /health until it answers 200, and a server that exits
+first, or is not ready by the deadline, raises `ServerFailed` with the end
+of its output (a port taken in the meantime by someone else is retried on
+another). On the way out the process gets SIGTERM, then SIGKILL, by its
+own pid. stdout and stderr go to files in `log_dir` (a temporary folder
+when none is given), so a chatty server can never block on a full pipe.
+
+The child inherits the environment, so a PYTHONPATH naming the tree under
+test reaches it too, with PYTHONUNBUFFERED=1, and VLLM_CPU_KVCACHE_SPACE=2
+(GiB) unless set: a CPU engine would otherwise reserve far more.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from tests.support.waiting import wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_ARGS = ("--engine", "fake", "--access-log", "off")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(f"{message}:\n{log[-4000:]}")
+        self.log = log
+
+
+class ServerProcess:
+    """`python -m streamproxy serve --host 127.0.0.1 --port <free> ARGS`, started at once."""
+
+    def __init__(self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.stdout_path = log_dir / f"{name}.out"
+        self.stderr_path = log_dir / f"{name}.err"
+        environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ)
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def log(self) -> str:
+        return self.stdout() + self.stderr()
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise ServerFailed(f"server exited with {self.proc.returncode}", self.log())
+        try:
+            return requests.get(self.base + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> None:
+        if not wait_until_sync(self._healthy, timeout, interval):
+            raise ServerFailed(f"server not ready after {timeout} s", self.log())
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout` s; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def start_server(
+    args: Sequence[str], log_dir: Path, *, name: str = "server", timeout: float = 30.0, interval: float = 0.05,
+    env: dict[str, str] | None = None, attempts: int = 3,
+) -> ServerProcess:
+    """A started and ready server; the caller stops it (`ServerProcess.stop`)."""
+    for attempt in range(attempts):
+        server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env)
+        try:
+            server.wait_ready(timeout, interval)
+            return server
+        except ServerFailed as exc:
+            server.stop()
+            if "address already in use" not in exc.log.lower() or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def serve_process(
+    args: Sequence[str], *, log_dir: Path | None = None, name: str = "server", timeout: float = 30.0,
+    interval: float = 0.05, stop_timeout: float = 10.0, env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """A ready server for the `with` block, stopped after it."""
+    with tempfile.TemporaryDirectory(prefix="streamproxy-test-") as tmp:
+        server = start_server(args, log_dir or Path(tmp), name=name, timeout=timeout, interval=interval, env=env)
+        try:
+            yield server
+        finally:
+            server.stop(stop_timeout)
+
+
+@contextmanager
+def fake_server(*flags: str, timeout: float = 30.0, log_dir: Path | None = None) -> Iterator[str]:
+    """`serve --engine fake --access-log off FLAGS`; yields the base URL."""
+    with serve_process([*FAKE_ARGS, *flags], log_dir=log_dir, timeout=timeout) as server:
+        yield server.base
