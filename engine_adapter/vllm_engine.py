@@ -133,9 +133,18 @@ class VllmEngine:
     async def close(self) -> None:
         llm, self._llm = self._llm, None
         self._state = "dead"
+        gone = EngineFailure("the engine was shut down")
         if self._direct is not None:
-            self._direct.fail_all(EngineFailure("the engine was shut down"))
+            self._direct.fail_all(gone)
         if llm is not None:
+            # Requests on vLLM's own output path end too: shutdown() cancels the output
+            # handler, after which their collectors would never hear another word.
+            processor = getattr(llm, "output_processor", None)
+            states = getattr(processor, "request_states", None)
+            if states:
+                for state in list(states.values()):
+                    if state.queue is not None:
+                        state.queue.put(gone)
             llm.shutdown()
 
     # -- tokenizer ------------------------------------------------------

@@ -40,7 +40,7 @@ class VllmOutputStream:
     request (`finished`) wakes the consumer to end the stream.
     """
 
-    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs", "_sink", "_held", "_sink_error", "_hooked")
+    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs", "_sink", "_held", "_sink_error", "_error")
 
     def __init__(self, collector: Any, logprobs: Any = None) -> None:
         self._collector = collector
@@ -52,7 +52,8 @@ class VllmOutputStream:
         self._sink: Sink | None = None
         self._held: list[Delta] = []
         self._sink_error: BaseException | None = None
-        self._hooked = False
+        self._error: EngineFailure | None = None  # raised on every take once the engine failed
+        self._hook()
 
     @property
     def finished(self) -> bool:
@@ -62,8 +63,6 @@ class VllmOutputStream:
     def arm(self, sink: Sink) -> bool:
         if self._held or self._done or self._sink_error is not None or self._collector.output is not None:
             return False
-        if not self._hooked:
-            self._hook()
         self._sink = sink
         return True
 
@@ -76,13 +75,26 @@ class VllmOutputStream:
         stream = self
 
         def put(output: Any) -> None:
-            if stream._sink is None or collector.output is not None or isinstance(output, BaseException):
+            if isinstance(output, BaseException):
+                stream._keep_pending()  # vLLM's put would replace it with the error
+                original(output)
+            elif stream._sink is None or collector.output is not None:
                 original(output)
             else:
                 stream._push(output)
 
         collector.put = put
-        self._hooked = True
+
+    def _keep_pending(self) -> None:
+        """An error arrives: the steps the consumer has not taken yet still go first."""
+        pending = self._collector.output
+        if pending is None or isinstance(pending, BaseException):
+            return
+        self._collector.output = None
+        try:
+            self._held = self._held + self._convert(pending)
+        except Exception:  # never into vLLM's output handler: the error says enough
+            pass
 
     def _push(self, output: Any) -> None:
         sink = self._sink
@@ -111,6 +123,8 @@ class VllmOutputStream:
             return held
         if self._sink_error is not None:
             raise PushFailed(repr(self._sink_error)) from self._sink_error
+        if self._error is not None:
+            raise self._error
         if self._done:
             raise StopAsyncIteration
         got = self._take()
@@ -123,7 +137,8 @@ class VllmOutputStream:
             out = self._collector.get_nowait()
         except Exception as exc:  # EngineDeadError, EngineGenerateError, ...
             self._done = True
-            raise EngineFailure(f"{type(exc).__name__}: {exc}") from exc
+            self._error = EngineFailure(f"{type(exc).__name__}: {exc}")
+            raise self._error from exc
         if out is None:
             return None
         return self._convert(out)

@@ -34,12 +34,6 @@ VLLM_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "8"]
 START_TIMEOUT = 600.0
 BOUND = 120.0  # for one request to end; a passing test is far quicker
 MESSAGES = [{"role": "user", "content": "Count from one to twenty, in words, separated by commas."}]
-KNOWN_CLOSE_BUG = (
-    "KNOWN BUG (engine_adapter/vllm_engine.py): VllmEngine.close() fails the direct route's streams "
-    "(DirectRoute.fail_all) but not those on vLLM's own output path (n > 1, logprobs): AsyncLLM.shutdown() "
-    "cancels the output handler, so their RequestOutputCollector never gets another output or error and "
-    "a consumer waits forever. Once fixed, this test passes."
-)
 
 
 @dataclass
@@ -299,6 +293,4 @@ def test_close_fails_what_runs_and_leaves_the_engine_dead(subject):
         subject.run(engine.generate("after-close", [1, 2, 3], GenerationParams(max_tokens=1)))
     subject.run(engine.abort("after-close"))  # a no-op, not an error
     assert isinstance(ended["plain"], EngineFailure), ended
-    if subject.name == "vllm" and isinstance(ended["logprobs"], TimeoutError):
-        pytest.xfail(KNOWN_CLOSE_BUG)
     assert isinstance(ended["logprobs"], EngineFailure), ended

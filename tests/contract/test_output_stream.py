@@ -166,6 +166,15 @@ async def test_get_wakes_on_an_engine_failure(producer):
         await asyncio.wait_for(task, SOON)
 
 
+def test_an_engine_failure_comes_after_the_pending_steps_and_stays(producer):
+    producer.step("a")
+    producer.fail("engine dead")
+    assert joined(producer.stream.get_nowait()) == {0: "a"}
+    for _ in range(2):
+        with pytest.raises(EngineFailure, match="engine dead"):
+            producer.stream.get_nowait()
+
+
 async def test_a_timed_out_get_loses_nothing(producer):
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.01):
@@ -392,16 +401,6 @@ def test_vllm_armed_steps_leave_the_collector_empty_and_unset(vllm_producer):
     vllm_producer.step("b")
     assert [joined(step) for step in sink.got] == [{0: "a"}, {0: "b"}]
     assert vllm_producer.collector.output is None and not vllm_producer.collector.ready.is_set()
-
-
-def test_vllm_an_engine_error_replaces_what_the_collector_holds(vllm_producer):
-    # vLLM's collector keeps only the exception (the base stream delivers pending steps first).
-    vllm_producer.step("a")
-    vllm_producer.fail("engine dead")
-    with pytest.raises(EngineFailure, match="engine dead"):
-        vllm_producer.stream.get_nowait()
-    with pytest.raises(StopAsyncIteration):
-        vllm_producer.stream.get_nowait()
 
 
 def test_vllm_a_drained_refusal_leaves_no_wake_up_set(vllm_producer):
