@@ -38,9 +38,10 @@ from streamproxy.gateway.relay import Api, SSERelay, Usage, error_event, keepali
 from streamproxy.gateway.state import GatewayState, gateway_state
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, Attempt, UpstreamError, open_upstream
 from streamproxy.http.accesslog import Record, record
+from streamproxy.http.metrics import SSE_HEARTBEATS
 from streamproxy.http.nonstream import answer_nonstream
 from streamproxy.http.routes.body import read_body
-from streamproxy.http.writer import SSE_HEADERS, WriteStalled, client_gone, write
+from streamproxy.http.writer import SSE_HEADERS, WriteStalled, can_write_direct, chunk_frame, client_gone, writable, write
 
 # Request headers passed to the replica (the rest are the client's business with the gateway).
 _FORWARD = ("anthropic-version", "anthropic-beta", "OpenAI-Beta")
@@ -252,29 +253,34 @@ def _abandon(opening: asyncio.Future[Attempt]) -> Attempt | None:
 
 
 async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float) -> bool:
-    """Relay until the replica's stream ends; False when it broke off (an error event is sent)."""
+    """Relay until the replica's stream ends; False when it broke off (an error event is sent).
+
+    While the client keeps up, each read's events go straight to the transport as one
+    chunk (as `serve`'s push path writes): no await, no timer per read. A client that
+    falls behind gets the bounded `write`. The heartbeat is one timer per stream
+    (`_Heartbeat`), and a replica silent past the read timeout is the client
+    session's `sock_read` timeout."""
     api = call.route.api
     relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
     reader = attempt.response.content
-    read_timeout = call.state.policy.read_timeout or call.state.settings.request_timeout
-    silent = 0.0
+    direct = can_write_direct(response, transport)
+    beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
+    slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each read
     first = True
-    beat = keepalive(api)
     try:
         while True:
-            try:
-                async with asyncio.timeout(heartbeat):
-                    chunk = await reader.readany()
-            except TimeoutError:
-                silent += heartbeat or 0.0
-                if silent >= read_timeout:
-                    raise _Broken("the replica was silent for longer than the read timeout") from None
-                await write(response, transport, beat, stall)
-                continue
+            if slow_beat is None:
+                chunk = await reader.readany()
+            else:
+                try:
+                    async with asyncio.timeout(slow_beat):
+                        chunk = await reader.readany()
+                except TimeoutError:
+                    await write(response, transport, keepalive(api), stall)
+                    continue
             if not chunk:
                 break
-            silent = 0.0
             if first:
                 first = False
                 now = perf_counter()
@@ -282,7 +288,12 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
                 M.UPSTREAM_TTFT.labels(call.pool.deployment.name).observe(now - attempt.sent_at)
             out = relay_.feed(chunk)
             if out:
-                await write(response, transport, out, stall)
+                if direct and writable(transport):
+                    transport.write(chunk_frame(out))
+                else:
+                    await write(response, transport, out, stall)
+                if beat is not None:
+                    beat.last = beat.loop.time()
         if relay_.done:
             return True
         raise _Broken("the replica ended the stream before its end")
@@ -295,8 +306,41 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
         await write(response, transport, error_event(api, error, relay_.events), stall)
         return False
     finally:
+        if beat is not None:
+            beat.stop()
         if not relay_.usage.billed:
             relay_.counted()
+
+
+class _Heartbeat:
+    """A keepalive frame after `interval` seconds without a write, from one timer per stream.
+
+    The timer fires once per interval and writes only if the stream was silent that
+    long and the transport can take it; the relay loop just notes the time of each write."""
+
+    __slots__ = ("transport", "frame", "interval", "loop", "last", "_handle")
+
+    def __init__(self, transport: Any, frame: bytes, interval: float) -> None:
+        self.transport = transport
+        self.frame = chunk_frame(frame)
+        self.interval = interval
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self._handle: asyncio.TimerHandle | None = self.loop.call_at(self.last + interval, self._fire)
+
+    def _fire(self) -> None:
+        now = self.loop.time()
+        due = self.last + self.interval
+        if now >= due and self.transport is not None and writable(self.transport):
+            self.transport.write(self.frame)
+            SSE_HEARTBEATS.inc()
+            self.last, due = now, now + self.interval
+        self._handle = self.loop.call_at(max(due, now + 0.001), self._fire)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class _Broken(Exception):

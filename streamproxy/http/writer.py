@@ -183,7 +183,7 @@ class _Pump:
         data = encoder.step(deltas)
         self.pushed += 1
         if data:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            transport.write(chunk_frame(data))
             self.wrote(deltas)
         return True
 
@@ -203,7 +203,17 @@ class _Pump:
             self.last_text_at = now
 
 
-def _can_push(response: web.StreamResponse, transport: Any) -> bool:
+def chunk_frame(data: bytes) -> bytes:
+    """`data` as one HTTP/1.1 chunk, for a write straight to the transport (see `can_write_direct`)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def writable(transport: Any) -> bool:
+    """The transport can take a direct write now: not closing, and not behind (a slow reader)."""
+    return transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT and not transport.is_closing()
+
+
+def can_write_direct(response: web.StreamResponse, transport: Any) -> bool:
     """Frames may go straight to the transport: plain chunked encoding, headers already out."""
     writer = getattr(response, "_payload_writer", None)
     if transport is None or writer is None or transport.is_closing():
@@ -253,7 +263,7 @@ async def pump_sse(
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
     # Push only onto a transport that takes our chunked frames as they are.
-    push_to = transport if push and _can_push(response, transport) else None
+    push_to = transport if push and can_write_direct(response, transport) else None
     try:
         while True:
             deltas = out.get_nowait()
