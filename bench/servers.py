@@ -29,6 +29,16 @@ RESULTS = ROOT / "bench" / "results"
 SERVED_NAME = "bench-model"
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both end a benchmark through KeyboardInterrupt, so its `finally` stops
+    the servers. Inside `uvloop.run` SIGINT cancels the main task (asyncio.Runner); an exception
+    raised by a handler there could land in a protocol callback and be taken for a lost
+    connection, so SIGTERM is turned into SIGINT. SIGINT is reset too: a job started in the
+    background by a non-interactive shell inherits it ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,6 +52,7 @@ class Server:
     port: int
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"  # answers 200 once the server can take requests
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after: float = 0.0
@@ -71,7 +82,7 @@ class Server:
                 raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; log {self.log_path}:\n"
                                    + self.log_tail())
             try:  # streamproxy lists its model while the engine still loads: /health first
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                with urllib.request.urlopen(self.url + self.health_path, timeout=5) as r:
                     healthy = r.status == 200
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as r:
                     if healthy and r.status == 200 and json.load(r).get("data"):

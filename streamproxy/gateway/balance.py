@@ -10,7 +10,9 @@ Per deployment, `Pool.choose(keys, exclude, now)`:
      `cache_threshold` and its load is within `balance_abs_threshold` of the
      least loaded (so a hot prefix spreads when its replica is busy);
   3. otherwise power of two choices: two random candidates, the one with
-     fewer outstanding requests (counted here, at dispatch and completion).
+     fewer outstanding requests (counted here, at dispatch and completion);
+     with `policy: round_robin`, the candidates in turn instead (no
+     affinity, loads ignored: a baseline to compare the others with).
 `dispatched`/`completed` keep the counts, the health and the prefix index
 right; `observed_cache` corrects the index from the `cached_tokens` the
 replica reported. Sans-IO; the random source is injectable for tests.
@@ -43,6 +45,7 @@ class Pool:
         self.upstream_headers = deployment.upstream_headers()  # the replicas' key, read once
         self.replicas = [Replica(url.rstrip("/"), deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks)) for url in deployment.upstreams]
         self._rng = rng or random.Random()
+        self._turn = 0  # round robin's next replica
 
     def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
         """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""
@@ -53,10 +56,14 @@ class Pool:
             only = candidates[0]
             return only, only.index.matched(keys) if keys else 0
         policy = self.policy
+        if policy.policy == "round_robin":
+            chosen = candidates[self._turn % len(candidates)]
+            self._turn += 1
+            return chosen, 0
         loads = [r.outstanding for r in candidates]
         low, high = min(loads), max(loads)
         imbalanced = high - low > policy.balance_abs_threshold and high > policy.balance_rel_threshold * low
-        if policy.prefix_affinity and keys and not imbalanced:
+        if policy.affinity and keys and not imbalanced:
             best, matched = max(((r, r.index.matched(keys)) for r in candidates), key=lambda rm: (rm[1], -rm[0].outstanding))
             if matched / len(keys) >= policy.cache_threshold and best.outstanding <= low + policy.balance_abs_threshold:
                 return best, matched
@@ -68,7 +75,7 @@ class Pool:
         replica.outstanding += 1
         replica.requests += 1
         replica.health.dispatched()
-        if keys and self.policy.prefix_affinity:
+        if keys and self.policy.affinity:
             replica.index.insert(keys)
 
     def completed(self, replica: Replica) -> None:
@@ -77,7 +84,7 @@ class Pool:
     def observed_cache(self, replica: Replica, keys: list[int], matched: int, prompt_tokens: int, cached_tokens: int) -> None:
         """The replica reported `cached_tokens` of `prompt_tokens`: if the index promised much
         more than that, the replica evicted the rest of this prefix."""
-        if not keys or prompt_tokens <= 0 or not self.policy.prefix_affinity:
+        if not keys or prompt_tokens <= 0 or not self.policy.affinity:
             return
         held = int(len(keys) * cached_tokens / prompt_tokens)
         if held + 1 < matched:

@@ -24,7 +24,7 @@ Every other top-level key is one of the server's flags (`sse_heartbeat`,
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -97,6 +97,9 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     healthy_threshold: int = 1
     # Connections kept open to each replica (nginx `keepalive`).
     keepalive: int = 256
+    # How a replica is chosen: `prefix` (least outstanding, with prefix affinity when `prefix_affinity`),
+    # `least_outstanding` (power of two choices, no affinity), `round_robin` (in turn; for comparisons).
+    policy: Literal["round_robin", "least_outstanding", "prefix"] = "prefix"
     # Prefix affinity (SGLang router's cache-aware policy): a request goes to the replica that holds
     # the longest share of its prefix when that share is at least `cache_threshold`, unless the
     # replicas' loads are imbalanced (both thresholds exceeded), when it goes to the least loaded.
@@ -106,6 +109,11 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     balance_rel_threshold: float = 1.5
     prefix_block_bytes: int = 256
     prefix_index_blocks: int = 100_000
+
+    @property
+    def affinity(self) -> bool:
+        """Prefix affinity is on: the `prefix` policy with `prefix_affinity`."""
+        return self.policy == "prefix" and self.prefix_affinity
 
 
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

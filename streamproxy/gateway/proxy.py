@@ -121,7 +121,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
             data["stream_options"] = {**options, "include_usage": True}
             strip = True
     policy = state.policy
-    keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.prefix_affinity else []
+    keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id, **pool.upstream_headers}
     for name in _FORWARD:
         if name in request.headers:

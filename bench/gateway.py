@@ -1,0 +1,199 @@
+"""`make bench-gateway`: what relaying an SSE stream costs: streamproxy gateway, nginx, LiteLLM.
+
+Upstreams: `--replicas` (2) `streamproxy serve --engine fake` processes with a
+fixed step (`--token-delay` 0.02 s: one token per stream per step). In front
+of the same upstreams, all up at once (bench/relays.py): the gateway, nginx
+and the LiteLLM proxy; 'direct' is the client calling the upstreams itself
+(its streams split evenly over them), the baseline.
+
+For each level (`--levels` 64,256 streams) and round (`--rounds`), each relay
+in turn (the order rotates per round) carries a closed-loop load for
+`--seconds` (bench/loadgen.py, parsing: every SSE event is split and timed,
+`max_tokens` 128, ignore_eos, usage asked for; a random pause of up to one
+step before each request, so requests arrive at any phase of the upstreams'
+step clock and a relay's added latency shows in TTFT instead of being hidden
+by the wait for the next step). Per run: the relay's CPU (utime+stime from
+/proc of the process we started and its descendants: nginx's worker) over
+the window / the SSE events the client received (`data:` events, [DONE]
+included), the upstreams' CPU the same way, tok/s, TTFT and ITL p50/p99.
+Cells are medians over rounds; 'added TTFT' is a relay's TTFT p50 minus
+direct's. `--affinity` runs the other benchmark (bench/affinity.py).
+Results: bench/results/gateway-<time>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import gateway_report, loadgen, procstat, relays
+from .compare import _git_rev
+from .servers import RESULTS, Server, fake_server, stop_on_signals
+
+RELAYS = ("direct", "gateway", "nginx", "litellm")
+
+
+def _raw(port: int, model: str, max_tokens: int) -> bytes:
+    return loadgen.build_request("127.0.0.1", port, loadgen.endpoint_path("chat"),
+                                 loadgen.request_body("chat", model, max_tokens))
+
+
+async def _connect(ports: list[int], conc: int) -> list:
+    """`conc` connections spread evenly over `ports` (one port: the relay; several: direct)."""
+    conns: list = []
+    for i, port in enumerate(ports):
+        n = conc // len(ports) + (1 if i < conc % len(ports) else 0)
+        conns += await loadgen.connect_all("127.0.0.1", port, n, parse=True)
+    return conns
+
+
+async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], conc: int, seconds: float,
+               model: str, max_tokens: int, jitter: float) -> dict:
+    conns = await _connect(ports, conc)
+    url = f"http://127.0.0.1:{ports[0]}"
+    try:  # warm-up at this concurrency on the same connections (short requests)
+        warm = await loadgen.run_load(url, _raw(ports[0], model, 8), conc, conc, conns=conns)
+        if warm.errors:
+            raise RuntimeError(f"{label}: warm-up failed: {warm.errors[0]}")
+        snap: dict[str, float] = {}
+
+        def sample() -> dict[str, float]:
+            return {"relay": procstat.tree_cpu_seconds(pids), "up": procstat.tree_cpu_seconds(ups),
+                    "sys": procstat.system_busy_seconds()}
+
+        res = await loadgen.run_load(url, _raw(ports[0], model, max_tokens), conc, duration=seconds, conns=conns,
+                                     on_start=lambda: snap.update(sample()), jitter=jitter)
+        end = sample()
+    finally:
+        loadgen.close_all(conns)
+    s = loadgen.summarize(res)
+    d = {k: end[k] - snap[k] for k in end}
+    events = max(s["sse_events"], 1)
+    s.update({
+        "relay": label, "concurrency": conc,
+        "relay_cpu_s": d["relay"] if pids else None,
+        "us_per_event": d["relay"] / events * 1e6 if pids else None,
+        "upstream_us_per_event": d["up"] / events * 1e6,
+        "events_per_request": s["sse_events"] / max(s["requests"] - s["errors"], 1),
+        "relay_cores": d["relay"] / res.wall if pids else None,
+        "upstream_cores": d["up"] / res.wall, "client_cores": res.client_cpu / res.wall,
+        "other_cores": max(0.0, d["sys"] - d["relay"] - d["up"] - res.client_cpu) / res.wall,
+    })
+    return s
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--affinity", action="store_true",
+                    help="run the prefix-affinity benchmark instead (python -m bench.affinity --help)")
+    ap.add_argument("--levels", default="64,256", help="concurrent streams (default 64,256)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per relay and level (default 3)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="closed-loop load per run (default 10)")
+    ap.add_argument("--token-delay", type=float, default=0.02, help="the fake upstreams' step in s (default 0.02)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--replicas", type=int, default=2, help="fake upstreams (default 2)")
+    ap.add_argument("--relays", default=",".join(RELAYS), help=f"which (default {','.join(RELAYS)})")
+    ap.add_argument("--jitter", type=float, default=None,
+                    help="random pause of up to this many s before each request (default: one step)")
+    ap.add_argument("--public-name", default=None,
+                    help="the gateway's and LiteLLM's name for the model (default: the upstreams' own, "
+                         "`fake`, so every relay gets the same request; another name makes them rename it)")
+    ap.add_argument("--quick", action="store_true", help="1 round of 4 s per relay and level")
+    args, rest = ap.parse_known_args(argv)
+    if rest and not args.affinity:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    if args.quick:
+        given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv)}
+        if "--rounds" not in given:
+            args.rounds = 1
+        if "--seconds" not in given:
+            args.seconds = 4.0
+    if args.jitter is None:
+        args.jitter = args.token_delay
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.affinity:
+        from . import affinity
+
+        return affinity.main(args.rest + (["--quick"] if args.quick else []))
+    stop_on_signals()  # Ctrl-C, SIGTERM: the `finally` stops every server
+    import uvloop
+
+    levels = [int(x) for x in args.levels.split(",") if x]
+    which = [r for r in args.relays.split(",") if r]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    up_args = ["--fake-token-delay", str(args.token_delay)]
+    ups = [fake_server(up_args, f"gateway-{stamp}-upstream{i}") for i in range(args.replicas)]
+    started: list[Server] = []
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "streamproxy": _git_rev(),
+            "machine": f"{procstat.os.cpu_count()} cores",
+            "upstreams": f"{args.replicas} x `streamproxy serve --engine fake {' '.join(up_args)}`",
+            "load": f"chat, stream, {args.max_tokens} tokens/request, ignore_eos, include_usage; closed loop for "
+                    f"{args.seconds:g} s per run, a random 0-{args.jitter * 1e3:g} ms pause before each request; "
+                    f"{args.rounds} round(s); client = bench/loadgen.py parsing every event (separate process)"}
+    rows: list[dict] = []
+    json_path = RESULTS / f"gateway-{stamp}.json"
+    try:
+        for u in ups:
+            u.start()
+            started.append(u)
+        for u in ups:
+            u.wait_ready(60)
+        urls = [u.url for u in ups]
+        up_pids = [u.pid for u in ups]
+        public = args.public_name or relays.UPSTREAM_NAME
+        tag = f"gateway-{stamp}"
+        servers: dict[str, Server] = {}
+        if "gateway" in which:
+            servers["gateway"] = relays.gateway_server(urls, tag, tmp, public=public)
+        if "nginx" in which:
+            servers["nginx"] = relays.nginx_server(urls, tag, tmp)
+        if "litellm" in which:
+            servers["litellm"] = relays.litellm_server(urls, tag, tmp, public=public)
+        for srv in servers.values():
+            srv.start()
+            started.append(srv)
+        for srv in servers.values():
+            srv.wait_ready(180)
+            print(f"{srv.label} ready on :{srv.port} in {srv.ready_after:.1f} s (log {srv.log_path})", flush=True)
+        meta["relays"] = gateway_report.describe(servers, tmp, public)
+        order = [r for r in RELAYS if r in which]
+        for conc in levels:
+            for rnd in range(args.rounds):
+                for label in order[rnd % len(order):] + order[:rnd % len(order)]:
+                    if label == "direct":
+                        ports, pids, model = [u.port for u in ups], [], relays.UPSTREAM_NAME
+                    else:
+                        srv = servers[label]
+                        ports, pids, model = [srv.port], relays.relay_pids(srv), public
+                    r = uvloop.run(_run(label, ports, pids, up_pids, conc, args.seconds, model, args.max_tokens,
+                                        args.jitter))
+                    r["round"] = rnd + 1
+                    rows.append(r)
+                    json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                    print(gateway_report.line(r), flush=True)
+    finally:
+        for srv in reversed(started):
+            srv.stop(15)
+        shutil.rmtree(tmp, ignore_errors=True)
+    md = gateway_report.markdown(rows, meta)
+    md_path = RESULTS / f"gateway-{stamp}.md"
+    md_path.write_text(md + "\n")
+    json_path.write_text(json.dumps({"meta": meta, "rows": rows, "summary": gateway_report.summary(rows)}, indent=1))
+    print("\n" + md + f"\n\nwrote {json_path}\n      {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
