@@ -34,6 +34,7 @@ from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.prefix import prefix_keys
+from streamproxy.gateway.push import Push
 from streamproxy.gateway.relay import Api, SSERelay, Usage, error_event, keepalive
 from streamproxy.gateway.state import GatewayState, gateway_state
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, Attempt, UpstreamError, open_upstream
@@ -184,18 +185,22 @@ async def _stream(request: web.Request, call: Call) -> web.StreamResponse:
     stall = settings.write_stall_timeout
     response = web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
-    opening = asyncio.ensure_future(_open(call))
+    warm = _Warmer(request, response, transport, keepalive(api), heartbeat, stall) if heartbeat else None
     attempt: Attempt | None = None
     outcome: int | None = None
     try:
         async with call.state.inflight.lifetime():
             try:
-                attempt = await _answer(request, opening, response, transport, api, heartbeat, stall)
+                attempt = await _open(call)
             except APIError as exc:
+                if warm is not None:
+                    await warm.stop()
                 if not response.prepared:
                     raise  # a status of its own: nothing was sent yet
                 await _end_with(response, transport, api, exc, stall)
                 return response
+            if warm is not None:
+                await warm.stop()
             upstream = attempt.response
             outcome = upstream.status
             if upstream.status != 200:
@@ -216,50 +221,63 @@ async def _stream(request: web.Request, call: Call) -> web.StreamResponse:
             raise ServiceUnavailable("the gateway is shutting down; retry on another instance", code="server_shutting_down") from None
         await _end_with(response, transport, api, ServiceUnavailable("the gateway is shutting down", code="server_shutting_down"), stall)
     finally:
-        if attempt is None:
-            attempt = _abandon(opening)
+        if warm is not None:
+            warm.cancel()
         if attempt is not None:
             _done(call, attempt, outcome)
     return response
 
 
-async def _answer(
-    request: web.Request, opening: asyncio.Future[Attempt], response: web.StreamResponse, transport: Any, api: Api,
-    heartbeat: float | None, stall: float,
-) -> Attempt:
-    """The replica's answer. Nothing is sent before it (failover stays possible), unless it
-    takes longer than a heartbeat interval: then the headers go out, and heartbeats meanwhile."""
-    try:
-        return await asyncio.wait_for(asyncio.shield(opening), heartbeat)
-    except TimeoutError:
-        pass
-    await response.prepare(request)
-    while True:
-        await write(response, transport, keepalive(api), stall)
-        try:
-            return await asyncio.wait_for(asyncio.shield(opening), heartbeat)
-        except TimeoutError:
-            continue
+class _Warmer:
+    """While no replica has answered: after `interval` s the headers go out, then a heartbeat
+    every `interval` s, from a task of its own that only a slow answer ever starts. Before
+    that nothing is sent, so failover stays possible and an error keeps its own status."""
 
+    __slots__ = ("request", "response", "transport", "frame", "interval", "stall", "_handle", "_task")
 
-def _abandon(opening: asyncio.Future[Attempt]) -> Attempt | None:
-    """The handler is leaving before it took the replica's answer: stop waiting, or take it to close it."""
-    if not opening.done():
-        opening.cancel()
-        return None
-    if opening.cancelled() or opening.exception() is not None:
-        return None
-    return opening.result()
+    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, frame: bytes, interval: float, stall: float) -> None:
+        self.request, self.response, self.transport = request, response, transport
+        self.frame, self.interval, self.stall = frame, interval, stall
+        self._task: asyncio.Task[None] | None = None
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(interval, self._start)
+
+    def _start(self) -> None:
+        self._handle = None
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        await self.response.prepare(self.request)
+        while True:
+            await write(self.response, self.transport, self.frame, self.stall)
+            await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        """No more heartbeats; a failure while the headers went out (the client gone) is raised."""
+        task = self._task
+        self.cancel()
+        if task is not None:
+            await asyncio.wait([task])
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
 
 async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float) -> bool:
     """Relay until the replica's stream ends; False when it broke off (an error event is sent).
 
-    While the client keeps up, each read's events go straight to the transport as one
-    chunk (as `serve`'s push path writes): no await, no timer per read. A client that
-    falls behind gets the bounded `write`. The heartbeat is one timer per stream
-    (`_Heartbeat`), and a replica silent past the read timeout is the client
-    session's `sock_read` timeout."""
+    While the client keeps up, the replica's bytes are relayed from aiohttp's own data
+    callback (`push.Push`: no task wake-up, no await, no timer per event). When that
+    cannot be, or the client falls behind, this loop pulls with bounded writes. The
+    heartbeat is one timer per stream (`_Heartbeat`); a replica silent past the read
+    timeout is the client session's `sock_read` timeout."""
     api = call.route.api
     relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
@@ -267,8 +285,15 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
     direct = can_write_direct(response, transport)
     beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
     slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each read
-    first = True
+    wrote = _Wrote(call, attempt, beat)
     try:
+        if direct:
+            push = Push(reader, relay_, transport, wrote)
+            if push.start():
+                try:
+                    await push.woken
+                finally:
+                    push.let_go()
         while True:
             if slow_beat is None:
                 chunk = await reader.readany()
@@ -281,19 +306,13 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
                     continue
             if not chunk:
                 break
-            if first:
-                first = False
-                now = perf_counter()
-                call.rec.first_token(now)
-                M.UPSTREAM_TTFT.labels(call.pool.deployment.name).observe(now - attempt.sent_at)
             out = relay_.feed(chunk)
             if out:
                 if direct and writable(transport):
                     transport.write(chunk_frame(out))
                 else:
                     await write(response, transport, out, stall)
-                if beat is not None:
-                    beat.last = beat.loop.time()
+                wrote()
         if relay_.done:
             return True
         raise _Broken("the replica ended the stream before its end")
@@ -310,6 +329,24 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
             beat.stop()
         if not relay_.usage.billed:
             relay_.counted()
+
+
+class _Wrote:
+    """After each write to the client: the heartbeat deadline, and the first event's times."""
+
+    __slots__ = ("call", "attempt", "beat", "first")
+
+    def __init__(self, call: Call, attempt: Attempt, beat: _Heartbeat | None) -> None:
+        self.call, self.attempt, self.beat, self.first = call, attempt, beat, True
+
+    def __call__(self) -> None:
+        if self.beat is not None:
+            self.beat.last = self.beat.loop.time()
+        if self.first:
+            self.first = False
+            now = perf_counter()
+            self.call.rec.first_token(now)
+            M.UPSTREAM_TTFT.labels(self.call.pool.deployment.name).observe(now - self.attempt.sent_at)
 
 
 class _Heartbeat:
