@@ -45,7 +45,7 @@ class ConfigError(ValueError):
     pass
 
 
-def seconds(value: float | int | str) -> float:
+def seconds(value: float | str) -> float:
     """`90`, `90s`, `15m`, `2h` -> seconds."""
     if isinstance(value, (int, float)):
         return float(value)
@@ -63,7 +63,7 @@ class Launch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str  # a model folder or hub id, or "fake" (`--engine fake`)
     args: list[str] = []
     replicas: int = 1
-    idle_park_after: float | int | str = 0  # 0: always on
+    idle_park_after: float | str = 0  # 0: always on
     boot_guess: float = 60.0
     wait_for_wake: bool = False
     boot_timeout: float = 900.0  # a replica not healthy by then is a failed start

@@ -247,7 +247,10 @@ class ManagedDeployment:
             with open(log_path, "wb") as out:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True, preexec_fn=_child_setup(os.getpid()),
+                    start_new_session=True,
+                    # The parent-death signal has no other way in; the child runs nothing but prctl
+                    # and getppid before exec. Forked from the loop thread: the signal is tied to it.
+                    preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
                 )
         except OSError as exc:
             log.error("deployment %s: cannot start a replica: %s", self.name, exc)
