@@ -1,7 +1,8 @@
 """Managed deployments (`launch:`): the gateway runs their replicas as child processes.
 
 Each replica is `python -m streamproxy serve --host 127.0.0.1 --port <free>
-[--engine fake | --model M] --served-model-name <served> ARGS`, in its own
+[--engine fake | --model M] --served-model-name <served> --access-log off ARGS`
+(the last two unless ARGS give them), in its own
 process group, with Linux's parent-death signal set to SIGTERM (so a
 gateway killed with SIGKILL still takes its replicas with it), its output in
 a log file. A pidfd per child tells the event loop the moment it exits.
@@ -125,6 +126,8 @@ def replica_command(deployment: Deployment, launch: Launch, port: int) -> list[s
     cmd += ["--engine", "fake"] if launch.model == "fake" else ["--model", launch.model]
     if "--served-model-name" not in launch.args:
         cmd += ["--served-model-name", deployment.upstream_model]
+    if "--access-log" not in launch.args:
+        cmd += ["--access-log", "off"]  # the gateway logs each request; the replica's log keeps the rest
     return cmd + list(launch.args)
 
 
@@ -232,8 +235,10 @@ class ManagedDeployment:
         else:
             return  # it exited (`_exited` counts it) or is being stopped
         rp.up = True
+        boots = self.lifecycle.boots
         self.lifecycle.replica_up(time.monotonic())
-        if self.lifecycle.phase is Phase.READY and self.lifecycle.boots and self.lifecycle.up == 1 and self.lifecycle.last_boot is not None:
+        if self.lifecycle.boots > boots and self.lifecycle.last_boot is not None:  # this one woke the deployment
+            M.BOOTS.labels(self.name).inc()
             M.BOOT_SECONDS.labels(self.name).observe(self.lifecycle.last_boot)
         log.info("deployment %s: replica %s (pid %d) is up after %.1f s", self.name, rp.url, rp.pid, time.monotonic() - rp.started)
         self._sync()

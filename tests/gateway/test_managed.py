@@ -20,7 +20,7 @@ from tests.support.gateway import alive, gateway_process
 from tests.support.waiting import wait_until_sync
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-FAKE = '["--access-log", "off", "--fake-boot-delay", "0.3"'
+FAKE = '["--fake-boot-delay", "0.3"'
 
 
 def config(*deployments: str, extra: str = "") -> str:
@@ -132,13 +132,53 @@ def test_a_replica_that_cannot_start_fails_the_deployment_with_its_log_in_the_ga
         assert requests.get(gw.url("/health"), timeout=10).status_code == 503
 
 
-def test_wait_for_wake_holds_the_request_instead_of_a_503(tmp_path):
-    yaml = config(managed("patient", wait=True, idle="10m"))
-    with gateway_process(tmp_path, yaml, "--sse-heartbeat", "0.2") as gw:
+def test_wait_for_wake_holds_the_request_with_keepalives_instead_of_a_503(tmp_path):
+    # Boots of a second or more (`--fake-boot-delay 1` plus the start) against keepalives every 0.1 s.
+    slow = '"--fake-boot-delay", "1"'
+    yaml = config(managed("patient", wait=True, idle="1s", args=slow))
+    with gateway_process(tmp_path, yaml, "--sse-heartbeat", "0.1", "--nonstream-keepalive-after", "0.1", "--nonstream-keepalive-interval", "0.1") as gw:
         streamed = chat(gw, "patient", stream=True)
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        assert streamed.text.startswith(":"), streamed.text[:200]  # SSE comments while it woke
         assert gw.state("dep-patient") == "ready"
-        assert chat(gw, "patient").status_code == 200
+        wait_state(gw, "dep-patient", "parked")
+        plain = chat(gw, "patient")
+        assert plain.status_code == 200 and plain.text.startswith("\n")  # the early 200's keepalive newlines
+        assert json.loads(plain.text)["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_resident_parks_the_least_recently_used_idle_deployment_or_says_why_not(tmp_path):
+    yaml = config(
+        *(managed(name, idle="10m", args='"--fake-token-delay", "0.05"') for name in "abc"),
+        extra="max_resident: 2\n",
+    )
+    with gateway_process(tmp_path, yaml) as gw:
+        for name in ("a", "b"):
+            assert chat(gw, name).status_code == 503
+            wait_state(gw, f"dep-{name}", "ready")
+        assert chat(gw, "b").status_code == 200  # b used after a: a is the least recently used
+        assert chat(gw, "c").status_code == 503
+        wait_state(gw, "dep-c", "ready")
+        assert gw.state("dep-a") == "parked" and gw.state("dep-b") == "ready"
+        # b busy with a stream, c just used but idle: waking a parks c, never b.
+        with requests.post(gw.url("/v1/chat/completions"), json={"model": "b", **CHAT, "max_tokens": 400, "stream": True}, stream=True, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith(b"data: "))
+            assert chat(gw, "a").status_code == 503
+            wait_state(gw, "dep-a", "ready")
+            assert gw.state("dep-c") == "parked" and gw.state("dep-b") == "ready"
+            # Now a (idle) can make room for c; but with a busy too, nothing can be parked:
+            with requests.post(gw.url("/v1/chat/completions"), json={"model": "a", **CHAT, "max_tokens": 400, "stream": True, "stream_options": {}}, stream=True, timeout=60) as busy:
+                assert busy.status_code == 200
+                full = chat(gw, "c")
+                assert full.status_code == 503 and full.json()["error"]["code"] == "max_resident", full.text
+                assert gw.state("dep-c") == "parked"
+        metrics = requests.get(gw.url("/metrics"), timeout=10).text
+        assert 'streamproxy_gateway_deployment_state{deployment="c"} 0.0' in metrics
+        assert 'streamproxy_gateway_deployment_state{deployment="a"} 2.0' in metrics
+        assert 'streamproxy_gateway_boots_total{deployment="a"} 2.0' in metrics
+        assert 'streamproxy_gateway_parks_total{deployment="c"} 1.0' in metrics
+        assert 'streamproxy_gateway_boot_seconds_count{deployment="a"} 2.0' in metrics
 
 
 def test_gateway_sigterm_lets_a_live_stream_finish_then_stops_every_replica(tmp_path):
