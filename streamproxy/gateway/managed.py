@@ -1,11 +1,8 @@
 """Managed deployments (`launch:`): the gateway runs their replicas as child processes.
 
-Each replica is `python -m streamproxy serve --host 127.0.0.1 --port <free>
-[--engine fake | --model M] --served-model-name <served> --access-log off ARGS`
-(the last two unless ARGS give them), in its own
-process group, with Linux's parent-death signal set to SIGTERM (so a
-gateway killed with SIGKILL still takes its replicas with it), its output in
-a log file. A pidfd per child tells the event loop the moment it exits.
+Each replica is a `streamproxy serve` process on a free loopback port
+(`replicas.py`: own process group, parent-death signal, a pidfd that tells
+the event loop the moment it exits, its output in a log file).
 
 `ManagedDeployment` does what its `Lifecycle` says:
   wake   start every replica; poll each one's /health until 200, then add its
@@ -28,18 +25,12 @@ from the relay meanwhile). `Supervisor.shutdown` stops every replica.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -49,86 +40,13 @@ from streamproxy.config import Settings
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import Deployment, Launch
+from streamproxy.gateway.config import Deployment
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
+from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
 
 log = logging.getLogger("streamproxy.gateway")
 
-_PR_SET_PDEATHSIG = 1
-_LOG_TAIL_LINES = 30
 _KILL_GRACE = 5.0  # seconds past the replica's own drain before SIGKILL
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if sys.platform.startswith("linux") else None
-
-
-def _child_setup(parent: int) -> Callable[[], None]:
-    """In the child, before exec: SIGTERM when the gateway dies (and exit now if it already did)."""
-
-    def setup() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return setup
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(eq=False)
-class ReplicaProcess:
-    slot: int
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    started: float
-    up: bool = False
-    expected: bool = False  # we asked it to stop
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc.returncode is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # its own group: vLLM's engine processes too
-        except ProcessLookupError:
-            pass
-
-    def tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-def replica_command(deployment: Deployment, launch: Launch, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--engine", "fake"] if launch.model == "fake" else ["--model", launch.model]
-    if "--served-model-name" not in launch.args:
-        cmd += ["--served-model-name", deployment.upstream_model]
-    if "--access-log" not in launch.args:
-        cmd += ["--access-log", "off"]  # the gateway logs each request; the replica's log keeps the rest
-    return cmd + list(launch.args)
 
 
 class ManagedDeployment:
@@ -244,51 +162,17 @@ class ManagedDeployment:
         self._sync()
 
     def _start(self, slot: int) -> ReplicaProcess | None:
-        port = _free_port()
-        log_path = self.supervisor.log_dir / f"{self.deployment.id}-{slot}-{port}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        cmd = replica_command(self.deployment, self.launch, port)
         try:
-            with open(log_path, "wb") as out:
-                proc = subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True,
-                    # The parent-death signal has no other way in; the child runs nothing but prctl
-                    # and getppid before exec. Forked from the loop thread: the signal is tied to it.
-                    preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
-                )
+            rp = spawn(self.deployment, self.launch, slot, self.supervisor.log_dir)
         except OSError as exc:
             log.error("deployment %s: cannot start a replica: %s", self.name, exc)
             self._after_exit(None, None, slot)
             return None
-        rp = ReplicaProcess(slot, port, proc, log_path, time.monotonic())
         self.processes[slot] = rp
-        self._watch(rp)
+        watch(rp, self._exited)
         return rp
 
-    def _watch(self, rp: ReplicaProcess) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            fd = os.pidfd_open(rp.pid)
-        except (OSError, AttributeError):  # no pidfd: poll
-            self._spawn_task(self._poll_exit(rp))
-            return
-
-        def readable() -> None:
-            loop.remove_reader(fd)
-            os.close(fd)
-            rp.proc.wait()
-            self._exited(rp)
-
-        loop.add_reader(fd, readable)
-
-    async def _poll_exit(self, rp: ReplicaProcess) -> None:
-        while rp.proc.poll() is None:
-            await asyncio.sleep(0.1)
-        self._exited(rp)
-
     def _exited(self, rp: ReplicaProcess) -> None:
-        rp.exited.set()
         if self.processes.get(rp.slot) is rp:
             del self.processes[rp.slot]
         was_up, rp.up = rp.up, False
