@@ -144,16 +144,16 @@ def _describe(state: GatewayState, name: str) -> dict[str, object]:
         described["managed"] = False
         described["state"] = "ready" if any(r["available"] for r in replicas) else "unavailable"
         return described
-    info = managed.describe()
-    ports = {p["url"]: p for p in info.pop("processes")}  # type: ignore[attr-defined]
+    processes = {p.url: p for p in managed.running()}
     for r in replicas:
-        if r["url"] in ports:
-            r.update(port=ports[r["url"]]["port"], pid=ports[r["url"]]["pid"])
-    # Replicas still booting (not yet in the pool) are shown too.
-    booting = [{"url": p["url"], "port": p["port"], "pid": p["pid"], "booting": True} for p in ports.values() if not p["up"]]
+        process = processes.get(str(r["url"]))
+        if process is not None:
+            r.update(port=process.port, pid=process.pid)
+    # Replicas still booting (not in the pool yet) are shown too.
+    booting = [{"url": p.url, "port": p.port, "pid": p.pid, "booting": True} for p in processes.values() if not p.up]
     described["replicas"] = replicas + booting
     described["managed"] = True
-    described.update(info)
+    described.update(managed.describe())
     return described
 
 

@@ -262,11 +262,10 @@ class ManagedDeployment:
             "boots": lc.boots,
             "parks": lc.parks,
             "restarts": lc.restarts,
-            "processes": [
-                {"slot": rp.slot, "port": rp.port, "pid": rp.pid, "url": rp.url, "up": rp.up}
-                for rp in sorted(self.processes.values(), key=lambda r: r.slot)
-            ],
         }
+
+    def running(self) -> list[ReplicaProcess]:
+        return sorted(self.processes.values(), key=lambda r: r.slot)
 
 
 class Supervisor:

@@ -204,3 +204,26 @@ def test_replicas_exit_by_themselves_when_the_gateway_is_killed(tmp_path):
         gw.proc.kill()
         gw.proc.wait(30)
         assert pids and wait_until_sync(lambda: not any(alive(pid) for pid in pids), 30), "a replica outlived the gateway"
+
+
+def test_a_replica_not_healthy_by_boot_timeout_is_killed_and_counts_as_a_failed_start(tmp_path):
+    # The engine would load for a minute; boot_timeout is a second.
+    yaml = config(managed("slow", args='"--fake-boot-delay", "60"', more="      boot_timeout: 1\n      restart_backoff: 0.05\n"))
+    with gateway_process(tmp_path, yaml) as gw:
+        assert chat(gw, "slow").status_code == 503
+        info = wait_state(gw, "dep-slow", "failed")
+        assert info["restarts"] == 2 and info["replicas"] == []
+        assert "not healthy after 1 s" in gw.log()
+        assert not gw.replica_pids()  # every start was killed and reaped
+
+
+def test_gateway_sigterm_while_waking_stops_the_booting_replica(tmp_path):
+    yaml = config(managed("slow", args='"--fake-boot-delay", "60"'))  # idle 0: woken at start
+    with gateway_process(tmp_path, yaml) as gw:
+        assert wait_until_sync(lambda: gw.deployment("dep-slow")["replicas"], 30)
+        pids = pids_of(gw.deployment("dep-slow"))
+        gw.replica_pids()
+        assert gw.state("dep-slow") == "waking"
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(60) == 0
+        assert pids and not any(alive(pid) for pid in pids)

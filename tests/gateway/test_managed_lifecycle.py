@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from streamproxy.gateway.config import ConfigError, Launch, seconds, split
+from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.config import ConfigError, Deployment, Launch, UpstreamPolicy, seconds, split
 from streamproxy.gateway.lifecycle import Lifecycle, Phase
 
 
@@ -103,3 +106,17 @@ def test_expected_exits_and_exits_while_parking_are_not_failures():
     lc2.replica_up(1.0)
     lc2.park()
     assert lc2.replica_exited(2.0, was_up=True, expected=False) is None and lc2.failures == 0
+
+
+def test_pool_set_replicas_keeps_the_kept_ones_state():
+    p = Pool(Deployment(name="d", id="dep-d", launch=Launch(model="fake")), UpstreamPolicy(), rng=random.Random(1))
+    assert p.replicas == [] and p.choose([], set(), 0.0) == (None, 0)
+    p.set_replicas(["http://127.0.0.1:9001/", "http://127.0.0.1:9002"])
+    first = p.replicas[0]
+    p.dispatched(first, [])
+    p.set_replicas(["http://127.0.0.1:9001", "http://127.0.0.1:9003"])
+    assert [r.url for r in p.replicas] == ["http://127.0.0.1:9001", "http://127.0.0.1:9003"]
+    assert p.replicas[0] is first and first.outstanding == 1  # the kept replica keeps its load
+    p.completed(first)  # a request finishing on it (or on a removed one) is fine
+    p.set_replicas([])
+    assert p.choose([], set(), 0.0) == (None, 0) and p.retry_after(0.0) == 1
