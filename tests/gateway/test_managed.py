@@ -8,6 +8,7 @@ SIGTERM and SIGKILL taking the replicas with it (checked by pid)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -227,3 +228,24 @@ def test_gateway_sigterm_while_waking_stops_the_booting_replica(tmp_path):
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.proc.wait(60) == 0
         assert pids and not any(alive(pid) for pid in pids)
+
+
+def test_two_replicas_one_wake_for_many_requests_and_one_lost_leaves_the_other_serving(tmp_path):
+    yaml = config(managed("pair", idle="10m", more="      replicas: 2\n      restart_backoff: 0.1\n"))
+    with gateway_process(tmp_path, yaml) as gw:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: chat(gw, "pair").status_code, range(8)))
+        assert answers == [503] * 8
+
+        def both_up() -> bool:
+            info = gw.deployment("dep-pair")
+            return info["state"] == "ready" and len(info["replicas"]) == 2 and not any(r.get("booting") for r in info["replicas"])
+        assert wait_until_sync(both_up, 60), gw.deployment("dep-pair")
+        info = gw.deployment("dep-pair")
+        assert info["boots"] == 1 and len({r["port"] for r in info["replicas"]}) == 2
+        lost, kept = pids_of(info)
+        os.kill(lost, signal.SIGKILL)
+        assert wait_until_sync(lambda: lost not in pids_of(gw.deployment("dep-pair")), 30)
+        assert gw.state("dep-pair") == "ready" and kept in pids_of(gw.deployment("dep-pair"))
+        assert chat(gw, "pair").status_code == 200  # the other replica serves meanwhile
+        assert wait_until_sync(both_up, 60) and gw.deployment("dep-pair")["restarts"] == 1
