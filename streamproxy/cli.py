@@ -34,7 +34,8 @@ def _fake_engine(settings: Settings) -> Engine:
         fail_after=settings.fake_fail_after,
     )
     return FakeEngine(
-        script, served_names=settings.served_model_name or ["fake"], max_model_len=settings.fake_max_model_len, record=False
+        script, served_names=settings.served_model_name or ["fake"], max_model_len=settings.fake_max_model_len, record=False,
+        load_delay=settings.fake_boot_delay,
     )
 
 

@@ -68,6 +68,9 @@ class Settings(msgspec.Struct, kw_only=True):
     fake_text: str = "Hello! This is a fake streamed answer. "
     fake_fail_after: int | None = None
     fake_max_model_len: int = 4096
+    fake_boot_delay: float = 0.0
+    # Gateway: the key of the admin routes (POST /v1/deployments/{id}/wake|park); none: they answer 401.
+    admin_key: str | None = None
     log_level: str = "info"
 
 
@@ -116,6 +119,8 @@ _FLAG_HELP: dict[str, str] = {
     "fake_text": "fake engine: text repeated until max_tokens",
     "fake_fail_after": "fake engine: fail every request after N tokens",
     "fake_max_model_len": "fake engine: context length",
+    "fake_boot_delay": "fake engine: seconds the engine takes to load (/health is 503 meanwhile)",
+    "admin_key": "gateway: key for POST /v1/deployments/{id}/wake and /park (env STREAMPROXY_ADMIN_KEY)",
     "log_level": "debug, info, warning, error",
 }
 
@@ -169,6 +174,7 @@ def _json_object(text: str) -> dict[str, Any]:
 # Flags whose default is None and whose values are not ints.
 _FLAG_TYPE: dict[str, Any] = {
     "deprecation_link": str,
+    "admin_key": str,
     "tool_call_parser": str,
     "reasoning_parser": str,
     "default_chat_template_kwargs": _json_object,

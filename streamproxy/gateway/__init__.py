@@ -3,9 +3,11 @@
 Sans-IO: `config` (the YAML), `relay` (a replica's SSE bytes -> the client's,
 with the model renamed and usage metered), `prefix` (prompt-prefix keys and
 the per-replica index), `balance` (choosing a replica), `health` (outlier
-ejection and probes' verdicts), `limits` (per-key rates). With I/O:
-`upstream` (sending with failover), `proxy` (the relaying handlers),
-`probes` (active health checks), `app` (routes and life cycle), `metrics`.
+ejection and probes' verdicts), `limits` (per-key rates), `lifecycle` (a
+managed deployment's states). With I/O: `upstream` (sending with failover),
+`proxy` (the relaying handlers), `probes` (active health checks), `managed`
+and `replicas` (the replicas the gateway runs itself), `app` (routes and
+life cycle), `metrics`.
 
 May import `streamproxy.core`, `apis`, `errors`, `config` and the edge
 (`streamproxy.http`); never an engine: replicas are reached over HTTP only.

@@ -23,8 +23,10 @@ from aiohttp import web
 
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
-from streamproxy.errors import APIError, AuthenticationError, ModelNotFound
+from streamproxy.errors import APIError, AuthenticationError, InvalidRequest, ModelNotFound
 from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.lifecycle import Phase
+from streamproxy.gateway.managed import ManagedDeployment
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import Route, relay
 from streamproxy.gateway.relay import Api
@@ -74,6 +76,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/deployments", list_deployments)
     app.router.add_get("/v1/deployments/{deployment}", get_deployment)
+    app.router.add_post("/v1/deployments/{deployment}/wake", wake_deployment)
+    app.router.add_post("/v1/deployments/{deployment}/park", park_deployment)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
@@ -134,7 +138,23 @@ def _describe(state: GatewayState, name: str) -> dict[str, object]:
         for r in pool.replicas
     ]
     d = pool.deployment
-    return {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
+    described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
+    managed = state.managed.get(name)
+    if managed is None:
+        described["managed"] = False
+        described["state"] = "ready" if any(r["available"] for r in replicas) else "unavailable"
+        return described
+    processes = {p.url: p for p in managed.running()}
+    for r in replicas:
+        process = processes.get(str(r["url"]))
+        if process is not None:
+            r.update(port=process.port, pid=process.pid)
+    # Replicas still booting (not in the pool yet) are shown too.
+    booting = [{"url": p.url, "port": p.port, "pid": p.pid, "booting": True} for p in processes.values() if not p.up]
+    described["replicas"] = replicas + booting
+    described["managed"] = True
+    described.update(managed.describe())
+    return described
 
 
 async def list_deployments(request: web.Request) -> web.Response:
@@ -150,15 +170,49 @@ async def get_deployment(request: web.Request) -> web.Response:
     return _json(_describe(state, pool.deployment.name))
 
 
+def _managed(request: web.Request) -> ManagedDeployment:
+    state = gateway_state(request)
+    state.authorize_admin(request)
+    name = request.match_info["deployment"]
+    managed = state.managed.get(name)
+    if managed is None:
+        if name in state.pools:
+            raise InvalidRequest(f"deployment `{name}` is not managed (it has `upstreams`, not `launch`)")
+        raise ModelNotFound(f"no deployment `{name}`")
+    return managed
+
+
+async def wake_deployment(request: web.Request) -> web.Response:
+    """Admin: start a parked (or failed) managed deployment's replicas; answers at once."""
+    managed = _managed(request)
+    managed.wake(admin=True)
+    return _json(_describe(gateway_state(request), managed.name))
+
+
+async def park_deployment(request: web.Request) -> web.Response:
+    """Admin: drain and stop a managed deployment's replicas; answers once they are stopped."""
+    managed = _managed(request)
+    await managed.park("admin")
+    return _json(_describe(gateway_state(request), managed.name))
+
+
 async def health(request: web.Request) -> web.Response:
-    """200 while some replica of every deployment can take requests; 503 otherwise (with which not)."""
+    """200 while every deployment can take requests (a managed one unless it failed: a parked one
+    wakes on demand); 503 otherwise (with which not)."""
     state = gateway_state(request)
     now = time.monotonic()
-    down = [d.name for d in state.deployments if not any(r.health.routable(now) for r in state.pools[d.name].replicas)]
+
+    def down(name: str) -> bool:
+        managed = state.managed.get(name)
+        if managed is not None:
+            return managed.lifecycle.phase is Phase.FAILED
+        return not any(r.health.routable(now) for r in state.pools[name].replicas)
+
+    down_names = [d.name for d in state.deployments if down(d.name)]
     if state.inflight.draining:
         return _json({"status": "draining"}, status=503)
-    if down:
-        return _json({"status": "degraded", "unavailable": down}, status=503)
+    if down_names:
+        return _json({"status": "degraded", "unavailable": down_names}, status=503)
     return _json({"status": "ok"})
 
 
@@ -175,6 +229,12 @@ async def _start(app: web.Application) -> None:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True)
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
+    state.supervisor.start(state.session)
+
+
+async def _stop_replicas(app: web.Application) -> None:
+    """After the gateway's own drain: every managed replica drains and exits."""
+    await app[STATE_KEY].supervisor.shutdown()
 
 
 async def _stop(app: web.Application) -> None:
@@ -200,6 +260,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig) -> web.Applica
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)
     app.on_startup.append(_start)
+    app.on_cleanup.append(_stop_replicas)
     app.on_cleanup.append(_stop)
     add_routes(app)
     return app
@@ -209,7 +270,8 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
     listener = accesslog.configure(settings.access_log)
     app = create_gateway_app(settings, config)
     for d in config.deployments:
-        log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, ", ".join(d.upstreams))
+        where = ", ".join(d.upstreams) if d.launch is None else f"managed: {d.launch.replicas} x {d.launch.model}"
+        log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, where)
     try:
         await run_app(app, settings, stop=asyncio.Event(), ready=ready)
     finally:

@@ -43,9 +43,20 @@ class Pool:
         self.deployment = deployment
         self.policy = policy
         self.upstream_headers = deployment.upstream_headers()  # the replicas' key, read once
-        self.replicas = [Replica(url.rstrip("/"), deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks)) for url in deployment.upstreams]
+        self.replicas: list[Replica] = []
+        self.set_replicas(deployment.upstreams)
         self._rng = rng or random.Random()
         self._turn = 0  # round robin's next replica
+
+    def set_replicas(self, urls: list[str]) -> None:
+        """The replicas are now these (a managed deployment's come and go): the ones kept keep
+        their health, load and index; requests on a removed one finish on it."""
+        kept = {r.url: r for r in self.replicas}
+        policy = self.policy
+        self.replicas = [
+            kept.get(url) or Replica(url, self.deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks))
+            for url in (u.rstrip("/") for u in urls)
+        ]
 
     def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
         """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""

@@ -6,6 +6,17 @@ deployments:
     id: dep-7f3a                 # also /v1/deployments/dep-7f3a/...
     served_model: Qwen/Qwen3-8B  # the replicas' name for it (rewritten both ways)
     upstreams: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+  - name: smol                   # a managed deployment: the gateway runs its replicas
+    id: dep-smol
+    launch:
+      model: /path/to/model      # or "fake" (`--engine fake`)
+      args: ["--max-model-len", "4096"]   # any `serve` flag
+      replicas: 1
+      idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
+      boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
+      wait_for_wake: false       # true: requests wait for the wake instead of a 503
+admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park
+max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
 keys:                            # none: no key is asked for
   - id: team-a                   # what the access log says; the key itself never is
     key_env: TEAM_A_KEY          # or `key: sk-...`
@@ -34,10 +45,41 @@ class ConfigError(ValueError):
     pass
 
 
+def seconds(value: float | str) -> float:
+    """`90`, `90s`, `15m`, `2h` -> seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+    try:
+        return float(text[:-1]) * scale if scale is not None else float(text)
+    except ValueError:
+        raise ConfigError(f"{value!r} is not a duration (a number of seconds, or with an s/m/h suffix)") from None
+
+
+class Launch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A managed deployment: the gateway starts `python -m streamproxy serve` replicas itself."""
+
+    model: str  # a model folder or hub id, or "fake" (`--engine fake`)
+    args: list[str] = []
+    replicas: int = 1
+    idle_park_after: float | str = 0  # 0: always on
+    boot_guess: float = 60.0
+    wait_for_wake: bool = False
+    boot_timeout: float = 900.0  # a replica not healthy by then is a failed start
+    max_failures: int = 3  # unexpected exits in a row before the deployment is `failed`
+    restart_backoff: float = 1.0  # the first restart's delay, doubled per failure in a row
+
+    @property
+    def idle_seconds(self) -> float:
+        return seconds(self.idle_park_after)
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
     upstreams: list[str] = []
+    launch: Launch | None = None  # instead of `upstreams`: the gateway runs the replicas
     served_model: str | None = None  # None: the same as `name`
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
@@ -120,9 +162,11 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     deployments: list[Deployment]
     keys: list[ApiKey] = []
     upstream: UpstreamPolicy = msgspec.field(default_factory=UpstreamPolicy)
+    admin_key_env: str | None = None  # the admin routes' key, from this environment variable
+    max_resident: int = 0  # replicas of managed deployments running at once (0: no limit)
 
 
-_SECTIONS = ("deployments", "keys", "upstream")
+_SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident")
 
 
 def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
@@ -149,11 +193,23 @@ def check(config: GatewayConfig) -> None:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
         d.upstream_headers()
-        if not d.upstreams:
-            raise ConfigError(f"deployment {d.name!r}: `upstreams` is empty")
+        if (d.launch is None) == (not d.upstreams):
+            raise ConfigError(f"deployment {d.name!r}: give exactly one of `upstreams` (a non-empty list) and `launch`")
+        if d.launch is not None:
+            launch = d.launch
+            if launch.replicas < 1:
+                raise ConfigError(f"deployment {d.name!r}: `launch.replicas` must be at least 1")
+            if launch.idle_seconds < 0 or launch.boot_guess <= 0 or launch.max_failures < 1:
+                raise ConfigError(f"deployment {d.name!r}: `idle_park_after` >= 0, `boot_guess` > 0, `max_failures` >= 1")
+            if config.max_resident and launch.replicas > config.max_resident:
+                raise ConfigError(f"deployment {d.name!r}: {launch.replicas} replicas exceed `max_resident`")
         for url in d.upstreams:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"deployment {d.name!r}: upstream {url!r} is not an http(s) URL")
+    if config.admin_key_env and not os.environ.get(config.admin_key_env):
+        raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")
+    if config.max_resident < 0:
+        raise ConfigError("gateway config: `max_resident` must be >= 0")
     names = {d.name for d in config.deployments} | {d.id for d in config.deployments}
     ids: set[str] = set()
     for key in config.keys:

@@ -34,3 +34,16 @@ ADDED_LATENCY = Histogram(
     buckets=_LATENCY,
 )
 TOKENS = Counter("streamproxy_gateway_tokens", "Tokens metered, by deployment and kind (prompt, cached, completion)", ["deployment", "kind"])
+
+# Managed deployments (`launch:`): the gateway's own replicas.
+MANAGED_STATE = Gauge(
+    "streamproxy_gateway_deployment_state", "A managed deployment's state: 0 parked, 1 waking, 2 ready, 3 draining, 4 failed",
+    ["deployment"],
+)
+BOOTS = Counter("streamproxy_gateway_boots", "Wakes of a managed deployment that reached ready", ["deployment"])
+BOOT_SECONDS = Histogram(
+    "streamproxy_gateway_boot_seconds", "From waking a managed deployment to its first healthy replica", ["deployment"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200),
+)
+PARKS = Counter("streamproxy_gateway_parks", "Managed deployments parked (idle, admin, or room for another)", ["deployment"])
+RESTARTS = Counter("streamproxy_gateway_restarts", "Replicas of managed deployments restarted after exiting on their own", ["deployment"])

@@ -85,12 +85,17 @@ async def relay(request: web.Request, route: Route) -> web.StreamResponse:
     call = await _prepare(request, route)
     state = call.state
     state.retries.active += 1
+    managed = state.managed.get(call.pool.deployment.name)
+    if managed is not None:
+        managed.lifecycle.begin(time.monotonic())
     try:
         if call.stream:
             return await _stream(request, call)
         return await _nonstream(request, call)
     finally:
         state.retries.active -= 1
+        if managed is not None:
+            managed.lifecycle.end(time.monotonic())
         _meter(call)
 
 
@@ -109,6 +114,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     deployment = pool.deployment
     rec.deployment = rec.model = deployment.name
     limiter = state.authorize(request, deployment)
+    managed = state.managed.get(deployment.name)
+    if managed is not None:
+        managed.admit()  # 503 deployment_waking / deployment_failed (and the wake), unless wait_for_wake
     model = data.get("model")
     public = model if isinstance(model, str) else deployment.name
     data["model"] = deployment.upstream_model
@@ -131,6 +139,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
 
 
 async def _open(call: Call) -> Attempt:
+    managed = call.state.managed.get(call.pool.deployment.name)
+    if managed is not None and not managed.lifecycle.serving:
+        await managed.until_ready(call.state.settings.request_timeout)  # wait_for_wake
     attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys)
     call.rec.upstream = attempt.replica.url
     M.ADDED_LATENCY.observe(attempt.sent_at - call.rec.start)

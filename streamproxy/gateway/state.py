@@ -11,6 +11,7 @@ the requests in flight, or under `min_retry_concurrency`.
 from __future__ import annotations
 
 import hmac
+import os
 import time
 
 import aiohttp
@@ -21,6 +22,7 @@ from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFoun
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.managed import ManagedDeployment, Supervisor
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
 
@@ -46,9 +48,15 @@ class GatewayState:
         self.inflight = InFlight()
         self.started = int(time.time())
         self.pools: dict[str, Pool] = {}
+        self.supervisor = Supervisor(settings, config.max_resident)
+        self.managed: dict[str, ManagedDeployment] = {}  # by name and by id
         for d in config.deployments:
             pool = Pool(d, config.upstream)
             self.pools[d.name] = self.pools[d.id] = pool
+            if d.launch is not None:
+                self.managed[d.name] = self.managed[d.id] = self.supervisor.add(d, pool)
+        admin = os.environ.get(config.admin_key_env, "") if config.admin_key_env else (settings.admin_key or "")
+        self.admin_key = admin.encode()
         self.keys: list[tuple[bytes, ApiKey, KeyLimiter]] = [
             (k.secret().encode(), k, KeyLimiter(k.rpm, k.tpm)) for k in config.keys
         ]
@@ -107,6 +115,13 @@ class GatewayState:
                 retry_after=max(1, int(wait + 0.999)),
             )
         return limiter
+
+
+    def authorize_admin(self, request: web.Request) -> None:
+        """The admin routes: the admin key (`admin_key_env`, `--admin-key`), or 401; none configured: always 401."""
+        presented = (presented_key(request) or "").encode()
+        if not self.admin_key or not hmac.compare_digest(presented, self.admin_key):
+            raise AuthenticationError("the admin routes need the gateway's admin key")
 
 
 STATE_KEY: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)

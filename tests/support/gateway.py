@@ -1,0 +1,122 @@
+"""`python -m streamproxy gateway --config FILE` as a test process, and its managed replicas.
+
+    with gateway_process(tmp_path, CONFIG_YAML, "--admin-key", "adm") as gw:   # gw.base, gw.url(path)
+        gw.deployment("dep-smol")        # GET /v1/deployments/dep-smol, as JSON
+        gw.replica_pids()                # the gateway's child processes now (from /proc)
+
+The gateway listens on a free loopback port (the YAML's `port`/`host` are
+overridden by flags) and logs to a file (`gw.log()`). On the way out: SIGTERM,
+then SIGKILL by pid after a bound; and every replica the gateway was ever seen
+to have (`replica_pids`, also read just before stopping it) gets SIGKILL if it
+outlives the gateway, so a failed test leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.support.server import ROOT, free_port
+from tests.support.waiting import wait_until_sync
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+class GatewayProcess:
+    def __init__(self, config: Path, flags: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.seen: set[int] = set()
+        cmd = [sys.executable, "-m", "streamproxy", "gateway", "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port), *flags]
+        with open(log_path, "wb") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def deployment(self, dep: str) -> dict[str, Any]:
+        return requests.get(self.url(f"/v1/deployments/{dep}"), timeout=10).json()
+
+    def state(self, dep: str) -> str:
+        return self.deployment(dep)["state"]
+
+    def replica_pids(self) -> list[int]:
+        pids = children(self.proc.pid)
+        self.seen.update(pids)
+        return pids
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the gateway exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                return requests.get(self.url("/version"), timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        assert wait_until_sync(up, timeout), self.log()[-4000:]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.replica_pids()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def reap_replicas(self) -> None:
+        for pid in self.seen:
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@contextmanager
+def gateway_process(tmp_path: Path, config_yaml: str, *flags: str, name: str = "gateway") -> Iterator[GatewayProcess]:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(config_yaml)
+    gw = GatewayProcess(config, ["--access-log", "off", *flags], tmp_path / f"{name}.log")
+    try:
+        gw.wait_ready()
+        yield gw
+    finally:
+        gw.stop()
+        gw.reap_replicas()
