@@ -3,7 +3,7 @@
 `replica(script, **settings)` is `streamproxy serve --engine fake` in this
 process: `create_app(Settings(...), FakeEngine(...))` on `make_runner` (the
 runner both commands use) with a TCPSite on 127.0.0.1, serving the model as
-`SERVED`. Its `seen` lists every request it answered (method, path,
+`SERVED` (`ready=False`: without waiting for its engine). Its `seen` lists every request it answered (method, path,
 headers, the model its body named, its request id), recorded as the
 response goes out; `stop()` closes it (its port then refuses connections)
 and `restart()` brings a new engine up on the same port.
@@ -78,7 +78,7 @@ class Replica:
     def inference(self) -> list[Seen]:
         return [s for s in self.seen if s.path != "/health"]
 
-    async def start(self) -> None:
+    async def start(self, ready: bool = True) -> None:
         self.engine = FakeEngine(self.script, served_names=[SERVED])
         conf = Settings(engine="fake", host="127.0.0.1", port=self.port, served_model_name=[SERVED], **self.settings)
         app = create_app(conf, self.engine)
@@ -87,7 +87,8 @@ class Replica:
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048).start()
         self.port = self.runner.addresses[0][1]
-        assert await wait_until(lambda: self.engine.state == "ready", timeout=5.0), self.engine.state
+        if ready:
+            assert await wait_until(lambda: self.engine.state == "ready", timeout=5.0), self.engine.state
 
     async def _saw(self, request: web.Request, response: web.StreamResponse) -> None:
         rec = request.get("record")
@@ -121,6 +122,16 @@ class Gateway:
     def pool(self, name: str = DEPLOYMENT) -> Pool:
         return self.state.pools[name]
 
+    def in_order(self, name: str = DEPLOYMENT) -> None:
+        """Make the deployment's choice deterministic: of two candidates, the first listed
+        (power of two choices keeps the less loaded one, and the first on a tie)."""
+        self.pool(name)._rng = _InOrder()  # type: ignore[assignment]
+
+
+class _InOrder:
+    def sample(self, population: list, k: int) -> list:
+        return list(population)[:k]
+
 
 StartReplica = Callable[..., Awaitable[Replica]]
 StartGateway = Callable[..., Awaitable[Gateway]]
@@ -130,10 +141,10 @@ StartGateway = Callable[..., Awaitable[Gateway]]
 async def replica() -> AsyncIterator[StartReplica]:
     started: list[Replica] = []
 
-    async def start(script: FakeScript | None = None, **settings: Any) -> Replica:
+    async def start(script: FakeScript | None = None, *, ready: bool = True, **settings: Any) -> Replica:
         r = Replica(script or DEFAULT_SCRIPT, settings)
         started.append(r)
-        await r.start()
+        await r.start(ready)
         return r
 
     yield start
