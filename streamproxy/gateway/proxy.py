@@ -129,8 +129,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
 
 
 async def _open(call: Call) -> Attempt:
-    attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys)
-    call.rec.upstream = attempt.replica.url
+    attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys, call.rec)
     M.ADDED_LATENCY.observe(attempt.sent_at - call.rec.start)
     return attempt
 
