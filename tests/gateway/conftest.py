@@ -15,7 +15,8 @@ otherwise; `keys=` and `upstream=` are the config's sections.
 
 `stub(handler)` is a raw TCP server for the replica behaviours a real one
 will not show on demand (a stream cut mid-event, an answer that never
-comes): `handler(reader, writer)` plays the replica's side.
+comes): `handler(reader, writer)` plays the replica's side once the request
+is read (probes get a 200 without it).
 
 The loop is uvloop's and every test is bounded, as in tests/production
 (its `session`, `access_log` and bound are reused from there).
@@ -41,7 +42,7 @@ from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner
-from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED
+from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
 from tests.production.conftest import _bounded, access_log, event_loop_policy, session  # noqa: F401  (fixtures)
 from tests.support.waiting import wait_until
 
@@ -190,12 +191,12 @@ def refused_url() -> str:
 
 
 class Stub:
-    """A raw TCP "replica": `handler(reader, writer)` answers each connection."""
+    """A raw TCP "replica". It reads each request; the gateway's `GET /health` probes get a
+    200, every other request is recorded in `requests` and answered by `handler(reader, writer)`."""
 
-    def __init__(self, handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> None:
+    def __init__(self, handler: StubHandler) -> None:
         self.handler = handler
-        self.connections = 0
-        self.done = 0  # connections whose handler returned
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
         self.server: asyncio.Server | None = None
         self.base = ""
 
@@ -204,19 +205,28 @@ class Stub:
         self.base = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         try:
+            request = await read_http_request(reader)
+            if request[0].startswith("GET /health "):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                return
+            self.requests.append(request)
             await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
         finally:
-            self.done += 1
             writer.close()
+
+
+StubHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @pytest.fixture
 async def stub() -> AsyncIterator[Callable[..., Awaitable[Stub]]]:
     started: list[Stub] = []
 
-    async def start(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> Stub:
+    async def start(handler: StubHandler) -> Stub:
         s = Stub(handler)
         await s.start()
         started.append(s)

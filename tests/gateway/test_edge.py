@@ -14,7 +14,7 @@ import pytest
 
 from engine_adapter.fake import FakeScript
 from tests.gateway.gateway_support import (
-    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, post, raw_request, read_http_request, renamed,
+    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, post, raw_request, renamed,
 )
 from tests.production.raw_http import read_head
 from tests.support import sse, wait_until
@@ -33,7 +33,6 @@ def held_answer(release: asyncio.Event, head: bytes, body: bytes):
     """A stub replica that reads the request and answers only once `release` is set."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_http_request(reader)
         await release.wait()
         writer.write(head + body)
         await writer.drain()
@@ -151,7 +150,6 @@ async def test_the_gateways_own_error_after_the_early_200_is_in_the_routes_shape
     release = asyncio.Event()
 
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_http_request(reader)
         await release.wait()  # then the connection closes without an answer
 
     upstream = await stub(hang_up)

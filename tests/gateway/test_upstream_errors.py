@@ -13,7 +13,7 @@ import pytest
 
 from engine_adapter.fake import FakeScript
 from tests.gateway.gateway_support import (
-    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, line_for, post, read_http_request, renamed, sample,
+    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, line_for, post, renamed, sample,
 )
 from tests.gateway.conftest import refused_url
 from tests.support import sse, wait_until
@@ -114,7 +114,6 @@ def breaks_after(first: bytes, *, declared: bytes = SSE_HEAD, body: bool = False
     """A stub replica that answers 200, sends `first`, and drops the connection (once `release` is set)."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_http_request(reader)
         writer.write(declared + (first if body else chunked(first)))
         await writer.drain()
         if release is not None:
