@@ -5,7 +5,8 @@ process: `create_app(Settings(...), FakeEngine(...))` on `make_runner` (the
 runner both commands use) with a TCPSite on 127.0.0.1, serving the model as
 `SERVED` (`ready=False`: without waiting for its engine). Its `seen` lists every request it answered (method, path,
 headers, the model its body named, its request id), recorded as the
-response goes out; `stop()` closes it (its port then refuses connections)
+response goes out; `stop()` ends it at once, as a crash would (its port
+then refuses connections)
 and `restart()` brings a new engine up on the same port.
 
 `gateway(*upstreams, **settings)` is `create_gateway_app` on the same
@@ -36,6 +37,7 @@ from aiohttp import web
 
 from engine_adapter.fake import FakeEngine, FakeScript
 from streamproxy.config import Settings
+from streamproxy.gateway import probes
 from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import GatewayConfig, check
@@ -47,6 +49,9 @@ from tests.production.conftest import _bounded, access_log, event_loop_policy, s
 from tests.support.waiting import wait_until
 
 DEFAULT_SCRIPT = FakeScript(tokens=["Hel", "lo", " world"])
+# How long a runner's cleanup waits for a connection's handler (the server's is DRAIN_GRACE): a
+# connection accepted as the server stops can otherwise hold the cleanup until the peer times out.
+SHUTDOWN = 0.2
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class Replica:
         app = create_app(conf, self.engine)
         app.on_response_prepare.append(self._saw)
         self.runner = make_runner(app, conf)
+        self.runner._shutdown_timeout = SHUTDOWN  # type: ignore[attr-defined]
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048).start()
         self.port = self.runner.addresses[0][1]
@@ -96,8 +102,14 @@ class Replica:
         self.seen.append(Seen(request.method, request.path, dict(request.headers), rec.model if rec else None, request["request_id"]))
 
     async def stop(self) -> None:
+        """Gone at once, as a crashed replica: the port refuses, every open connection is dropped."""
         if self.runner is not None:
             runner, self.runner = self.runner, None
+            for site in list(runner.sites):
+                await site.stop()
+            if runner.server is not None:
+                for connection in runner.server.connections:
+                    connection.force_close()
             await runner.cleanup()
 
     async def restart(self) -> None:
@@ -172,6 +184,7 @@ async def gateway(replica: StartReplica) -> AsyncIterator[StartGateway]:
         conf = Settings(host="127.0.0.1", port=0, **settings)
         app = create_gateway_app(conf, config(urls, deployments=deployments, keys=keys, upstream=upstream))
         runner = make_runner(app, conf)
+        runner._shutdown_timeout = SHUTDOWN  # type: ignore[attr-defined]
         await runner.setup()
         started.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
@@ -236,3 +249,23 @@ async def stub() -> AsyncIterator[Callable[..., Awaitable[Stub]]]:
     for s in started:
         assert s.server is not None
         s.server.close()
+
+
+class Rounds:
+    """Rounds of active health probes finished so far (by every gateway of the test)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+
+@pytest.fixture
+def probe_rounds(monkeypatch: pytest.MonkeyPatch) -> Rounds:
+    rounds = Rounds()
+    original = probes.probe_once
+
+    async def counted(state: GatewayState, pools: list[Pool]) -> None:
+        await original(state, pools)
+        rounds.done += 1
+
+    monkeypatch.setattr(probes, "probe_once", counted)
+    return rounds
