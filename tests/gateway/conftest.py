@@ -252,10 +252,12 @@ async def stub() -> AsyncIterator[Callable[..., Awaitable[Stub]]]:
 
 
 class Rounds:
-    """Rounds of active health probes finished so far (by every gateway of the test)."""
+    """Rounds of active health probes finished so far (by every gateway of the test);
+    each function in `after` is called at the end of every round."""
 
     def __init__(self) -> None:
         self.done = 0
+        self.after: list[Callable[[], None]] = []
 
 
 @pytest.fixture
@@ -266,6 +268,8 @@ def probe_rounds(monkeypatch: pytest.MonkeyPatch) -> Rounds:
     async def counted(state: GatewayState, pools: list[Pool]) -> None:
         await original(state, pools)
         rounds.done += 1
+        for hook in rounds.after:
+            hook()
 
     monkeypatch.setattr(probes, "probe_once", counted)
     return rounds
