@@ -121,7 +121,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
             strip = True
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.prefix_affinity else []
-    headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id, **pool.upstream_headers}
+    # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
+    # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
     for name in _FORWARD:
         if name in request.headers:
             headers[name] = request.headers[name]
