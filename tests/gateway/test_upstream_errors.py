@@ -6,6 +6,7 @@ refuses connections (or answers 429); never a retry once the replica's answer ha
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 
@@ -155,3 +156,23 @@ async def test_no_retry_once_a_body_began_503(stub, replica, gateway, session):
     assert status == 503 and headers["Retry-After"] == "1"
     assert json.loads(got) == error_body("the replica failed before it answered; retry", "service_unavailable", "upstream_unavailable")
     assert live.inference() == []
+
+
+async def test_replicas_are_asked_for_plain_bytes(stub, gateway, session):
+    """The gateway edits what it relays (the model's name, the usage chunk): a replica (or a
+    proxy in front of it) that compresses when allowed must not be allowed to."""
+    answer = b'{"id":"chatcmpl-1","object":"chat.completion","model":"Qwen/Qwen3-8B","choices":[]}'
+
+    async def compressing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, headers, _ = upstream.requests[-1]
+        body, coding = answer, b""
+        if "gzip" in headers.get("accept-encoding", ""):
+            body, coding = gzip.compress(answer), b"Content-Encoding: gzip\r\n"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + coding + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    upstream = await stub(compressing)
+    gw = await gateway(upstream.base)
+    status, _, got = await post(session, gw.url("/v1/chat/completions"), chat())
+    assert status == 200 and got == renamed(answer)
+    assert upstream.requests[0][1]["accept-encoding"] == "identity"
