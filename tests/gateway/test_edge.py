@@ -14,7 +14,15 @@ import pytest
 
 from engine_adapter.fake import FakeScript
 from tests.gateway.gateway_support import (
-    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, post, raw_request, renamed,
+    DEPLOYMENT,
+    SERVED,
+    SSE_HEAD,
+    chat,
+    chunked,
+    error_body,
+    post,
+    raw_request,
+    renamed,
 )
 from tests.production.raw_http import read_head
 from tests.support import sse, wait_until
@@ -52,7 +60,6 @@ async def test_stream_headers_and_heartbeats_while_the_replica_is_silent(replica
         role = await read_frame(resp)  # the replica's first event (it answers at once, then generates nothing)
         assert b'"role":"assistant"' in role and b'"model":"support-bot"' in role
         assert [await read_frame(resp) for _ in range(3)] == [sse.KEEPALIVE_FRAME + b"\n\n"] * 3
-    assert r.engine.num_running <= 1  # the abort on close is test_client_gone's
 
 
 OPENAI_STREAM = CHUNK + b"data: [DONE]\n\n"

@@ -21,8 +21,13 @@ async def replicas(session, gw) -> list[dict]:
         return (await resp.json())["replicas"]
 
 
-def breaker(url: str) -> float | None:
-    return sample("streamproxy_gateway_breaker_state", deployment=DEPLOYMENT, upstream=url)
+async def breaker(session, gw, url: str) -> float:
+    """The replica's `streamproxy_gateway_breaker_state`, as the gateway's /metrics says it."""
+    async with session.get(gw.url("/metrics")) as resp:
+        text = await resp.text()
+    series = f'streamproxy_gateway_breaker_state{{deployment="{DEPLOYMENT}",upstream="{url}"}} '
+    [value] = [line[len(series):] for line in text.splitlines() if line.startswith(series)]
+    return float(value)
 
 
 async def test_consecutive_failures_eject_a_replica(replica, gateway, session, probe_rounds):
@@ -34,7 +39,7 @@ async def test_consecutive_failures_eject_a_replica(replica, gateway, session, p
         assert status == 500 and json.loads(got)["error"]["code"] == "engine_error"  # the replica's own answer
     [state] = await replicas(session, gw)
     assert (state["url"], state["breaker"], state["available"], state["ejections"]) == (r.base, "open", False, 1)
-    assert breaker(r.base) == 1
+    assert await breaker(session, gw, r.base) == 1
     # Ejected: the next request does not reach it, and says for how long.
     status, headers, got = await post(session, gw.url("/v1/chat/completions"), chat())
     assert status == 503 and 190 <= int(headers["Retry-After"]) <= 200
@@ -54,7 +59,7 @@ async def test_an_ejected_replica_is_back_once_a_probe_finds_it_healthy(replica,
         assert status == 503
     [state] = await replicas(session, gw)
     assert (state["breaker"], state["available"]) == ("open", False)
-    assert breaker(r.base) == 1
+    assert await breaker(session, gw, r.base) == 1
     rounds = probe_rounds.done
     assert await wait_until(lambda: probe_rounds.done >= rounds + 2, BOUND)  # failed probes do not bring it back
     assert (await replicas(session, gw))[0]["breaker"] == "open"
@@ -62,7 +67,7 @@ async def test_an_ejected_replica_is_back_once_a_probe_finds_it_healthy(replica,
     assert await wait_until(lambda: gw.pool().replicas[0].health.routable(0.0), BOUND)
     [state] = await replicas(session, gw)
     assert (state["breaker"], state["available"], state["healthy"]) == ("closed", True, True)
-    assert breaker(r.base) == 0
+    assert await breaker(session, gw, r.base) == 0
     status, _, _ = await post(session, gw.url("/v1/chat/completions"), chat())
     assert status == 200 and len(r.inference()) == 1
 
@@ -71,7 +76,8 @@ async def test_probes_take_a_replica_that_is_down_out_of_rotation(replica, gatew
     up, down = await replica(), await replica()
     gw = await gateway(up, down, upstream={"health_check_interval": 0.05, "unhealthy_threshold": 2})
     await down.stop()
-    assert await wait_until(lambda: sample("streamproxy_gateway_upstream_healthy", deployment=DEPLOYMENT, upstream=down.base) == 0, BOUND)
+    assert await wait_until(lambda: not gw.pool().replicas[1].health.probed_healthy, BOUND)
+    assert sample("streamproxy_gateway_upstream_healthy", deployment=DEPLOYMENT, upstream=down.base) == 0
     states = {s["url"]: s for s in await replicas(session, gw)}
     assert (states[down.base]["healthy"], states[down.base]["available"]) == (False, False)
     assert (states[up.base]["healthy"], states[up.base]["available"]) == (True, True)
@@ -81,7 +87,7 @@ async def test_probes_take_a_replica_that_is_down_out_of_rotation(replica, gatew
         assert status == 200
     assert len(up.inference()) == 4 and gw.pool().replicas[1].requests == 0
     await up.stop()
-    assert await wait_until(lambda: sample("streamproxy_gateway_upstream_healthy", deployment=DEPLOYMENT, upstream=up.base) == 0, BOUND)
+    assert await wait_until(lambda: not gw.pool().replicas[0].health.probed_healthy, BOUND)
     async with session.get(gw.url("/health")) as resp:
         assert resp.status == 503
         assert await resp.json() == {"status": "degraded", "unavailable": [DEPLOYMENT]}

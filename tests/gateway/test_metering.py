@@ -11,7 +11,16 @@ import pytest
 
 from engine_adapter.fake import FakeScript
 from tests.gateway.gateway_support import (
-    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, line_for, post, renamed, sample, timeless,
+    DEPLOYMENT,
+    SERVED,
+    SSE_HEAD,
+    chat,
+    chunked,
+    line_for,
+    post,
+    renamed,
+    sample,
+    timeless,
 )
 from tests.support import sse, wait_until
 

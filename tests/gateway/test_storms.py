@@ -109,11 +109,12 @@ async def test_kill_9_one_replica_of_three_during_200_streams(replica_procs, gat
     assert True in routable[: ready_at + 2], (ready_at, routable)
     async with client() as session:
         states = await (await session.get(gw.url("/v1/deployments/dep-7f3a"))).json()
-        assert [(r["available"], r["healthy"], r["breaker"]) for r in states["replicas"]][0] == (True, True, "closed")
+        first = states["replicas"][0]
+        assert (first["url"], first["available"], first["healthy"], first["breaker"]) == (restarted.base, True, True, "closed")
 
 
 def gauge(text: str, name: str) -> float:
-    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert found, name
     return float(found.group(1))
 

@@ -13,11 +13,20 @@ import re
 import pytest
 
 from engine_adapter.fake import FakeScript
-from tests.gateway.gateway_support import (
-    DEPLOYMENT, SERVED, SSE_HEAD, chat, chunked, error_body, line_for, post, renamed, sample,
-)
 from tests.gateway.conftest import refused_url
-from tests.support import sse, wait_until
+from tests.gateway.gateway_support import (
+    DEPLOYMENT,
+    SERVED,
+    SSE_HEAD,
+    chat,
+    chunked,
+    error_body,
+    line_for,
+    post,
+    renamed,
+    sample,
+)
+from tests.support import sse
 from tests.support.fake import hold_start
 
 ROLE = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
