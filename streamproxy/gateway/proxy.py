@@ -131,7 +131,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
             strip = True
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
-    headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id, **pool.upstream_headers}
+    # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
+    # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
     for name in _FORWARD:
         if name in request.headers:
             headers[name] = request.headers[name]
@@ -142,8 +144,7 @@ async def _open(call: Call) -> Attempt:
     managed = call.state.managed.get(call.pool.deployment.name)
     if managed is not None and not managed.lifecycle.serving:
         await managed.until_ready(call.state.settings.request_timeout)  # wait_for_wake
-    attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys)
-    call.rec.upstream = attempt.replica.url
+    attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys, call.rec)
     M.ADDED_LATENCY.observe(attempt.sent_at - call.rec.start)
     return attempt
 

@@ -84,13 +84,14 @@ class Usage:
 
 
 class SSERelay:
-    __slots__ = ("api", "usage", "done", "events", "_buf", "_sep", "_renames", "_strip_usage")
+    __slots__ = ("api", "usage", "done", "events", "comments", "_buf", "_sep", "_renames", "_strip_usage")
 
     def __init__(self, api: Api, *, served: str, public: str, strip_usage: bool) -> None:
         self.api = api
         self.usage = Usage()
         self.done = False  # the API's end marker went by
         self.events = 0  # events relayed (comments included)
+        self.comments = 0  # of those, comment-only events (the replica's keepalives)
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
         self._renames: list[tuple[bytes, bytes]] = []
@@ -109,6 +110,7 @@ class SSERelay:
         end += len(sep)
         block, self._buf = buf[:end], buf[end:]
         self.events += block.count(sep)
+        self.comments += block.startswith(b":") + block.count(sep + b":")
         for old, new in self._renames:
             block = block.replace(old, new)
         if _USAGE in block:
@@ -123,9 +125,11 @@ class SSERelay:
         return bool(self._buf.strip())
 
     def counted(self) -> None:
-        """No usage came from the replica (the stream was cut): count what was relayed."""
+        """No usage came from the replica (the stream was cut): count what was relayed, an event a
+        token, less the replica's comments (keepalives), the opening event (chat's role chunk) and
+        the end marker (`[DONE]`) if it came."""
         if not self.usage.billed:
-            self.usage.completion_tokens = max(self.events - 2, 0)  # less the role chunk and [DONE]
+            self.usage.completion_tokens = max(self.events - self.comments - 1 - self.done, 0)
 
     def _separator(self, buf: bytes) -> bytes:
         lf = buf.find(b"\n")

@@ -28,6 +28,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.state import GatewayState
+from streamproxy.http.accesslog import Record
 
 log = logging.getLogger("streamproxy.gateway")
 
@@ -84,8 +85,11 @@ def _ejected(pool: Pool, replica: Replica) -> None:
 
 
 async def open_upstream(
-    state: GatewayState, pool: Pool, path: str, body: bytes, headers: dict[str, str], keys: list[int]
+    state: GatewayState, pool: Pool, path: str, body: bytes, headers: dict[str, str], keys: list[int],
+    record: Record | None = None,
 ) -> Attempt:
+    """The first answer not retried, open; `record.upstream` names the replica of each attempt as it is
+    sent (so a request abandoned while a replica holds it is logged with that replica)."""
     policy = state.policy
     session = state.session
     assert session is not None
@@ -106,6 +110,8 @@ async def open_upstream(
                     budget.retrying += 1
                     retrying = True
             tried.add(replica.url)
+            if record is not None:
+                record.upstream = replica.url
             pool.dispatched(replica, keys)
             M.IN_FLIGHT.labels(pool.deployment.name, replica.url).inc()
             sent = perf_counter()

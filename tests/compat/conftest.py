@@ -18,13 +18,20 @@ Servers (one per test session each, all subprocesses on free loopback ports):
   `response_format` / structured output through the clients).
 - `engine_server` / `model_name` (tests/conftest.py): the real vLLM engine
   with the default model, shared with tests/engine.
+- `gateway_server`: `python -m streamproxy gateway` in front of a replica
+  like `fake_server`'s, as deployment `support-bot` (the replica serves
+  `fake`: every name in and out is rewritten); `gateway_wire_server` the
+  same in front of a replica like `fake_wire_server`'s, as deployment
+  `fake` of a replica serving `fake-replica`, so the exact bytes expected
+  of `fake_wire_server` are expected of it too.
 
 The fake engine repeats its text until `max_tokens`; the scripted tool and
 JSON answers end in `END`, which the tests pass as a stop sequence so the
 answer ends with finish_reason "stop" (or "tool_calls"), as a model's would.
 
-`target` runs a test on the fake engine and (marked `engine`) on the real
-one. `node_runner` and `llamaindex_runner` run the out-of-process clients:
+`target` runs a test on the fake engine, through the gateway in front of
+the fake engine, and (marked `engine`) on the real one; `wire_server` runs
+a byte-exact test on `fake_wire_server` and on `gateway_wire_server`. `node_runner` and `llamaindex_runner` run the out-of-process clients:
 when their runtime is missing a test fails under CI (CI=true) and skips
 with the command to fix it on a developer's machine, so a laptop without
 Node can still run the rest while CI never passes without them.
@@ -42,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.server import FAKE_ARGS, ServerProcess, start_server
+from tests.support.server import FAKE_ARGS, ServerProcess, start_gateway, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPAT = Path(__file__).resolve().parent
@@ -167,9 +174,47 @@ def fake_json_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+GATEWAY_MODEL = "support-bot"
+
+
+def _start_gateway(tmp_path_factory: pytest.TempPathFactory, name: str, replica: ServerProcess, deployment: str, served: str) -> ServerProcess:
+    config = {
+        "access_log": "off",
+        "deployments": [{"name": deployment, "id": f"dep-{name}", "served_model": served, "upstreams": [replica.base]}],
+    }
+    return start_gateway(config, tmp_path_factory.mktemp(name), name=name, timeout=START_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def gateway_server(tmp_path_factory: pytest.TempPathFactory):
+    """The gateway in front of a replica like fake_server's (served as `fake`), as deployment `support-bot`."""
+    replica = _start_fake(tmp_path_factory, "gateway-replica", ["--fake-token-delay", str(TOKEN_DELAY), "--fake-text", FAKE_TEXT])
+    gateway = _start_gateway(tmp_path_factory, "gateway", replica, GATEWAY_MODEL, "fake")
+    yield gateway.base
+    gateway.stop()
+    replica.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway_wire_server(tmp_path_factory: pytest.TempPathFactory):
+    """The gateway in front of a replica like fake_wire_server's that serves `fake-replica`, as deployment `fake`."""
+    replica = _start_fake(
+        tmp_path_factory, "gateway-wire-replica", ["--fake-token-delay", "0.05", "--fake-text", FAKE_TEXT, "--served-model-name", "fake-replica"]
+    )
+    gateway = _start_gateway(tmp_path_factory, "gateway-wire", replica, "fake", "fake-replica")
+    yield gateway.base
+    gateway.stop()
+    replica.stop()
+
+
+@pytest.fixture(params=["fake", "gateway"])
+def wire_server(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue("fake_wire_server" if request.param == "fake" else "gateway_wire_server")
+
+
 @dataclass
 class Target:
-    kind: str  # "fake" or "engine"
+    kind: str  # "fake", "gateway" (in front of the fake engine) or "engine"
     base: str
     model: str
 
@@ -182,10 +227,12 @@ class Target:
         return self.kind == "engine"
 
 
-@pytest.fixture(params=[pytest.param("fake"), pytest.param("engine", marks=pytest.mark.engine)])
+@pytest.fixture(params=[pytest.param("fake"), pytest.param("gateway"), pytest.param("engine", marks=pytest.mark.engine)])
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "fake":
         return Target("fake", request.getfixturevalue("fake_server"), "fake")
+    if request.param == "gateway":
+        return Target("gateway", request.getfixturevalue("gateway_server"), GATEWAY_MODEL)
     return Target("engine", request.getfixturevalue("engine_server"), request.getfixturevalue("model_name"))
 
 

@@ -101,8 +101,8 @@ def as_exchange(url: str, body: dict, headers: dict, payload: bytes) -> Exchange
     return ex
 
 
-def test_chat_stream_exact_bytes(curl, fake_wire_server):
-    url = fake_wire_server + "/v1/chat/completions"
+def test_chat_stream_exact_bytes(curl, wire_server):
+    url = wire_server + "/v1/chat/completions"
     body = {
         "model": "fake", "stream": True, "max_tokens": 4, "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "Say hello"}],
@@ -117,8 +117,8 @@ def test_chat_stream_exact_bytes(curl, fake_wire_server):
     assert_wire_ok([as_exchange(url, body, headers, payload)], CLIENT)
 
 
-def test_completion_stream_exact_bytes(curl, fake_wire_server):
-    url = fake_wire_server + "/v1/completions"
+def test_completion_stream_exact_bytes(curl, wire_server):
+    url = wire_server + "/v1/completions"
     body = {"model": "fake", "stream": True, "max_tokens": 3, "prompt": "Say hello"}
     headers, payload = run_curl(curl, url, body, "compat-curl-2")
     assert headers[":status"] == "200" and headers["content-type"] == "text/event-stream", f"{CLIENT}: {headers}"

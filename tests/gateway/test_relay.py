@@ -75,7 +75,16 @@ def test_a_cut_stream_is_not_done_and_counts_what_it_relayed():
     out, relay = relay_all([ROLE + TEXT + TEXT + FINISH[:10]], strip_usage=True)
     assert not relay.done and relay.pending
     relay.counted()
-    assert (relay.usage.billed, relay.usage.completion_tokens) == (False, 1)  # 3 events less the role chunk and [DONE]
+    assert (relay.usage.billed, relay.usage.completion_tokens) == (False, 2)  # 3 events less the role chunk ([DONE] never came)
+
+
+def test_a_count_leaves_out_comments_and_the_end_marker():
+    _, cut = relay_all([b": keepalive\n\n" + ROLE + b": keepalive\n\n" + TEXT], strip_usage=True)
+    cut.counted()
+    assert cut.usage.completion_tokens == 1  # the replica's keepalives are not tokens
+    _, ended = relay_all([ROLE + TEXT + TEXT + DONE], strip_usage=True)  # a replica that sent no usage
+    ended.counted()
+    assert (ended.done, ended.usage.completion_tokens) == (True, 2)
 
 
 def test_comments_pass_through_between_events():

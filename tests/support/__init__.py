@@ -3,7 +3,7 @@
     sse            the one SSE parser: frames, data, JSON payloads, named events
     openai_schema  OpenAI's published JSON Schemas: validate, errors, validator_with
     waiting        wait_until (async) and wait_until_sync
-    server         serve_process / fake_server: `python -m streamproxy serve` on a free port
+    server         serve_process / fake_server / start_gateway: `python -m streamproxy serve|gateway` on a free port
     api_events     Responses and Anthropic event streams against the SDKs' own models
     fake           USER_HI and what the fake engine makes of it; hold_start (an engine left loading)
     chat           schema-checked chat chunks, reassembled as a client does

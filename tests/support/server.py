@@ -1,9 +1,11 @@
-"""The tests' one launcher of `python -m streamproxy serve ...` processes.
+"""The tests' one launcher of `python -m streamproxy serve ...` and `... gateway ...` processes.
 
     with serve_process(["--engine", "fake", ...], log_dir=...) as srv:   # srv.base, srv.url(path)
         ...
     with fake_server("--fake-text", "Hi") as base:                      # --engine fake, access log off
         ...
+    gw = start_gateway({"deployments": [...]}, log_dir)                 # `gateway --config <log_dir>/gateway.yaml`
+    srv.kill(); start_server(srv.args, log_dir, port=srv.port)          # a crash, and a restart on the same port
 
 A real process also runs the CLI and the start-up path, and it is what a
 sync client (which blocks) or a spawned vLLM engine core (which re-imports
@@ -11,8 +13,10 @@ the main module) needs. The server listens on a free 127.0.0.1 port;
 `wait_ready` polls /health until it answers 200, and a server that exits
 first, or is not ready by the deadline, raises `ServerFailed` with the end
 of its output (a port taken in the meantime by someone else is retried on
-another). On the way out the process gets SIGTERM, then SIGKILL, by its
-own pid. stdout and stderr go to files in `log_dir` (a temporary folder
+another, unless the port was asked for). On the way out the process gets
+SIGTERM, then SIGKILL, by its own pid; `kill()` is SIGKILL at once (a crash).
+`start_gateway` writes the gateway's config (a mapping, as the YAML file
+has it) next to the logs and starts `streamproxy gateway --config` on it. stdout and stderr go to files in `log_dir` (a temporary folder
 when none is given), so a chatty server can never block on a full pipe.
 
 The child inherits the environment, so a PYTHONPATH naming the tree under
@@ -30,8 +34,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import requests
+import yaml
 
 from tests.support.waiting import wait_until_sync
 
@@ -52,17 +58,21 @@ class ServerFailed(RuntimeError):
 
 
 class ServerProcess:
-    """`python -m streamproxy serve --host 127.0.0.1 --port <free> ARGS`, started at once."""
+    """`python -m streamproxy COMMAND --host 127.0.0.1 --port <free, or PORT> ARGS`, started at once."""
 
-    def __init__(self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None, *,
+        command: str = "serve", port: int | None = None,
+    ) -> None:
         self.args = list(args)
-        self.port = free_port()
+        self.command = command
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.stdout_path = log_dir / f"{name}.out"
         self.stderr_path = log_dir / f"{name}.err"
         environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-m", "streamproxy", command, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ)
 
@@ -100,14 +110,21 @@ class ServerProcess:
                 self.proc.kill()
         return self.proc.wait()
 
+    def kill(self) -> int:
+        """SIGKILL now, as a crash: no drain, connections reset by the kernel."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
 
 def start_server(
     args: Sequence[str], log_dir: Path, *, name: str = "server", timeout: float = 30.0, interval: float = 0.05,
-    env: dict[str, str] | None = None, attempts: int = 3,
+    env: dict[str, str] | None = None, attempts: int = 3, command: str = "serve", port: int | None = None,
 ) -> ServerProcess:
-    """A started and ready server; the caller stops it (`ServerProcess.stop`)."""
+    """A started and ready server; the caller stops it (`ServerProcess.stop`). With `port`, every
+    attempt is on that port (a restart where the last one listened)."""
     for attempt in range(attempts):
-        server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env)
+        server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env, command=command, port=port)
         try:
             server.wait_ready(timeout, interval)
             return server
@@ -116,6 +133,17 @@ def start_server(
             if "address already in use" not in exc.log.lower() or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def start_gateway(
+    config: dict[str, Any], log_dir: Path, *, flags: Sequence[str] = (), name: str = "gateway", timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """`streamproxy gateway --config <log_dir>/<name>.yaml FLAGS`, ready (its /health is 200 while every
+    deployment has a replica it may use: start the replicas first)."""
+    path = log_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return start_server(["--config", str(path), *flags], log_dir, name=name, timeout=timeout, env=env, command="gateway")
 
 
 @contextmanager

@@ -1,0 +1,85 @@
+"""What the gateway's tests share: the deployment's names, request bodies, the replica's
+answer renamed to the gateway's, the gateway's access-log lines, metric samples, raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+from prometheus_client import REGISTRY
+
+from tests.support.fake import USER_HI
+
+DEPLOYMENT = "support-bot"  # what clients send as `model`
+DEPLOYMENT_ID = "dep-7f3a"
+SERVED = "Qwen/Qwen3-8B"  # the replicas' name for it
+
+
+def chat(model: str | None = DEPLOYMENT, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": USER_HI, **extra}
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def renamed(raw: bytes) -> bytes:
+    """A replica's bytes as the gateway relays them: its model name replaced by the deployment's."""
+    return raw.replace(b'"model":"' + SERVED.encode() + b'"', b'"model":"' + DEPLOYMENT.encode() + b'"')
+
+
+def timeless(raw: bytes) -> bytes:
+    """`created` (a clock) and the creation times of Responses/Anthropic events fixed, so two answers compare."""
+    return re.sub(rb'"(created|created_at)":\d+', rb'"\1":0', raw)
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], **headers: str) -> tuple[int, CIMultiDict[str], bytes]:
+    """Status, headers (case-insensitive) and the whole body."""
+    async with session.post(url, json=body, headers=headers) as resp:
+        return resp.status, resp.headers.copy(), await resp.read()
+
+
+def gateway_lines(lines: list[str]) -> list[dict[str, Any]]:
+    """The gateway's access-log lines among the captured ones (the in-process replicas log to the
+    same logger; only the gateway's relayed requests have a `deployment`)."""
+    parsed = [json.loads(line) for line in lines]
+    return [p for p in parsed if "deployment" in p]
+
+
+def line_for(lines: list[str], request_id: str) -> dict[str, Any]:
+    found = [p for p in gateway_lines(lines) if p["request_id"] == request_id]
+    assert len(found) == 1, (request_id, lines)
+    return found[0]
+
+
+def sample(name: str, **labels: str) -> float | None:
+    """A metric's value in this process's registry (the in-process gateway's)."""
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def raw_request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def read_http_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+    """A stub replica's view of one request: request line, headers (lower-case), body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return lines[0], headers, body
+
+
+def chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
