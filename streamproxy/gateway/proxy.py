@@ -103,6 +103,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     state = gateway_state(request)
     rec = record(request)
     rec.generation = route.generates
+    key = state.identify(request)  # 401 before anything else: the body, the deployments
     body = await read_body(request)
     try:
         data = orjson.loads(body)
@@ -113,7 +114,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     pool = state.resolve(data.get("model"), request.match_info.get("deployment"))
     deployment = pool.deployment
     rec.deployment = rec.model = deployment.name
-    limiter = state.authorize(request, deployment)
+    limiter = state.authorize(key, deployment)
     managed = state.managed.get(deployment.name)
     if managed is not None:
         managed.admit()  # 503 deployment_waking / deployment_failed (and the wake), unless wait_for_wake

@@ -1,9 +1,9 @@
 """What the gateway's handlers share: deployments and their pools, keys, the upstream client.
 
 `resolve(model, deployment_id)` finds the deployment a request names (404
-`model_not_found` otherwise); `authorize(request, deployment)` checks the
-request's key against the deployments it may use (401) and its per-minute
-limits (429 + Retry-After). The key's id, never the key, goes to the record.
+`model_not_found` otherwise); `identify(request)` finds the request's key
+first (401), and `authorize(key, deployment)` checks it against the
+deployments it may use (401) and its per-minute limits (429 + Retry-After). The key's id, never the key, goes to the record.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
 the requests in flight, or under `min_retry_concurrency`.
 """
@@ -89,8 +89,9 @@ class GatewayState:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return pool
 
-    def authorize(self, request: web.Request, deployment: Deployment) -> KeyLimiter | None:
-        """The key's limiter (None when no key is configured); raises 401 or 429."""
+    def identify(self, request: web.Request) -> tuple[ApiKey, KeyLimiter] | None:
+        """The request's key (None when no key is configured), before anything is looked up
+        for it, so that a client without a valid key learns nothing of the deployments; 401."""
         if not self.keys:
             return None
         presented = presented_key(request)
@@ -103,8 +104,14 @@ class GatewayState:
             if presented is None:
                 raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
             raise AuthenticationError("incorrect API key provided")
+        request["record"].key_id = found[0].id
+        return found
+
+    def authorize(self, found: tuple[ApiKey, KeyLimiter] | None, deployment: Deployment) -> KeyLimiter | None:
+        """`identify`'s key may use `deployment` now: its limiter, or 401 / 429."""
+        if found is None:
+            return None
         key, limiter = found
-        request["record"].key_id = key.id
         if not key.allows(deployment):
             raise AuthenticationError(f"this API key may not use the deployment `{deployment.name}`")
         wait = limiter.admit(time.monotonic())

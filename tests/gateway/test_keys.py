@@ -43,6 +43,16 @@ async def test_no_key_is_401(replica, gateway, session):
     assert r.inference() == []
 
 
+async def test_without_a_valid_key_an_unknown_model_is_401_too(replica, gateway, session):
+    # Refused before the deployments are looked up: no way to learn which names exist.
+    _, gw = await two_deployments(replica, gateway)
+    for headers in ({}, bearer("sk-team-a-guess")):
+        status, _, got = await post(session, gw.url("/v1/chat/completions"), chat(model="no-such-model"), **headers)
+        assert status == 401 and json.loads(got)["error"]["type"] == "authentication_error"
+    status, _, got = await post(session, gw.url("/v1/chat/completions"), chat(model="no-such-model"), **bearer(TEAM_A))
+    assert status == 404 and json.loads(got)["error"]["code"] == "model_not_found"
+
+
 async def test_wrong_key_is_401(replica, gateway, session):
     r, gw = await two_deployments(replica, gateway)
     status, _, got = await post(session, gw.url("/v1/chat/completions"), chat(), **bearer("sk-team-a-guess"))
@@ -91,7 +101,10 @@ async def test_the_log_has_the_key_id_never_the_key_and_the_replica_never_sees_i
         assert status == 200
     await post(session, gw.url("/v1/chat/completions"), chat(), **bearer(TEAM_A + "x"))  # a near miss, refused
     lines = gateway_lines(access_log)
-    assert [(line["key_id"], line["status"]) for line in lines] == [("team-a", 200), ("team-a", 200), (None, 401)]
+    assert [(line["key_id"], line["status"]) for line in lines] == [("team-a", 200), ("team-a", 200)]
+    refused = [json.loads(line) for line in access_log if json.loads(line)["status"] == 401]
+    # Refused before the body is read or a deployment looked up: the line names none.
+    assert [(line["path"], line.get("key_id"), line.get("deployment")) for line in refused] == [("/v1/chat/completions", None, None)]
     assert not any(TEAM_A in line for line in access_log)  # neither the key nor the near miss, in any line
     assert len(r.inference()) == 2
     for seen in r.inference():

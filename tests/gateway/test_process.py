@@ -17,7 +17,8 @@ from tests.support.server import FAKE_ARGS, ROOT, serve_process, start_gateway
 
 def test_the_example_config_parses():
     config, flags = split((ROOT / "configs" / "gateway.yaml").read_text())
-    assert [(d.name, d.id, d.upstream_model) for d in config.deployments] == [("support-bot", "dep-7f3a", "fake")]
+    assert [(d.name, d.id, d.upstream_model) for d in config.deployments] == [("support-bot", "dep-7f3a", "fake"), ("smol", "dep-smol", "smol")]
+    assert config.deployments[1].launch is not None and not config.deployments[1].upstreams
     assert flags["sse_heartbeat"] == 15 and flags["max_body_bytes"] == 8388608
 
 

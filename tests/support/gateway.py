@@ -1,4 +1,4 @@
-"""`python -m streamproxy gateway --config FILE` as a test process, and its managed replicas.
+"""A gateway process with managed replicas: `server.ServerProcess` (command "gateway") plus its children.
 
     with gateway_process(tmp_path, CONFIG_YAML, "--admin-key", "adm") as gw:   # gw.base, gw.url(path)
         gw.deployment("dep-smol")        # GET /v1/deployments/dep-smol, as JSON
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +22,7 @@ from typing import Any
 
 import requests
 
-from tests.support.server import ROOT, free_port
-from tests.support.waiting import wait_until_sync
+from tests.support.server import ServerFailed, ServerProcess
 
 
 def alive(pid: int) -> bool:
@@ -52,21 +49,21 @@ def children(pid: int) -> list[int]:
     return found
 
 
-class GatewayProcess:
-    def __init__(self, config: Path, flags: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
+class GatewayProcess(ServerProcess):
+    """`streamproxy gateway --config FILE`, and the replicas it was ever seen to have."""
+
+    def __init__(self, config: Path, flags: list[str], log_dir: Path, name: str) -> None:
+        super().__init__(["--config", str(config), *flags], log_dir, name, command="gateway")
         self.seen: set[int] = set()
-        cmd = [sys.executable, "-m", "streamproxy", "gateway", "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port), *flags]
-        with open(log_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def url(self, path: str) -> str:
-        return self.base + path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    def _healthy(self) -> bool:
+        # Up, not /health: that says 503 while a managed deployment is parked.
+        if self.proc.poll() is not None:
+            raise ServerFailed(f"the gateway exited with {self.proc.returncode}", self.log())
+        try:
+            return requests.get(self.url("/version"), timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
 
     def deployment(self, dep: str) -> dict[str, Any]:
         return requests.get(self.url(f"/v1/deployments/{dep}"), timeout=10).json()
@@ -79,26 +76,10 @@ class GatewayProcess:
         self.seen.update(pids)
         return pids
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the gateway exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            try:
-                return requests.get(self.url("/version"), timeout=2).status_code == 200
-            except requests.RequestException:
-                return False
-
-        assert wait_until_sync(up, timeout), self.log()[-4000:]
-
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.replica_pids()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        return super().stop(timeout)
 
     def reap_replicas(self) -> None:
         for pid in self.seen:
@@ -113,7 +94,7 @@ class GatewayProcess:
 def gateway_process(tmp_path: Path, config_yaml: str, *flags: str, name: str = "gateway") -> Iterator[GatewayProcess]:
     config = tmp_path / f"{name}.yaml"
     config.write_text(config_yaml)
-    gw = GatewayProcess(config, ["--access-log", "off", *flags], tmp_path / f"{name}.log")
+    gw = GatewayProcess(config, ["--access-log", "off", *flags], tmp_path, name)
     try:
         gw.wait_ready()
         yield gw
