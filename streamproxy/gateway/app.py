@@ -24,11 +24,12 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, AuthenticationError, InvalidRequest, ModelNotFound
+from streamproxy.gateway.call import Route
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.lifecycle import Phase
 from streamproxy.gateway.managed import ManagedDeployment
 from streamproxy.gateway.probes import probe_forever
-from streamproxy.gateway.proxy import Route, relay
+from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
 from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError

@@ -76,7 +76,11 @@ class Attempt:
         elif health.failed(time.monotonic() if now is None else now):
             _ejected(self.pool, self.replica)
         M.BREAKER.labels(self.pool.deployment.name, self.replica.url).set(int(health.breaker))
-        self.response.close()  # a stream still open: closing it is how the replica learns to abort
+        response = self.response
+        if response.content.at_eof() and ok:
+            response.release()  # read to the end: the connection goes back to the pool (nginx `keepalive`)
+        else:
+            response.close()  # a stream still open: closing it is how the replica learns to abort
 
 
 def _ejected(pool: Pool, replica: Replica) -> None:

@@ -1,0 +1,244 @@
+"""Relaying a stream: headers once a replica answered, whole events, heartbeats, in-band errors.
+
+Nothing is sent before a replica answered 200 (failover stays possible) unless
+that takes longer than a heartbeat interval (`_Warmer`). Then `SSERelay` passes
+whole events: from aiohttp's own data callback while the client keeps up
+(`push.Push`), else pulled with bounded writes; the gateway's heartbeat fills
+the replica's silences (one timer per stream); a replica that breaks off ends
+the client's stream with an in-band `upstream_unavailable` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from streamproxy.errors import APIError, ServiceUnavailable
+from streamproxy.gateway import metrics as M
+from streamproxy.gateway.call import BROKEN, Call, done, open_call
+from streamproxy.gateway.push import Push
+from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
+from streamproxy.gateway.upstream import Attempt, UpstreamError
+from streamproxy.http.metrics import SSE_HEARTBEATS
+from streamproxy.http.writer import SSE_HEADERS, WriteStalled, can_write_direct, chunk_frame, client_gone, writable, write
+
+# -- streaming ----------------------------------------------------------------------
+
+
+async def stream(request: web.Request, call: Call) -> web.StreamResponse:
+    settings = call.state.settings
+    api = call.route.api
+    heartbeat = settings.sse_heartbeat if settings.sse_heartbeat > 0 else None
+    stall = settings.write_stall_timeout
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    transport = request.transport
+    warm = _Warmer(request, response, transport, keepalive(api), heartbeat, stall) if heartbeat else None
+    attempt: Attempt | None = None
+    outcome: int | None = None
+    try:
+        async with call.state.inflight.lifetime():
+            try:
+                attempt = await open_call(call)
+            except APIError as exc:
+                if warm is not None:
+                    await warm.stop()
+                if not response.prepared:
+                    raise  # a status of its own: nothing was sent yet
+                await _end_with(response, transport, api, exc, stall)
+                return response
+            if warm is not None:
+                await warm.stop()
+            upstream = attempt.response
+            outcome = upstream.status
+            if upstream.status != 200:
+                refused = UpstreamError(upstream.status, call.renamed(await upstream.read()), upstream.headers.get("Retry-After"))
+                if not response.prepared:
+                    raise refused
+                await _end_with(response, transport, api, refused, stall)
+                return response
+            if not response.prepared:
+                await response.prepare(request)
+            if not await _pump(call, attempt, response, transport, heartbeat, stall):
+                outcome = BROKEN
+        await response.write_eof()
+    except (WriteStalled, ConnectionResetError) as exc:
+        client_gone(request, exc, call.rec)
+    except TimeoutError:  # the drain deadline (the Lifetime)
+        if not response.prepared:
+            raise ServiceUnavailable("the gateway is shutting down; retry on another instance", code="server_shutting_down") from None
+        await _end_with(response, transport, api, ServiceUnavailable("the gateway is shutting down", code="server_shutting_down"), stall)
+    finally:
+        if warm is not None:
+            warm.cancel()
+        if attempt is not None:
+            done(call, attempt, outcome)
+    return response
+
+
+class _Warmer:
+    """While no replica has answered: after `interval` s the headers go out, then a heartbeat
+    every `interval` s, from a task of its own that only a slow answer ever starts. Before
+    that nothing is sent, so failover stays possible and an error keeps its own status."""
+
+    __slots__ = ("request", "response", "transport", "frame", "interval", "stall", "_handle", "_task")
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, frame: bytes, interval: float, stall: float) -> None:
+        self.request, self.response, self.transport = request, response, transport
+        self.frame, self.interval, self.stall = frame, interval, stall
+        self._task: asyncio.Task[None] | None = None
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(interval, self._start)
+
+    def _start(self) -> None:
+        self._handle = None
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        await self.response.prepare(self.request)
+        while True:
+            await write(self.response, self.transport, self.frame, self.stall)
+            await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        """No more heartbeats; a failure while the headers went out (the client gone) is raised."""
+        task = self._task
+        self.cancel()
+        if task is not None:
+            await asyncio.wait([task])
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float) -> bool:
+    """Relay until the replica's stream ends; False when it broke off (an error event is sent).
+
+    While the client keeps up, the replica's bytes are relayed from aiohttp's own data
+    callback (`push.Push`: no task wake-up, no await, no timer per event). When that
+    cannot be, or the client falls behind, this loop pulls with bounded writes. The
+    heartbeat is one timer per stream (`_Heartbeat`); a replica silent past the read
+    timeout is the client session's `sock_read` timeout."""
+    api = call.route.api
+    relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
+    call.usage = relay_.usage
+    reader = attempt.response.content
+    direct = can_write_direct(response, transport)
+    beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
+    slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each read
+    wrote = _Wrote(call, attempt, beat)
+    try:
+        if direct:
+            push = Push(reader, relay_, transport, wrote)
+            if push.start():
+                try:
+                    await push.woken
+                finally:
+                    push.let_go()
+        while True:
+            if slow_beat is None:
+                chunk = await reader.readany()
+            else:
+                try:
+                    async with asyncio.timeout(slow_beat):
+                        chunk = await reader.readany()
+                except TimeoutError:
+                    await write(response, transport, keepalive(api), stall)
+                    continue
+            if not chunk:
+                break
+            out = relay_.feed(chunk)
+            if out:
+                if direct and writable(transport):
+                    transport.write(chunk_frame(out))
+                else:
+                    await write(response, transport, out, stall)
+                wrote()
+        if relay_.done:
+            return True
+        raise _Broken("the replica ended the stream before its end")
+    except (_Broken, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
+        if isinstance(exc, ConnectionResetError) and _client_closed(transport):
+            raise
+        reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off ({type(exc).__name__})"
+        error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
+        call.rec.error_code = error.code
+        await write(response, transport, error_event(api, error, relay_.events), stall)
+        return False
+    finally:
+        if beat is not None:
+            beat.stop()
+        if not relay_.usage.billed:
+            relay_.counted()
+
+
+class _Wrote:
+    """After each write to the client: the heartbeat deadline, and the first event's times."""
+
+    __slots__ = ("call", "attempt", "beat", "first")
+
+    def __init__(self, call: Call, attempt: Attempt, beat: _Heartbeat | None) -> None:
+        self.call, self.attempt, self.beat, self.first = call, attempt, beat, True
+
+    def __call__(self) -> None:
+        if self.beat is not None:
+            self.beat.last = self.beat.loop.time()
+        if self.first:
+            self.first = False
+            now = perf_counter()
+            self.call.rec.first_token(now)
+            M.UPSTREAM_TTFT.labels(self.call.pool.deployment.name).observe(now - self.attempt.sent_at)
+
+
+class _Heartbeat:
+    """A keepalive frame after `interval` seconds without a write, from one timer per stream.
+
+    The timer fires once per interval and writes only if the stream was silent that
+    long and the transport can take it; the relay loop just notes the time of each write."""
+
+    __slots__ = ("transport", "frame", "interval", "loop", "last", "_handle")
+
+    def __init__(self, transport: Any, frame: bytes, interval: float) -> None:
+        self.transport = transport
+        self.frame = chunk_frame(frame)
+        self.interval = interval
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self._handle: asyncio.TimerHandle | None = self.loop.call_at(self.last + interval, self._fire)
+
+    def _fire(self) -> None:
+        now = self.loop.time()
+        due = self.last + self.interval
+        if now >= due and self.transport is not None and writable(self.transport):
+            self.transport.write(self.frame)
+            SSE_HEARTBEATS.inc()
+            self.last, due = now, now + self.interval
+        self._handle = self.loop.call_at(max(due, now + 0.001), self._fire)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class _Broken(Exception):
+    pass
+
+
+def _client_closed(transport: Any) -> bool:
+    return transport is None or transport.is_closing()
+
+
+async def _end_with(response: web.StreamResponse, transport: Any, api: Api, exc: APIError, stall: float) -> None:
+    await write(response, transport, error_event(api, exc), stall)
+    await response.write_eof()
