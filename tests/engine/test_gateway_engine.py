@@ -13,7 +13,7 @@ import orjson
 import pytest
 import requests
 
-from tests.support import sse
+from tests.support import sse, wait_until_sync
 from tests.support.server import ServerProcess, start_gateway
 
 pytestmark = pytest.mark.engine
@@ -66,7 +66,11 @@ def test_the_replicas_usage_is_metered_cached_tokens_included(gateway, model_nam
     assert [a.status_code for a in answers] == [200, 200, 200]
     usage = answers[0].json()["usage"]
     assert answers[0].json()["model"] == DEPLOYMENT
-    lines = [line for line in _lines(access) if line["path"] == "/v1/chat/completions"][-3:]
+    ids = [a.headers["X-Request-Id"] for a in answers]
+    # The access log is written from a queue by a thread of its own: wait for these three lines.
+    assert wait_until_sync(lambda: {line["request_id"] for line in _lines(access)} >= set(ids), 30, interval=0.1)
+    by_id = {line["request_id"]: line for line in _lines(access)}
+    lines = [by_id[i] for i in ids]
     assert [line["usage_source"] for line in lines] == ["billed"] * 3
     assert {line["deployment"] for line in lines} == {DEPLOYMENT}
     assert lines[0]["prompt_tokens"] == usage["prompt_tokens"] and lines[0]["completion_tokens"] == usage["completion_tokens"]
