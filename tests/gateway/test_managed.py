@@ -249,3 +249,23 @@ def test_two_replicas_one_wake_for_many_requests_and_one_lost_leaves_the_other_s
         assert gw.state("dep-pair") == "ready" and kept in pids_of(gw.deployment("dep-pair"))
         assert chat(gw, "pair").status_code == 200  # the other replica serves meanwhile
         assert wait_until_sync(both_up, 60) and gw.deployment("dep-pair")["restarts"] == 1
+
+
+def test_two_deployments_that_cannot_both_be_resident_serve_alternating_requests(tmp_path):
+    """One slot (`max_resident: 1`), two deployments, requests alternating between them: each
+    one parks the other and wakes its own, and the SDK's own retries hide every wake."""
+    yaml = config(managed("a", idle="10m"), managed("b", idle="10m"), extra="max_resident: 1\n")
+    with gateway_process(tmp_path, yaml) as gw:
+        client = openai.OpenAI(base_url=gw.url("/v1"), api_key="unused", max_retries=30)
+        order = ["a", "b", "a", "b"]
+        answers = [client.chat.completions.create(model=name, **CHAT) for name in order]
+        assert [a.model for a in answers] == order
+        assert all(a.choices[0].finish_reason == "length" for a in answers)
+        a, b = gw.deployment("dep-a"), gw.deployment("dep-b")
+        assert (a["boots"], b["boots"]) == (2, 2)  # every switch was a boot
+        assert a["last_boot_seconds"] > 0 and b["last_boot_seconds"] > 0
+        assert {a["state"], b["state"]} == {"parked", "ready"}  # never both resident
+        metrics = requests.get(gw.url("/metrics"), timeout=10).text
+        assert 'streamproxy_gateway_boots_total{deployment="a"} 2.0' in metrics
+        assert 'streamproxy_gateway_parks_total{deployment="a"} 2.0' in metrics
+        assert 'streamproxy_gateway_parks_total{deployment="b"} 1.0' in metrics
