@@ -41,6 +41,12 @@ _DONE = {
     Api.RESPONSES: (b"event: response.completed", b"event: response.incomplete", b"event: response.failed"),
     Api.ANTHROPIC: (b"event: message_stop",),
 }
+# The events that carry generated text in the typed-event APIs (their other events are structure).
+_DELTAS = {
+    Api.OPENAI: (),
+    Api.RESPONSES: (b"event: response.output_text.delta", b"event: response.reasoning_text.delta", b"event: response.function_call_arguments.delta"),
+    Api.ANTHROPIC: (b"event: content_block_delta",),
+}
 _USAGE = b'"usage":{'
 _USAGE_ONLY = b'"choices":[]'
 
@@ -84,7 +90,7 @@ class Usage:
 
 
 class SSERelay:
-    __slots__ = ("api", "usage", "done", "events", "comments", "_buf", "_sep", "_renames", "_strip_usage")
+    __slots__ = ("api", "usage", "done", "events", "comments", "deltas", "_buf", "_sep", "_renames", "_strip_usage", "_delta_markers")
 
     def __init__(self, api: Api, *, served: str, public: str, strip_usage: bool) -> None:
         self.api = api
@@ -92,6 +98,8 @@ class SSERelay:
         self.done = False  # the API's end marker went by
         self.events = 0  # events relayed (comments included)
         self.comments = 0  # of those, comment-only events (the replica's keepalives)
+        self.deltas = 0  # of those, text-carrying events (Responses, Anthropic)
+        self._delta_markers = _DELTAS[api]
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
         self._renames: list[tuple[bytes, bytes]] = []
@@ -111,6 +119,8 @@ class SSERelay:
         block, self._buf = buf[:end], buf[end:]
         self.events += block.count(sep)
         self.comments += block.startswith(b":") + block.count(sep + b":")
+        for marker in self._delta_markers:
+            self.deltas += block.count(marker)
         for old, new in self._renames:
             block = block.replace(old, new)
         if _USAGE in block:
@@ -126,9 +136,14 @@ class SSERelay:
 
     def counted(self) -> None:
         """No usage came from the replica (the stream was cut): count what was relayed, an event a
-        token, less the replica's comments (keepalives), the opening event (chat's role chunk) and
-        the end marker (`[DONE]`) if it came."""
-        if not self.usage.billed:
+        token. Chat and completions: every event less the replica's comments (keepalives), the
+        opening event (the role chunk) and the end marker (`[DONE]`) if it came. Responses and
+        Anthropic: their text-carrying delta events only (the rest is structure)."""
+        if self.usage.billed:
+            return
+        if self._delta_markers:
+            self.usage.completion_tokens = self.deltas
+        else:
             self.usage.completion_tokens = max(self.events - self.comments - 1 - self.done, 0)
 
     def _separator(self, buf: bytes) -> bytes:

@@ -136,3 +136,24 @@ def test_error_events_in_each_api_shape():
     )
     assert keepalive(Api.OPENAI) == b": keepalive\n\n"
     assert keepalive(Api.ANTHROPIC) == b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def test_a_cut_responses_or_anthropic_stream_counts_only_its_text_events():
+    responses = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
+        b'event: response.output_item.added\ndata: {"type":"response.output_item.added"}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hi"}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":" there"}\n\n'
+    )
+    anthropic = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"model":"m"}}\n\n'
+        b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n'
+        b'event: ping\ndata: {"type":"ping"}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"Hi"}}\n\n'
+    )
+    for api, stream, tokens in ((Api.RESPONSES, responses, 2), (Api.ANTHROPIC, anthropic, 1)):
+        relay = SSERelay(api, served="m", public="m", strip_usage=False)
+        for i in range(len(stream)):  # byte by byte: a marker cut between reads is counted once
+            relay.feed(stream[i : i + 1])
+        relay.counted()
+        assert (relay.usage.billed, relay.usage.completion_tokens, relay.done) == (False, tokens, False)
