@@ -23,7 +23,7 @@ from aiohttp import web
 
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
-from streamproxy.errors import APIError, AuthenticationError, InvalidRequest, ModelNotFound
+from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
 from streamproxy.gateway.call import Route
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.lifecycle import Phase
@@ -35,7 +35,6 @@ from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.http import accesslog, error_shapes
 from streamproxy.http.app import error_middleware
-from streamproxy.http.auth import presented_key
 from streamproxy.http.cors import Cors
 from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.metrics import metrics
@@ -85,15 +84,10 @@ def add_routes(app: web.Application) -> None:
 
 
 def _visible(request: web.Request) -> list[str]:
-    """The deployments the request's key may see (all of them when no key is configured)."""
+    """The deployments the request's key may see (all of them when no key is configured); 401."""
     state = gateway_state(request)
-    if not state.keys:
-        return [d.name for d in state.deployments]
-    presented = (presented_key(request) or "").encode()
-    for secret, key, _ in state.keys:
-        if presented == secret:
-            return [d.name for d in state.deployments if key.allows(d)]
-    raise AuthenticationError("missing or incorrect API key")
+    found = state.identify(request)
+    return [d.name for d in state.deployments if found is None or found[0].allows(d)]
 
 
 def _card(state: GatewayState, name: str) -> dict[str, object]:
