@@ -36,6 +36,8 @@ from .compare import _git_rev
 from .servers import RESULTS, Server, fake_server, stop_on_signals
 
 RELAYS = ("direct", "gateway", "nginx", "litellm")
+# Not run by default: the gateway with another balancing policy (`--relays direct,gateway,gateway-rr`).
+VARIANTS = {"gateway-rr": {"policy": "round_robin"}, "gateway-lo": {"policy": "least_outstanding"}}
 
 
 def _raw(port: int, model: str, max_tokens: int) -> bytes:
@@ -157,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         servers: dict[str, Server] = {}
         if "gateway" in which:
             servers["gateway"] = relays.gateway_server(urls, tag, tmp, public=public)
+        for label, policy in VARIANTS.items():
+            if label in which:
+                servers[label] = relays.gateway_server(urls, tag, tmp, public=public, policy=policy, label=label)
         if "nginx" in which:
             servers["nginx"] = relays.nginx_server(urls, tag, tmp)
         if "litellm" in which:
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             srv.wait_ready(180)
             print(f"{srv.label} ready on :{srv.port} in {srv.ready_after:.1f} s (log {srv.log_path})", flush=True)
         meta["relays"] = gateway_report.describe(servers, tmp, public)
-        order = [r for r in RELAYS if r in which]
+        order = [r for r in (*RELAYS, *VARIANTS) if r in which]
         for conc in levels:
             for rnd in range(args.rounds):
                 for label in order[rnd % len(order):] + order[:rnd % len(order)]:

@@ -33,6 +33,7 @@ from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
 from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
+from streamproxy.gateway.wire import Upstreams
 from streamproxy.http import accesslog, error_shapes
 from streamproxy.http.app import error_middleware
 from streamproxy.http.cors import Cors
@@ -223,6 +224,7 @@ async def _start(app: web.Application) -> None:
     )
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True)
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+    state.upstreams = Upstreams(connect_timeout=policy.connect_timeout, read_timeout=policy.read_timeout or state.settings.request_timeout or None)
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
     state.supervisor.start(state.session)
 
@@ -237,6 +239,8 @@ async def _stop(app: web.Application) -> None:
     if task is not None:
         task.cancel()
     state = app[STATE_KEY]
+    if state.upstreams is not None:
+        state.upstreams.close()
     if state.session is not None:
         await state.session.close()
 

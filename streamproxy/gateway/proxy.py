@@ -117,11 +117,11 @@ async def _fetch(call: Call) -> bytes:
     attempt = await open_call(call)
     outcome: int | None = None
     try:
-        response = attempt.response
-        raw = await response.read()
-        outcome = response.status
-        if response.status != 200:
-            raise UpstreamError(response.status, call.renamed(raw), response.headers.get("Retry-After"))
+        exchange = attempt.exchange
+        raw = await exchange.read()
+        outcome = exchange.status
+        if exchange.status != 200:
+            raise UpstreamError(exchange.status, call.renamed(raw), exchange.headers.get("retry-after"))
         if call.route.generates:
             call.usage.take_body(raw)
             call.rec.first_token(perf_counter())

@@ -23,6 +23,7 @@ from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
+from streamproxy.gateway.wire import Upstreams
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
 
@@ -64,7 +65,8 @@ class GatewayState:
         for i, secret in enumerate(settings.api_key):
             self.keys.append((secret.encode(), ApiKey(id=f"api-key-{i + 1}", key=secret), KeyLimiter(0, 0)))
         self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
+        self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
 
     @property
     def deployments(self) -> list[Deployment]:

@@ -2,10 +2,13 @@
 
 Nothing is sent before a replica answered 200 (failover stays possible) unless
 that takes longer than a heartbeat interval (`_Warmer`). Then `SSERelay` passes
-whole events: from aiohttp's own data callback while the client keeps up
-(`push.Push`), else pulled with bounded writes; the gateway's heartbeat fills
-the replica's silences (one timer per stream); a replica that breaks off ends
-the client's stream with an in-band `upstream_unavailable` event.
+whole events: written to the client from the replica connection's own data
+callback while the client keeps up (`_Sink`, given to `wire.Exchange.stream`:
+no task wake-up per event); when the client falls behind, reading from the
+replica pauses and the handler writes what is held, bounded by the stall
+timeout, then resumes. The gateway's heartbeat fills the replica's silences
+(one timer per stream); a replica that breaks off ends the client's stream
+with an in-band `upstream_unavailable` event.
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ import asyncio
 from time import perf_counter
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Call, done, open_call
-from streamproxy.gateway.push import Push
 from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
 from streamproxy.gateway.upstream import Attempt, UpstreamError
+from streamproxy.gateway.wire import UpstreamClosed
 from streamproxy.http.metrics import SSE_HEARTBEATS
 from streamproxy.http.writer import SSE_HEADERS, WriteStalled, can_write_direct, chunk_frame, client_gone, writable, write
 
@@ -52,10 +54,10 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 return response
             if warm is not None:
                 await warm.stop()
-            upstream = attempt.response
+            upstream = attempt.exchange
             outcome = upstream.status
             if upstream.status != 200:
-                refused = UpstreamError(upstream.status, call.renamed(await upstream.read()), upstream.headers.get("Retry-After"))
+                refused = UpstreamError(upstream.status, call.renamed(await _error_body(upstream)), upstream.headers.get("retry-after"))
                 if not response.prepared:
                     raise refused
                 await _end_with(response, transport, api, refused, stall)
@@ -124,53 +126,44 @@ class _Warmer:
 async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float) -> bool:
     """Relay until the replica's stream ends; False when it broke off (an error event is sent).
 
-    While the client keeps up, the replica's bytes are relayed from aiohttp's own data
-    callback (`push.Push`: no task wake-up, no await, no timer per event). When that
-    cannot be, or the client falls behind, this loop pulls with bounded writes. The
-    heartbeat is one timer per stream (`_Heartbeat`); a replica silent past the read
-    timeout is the client session's `sock_read` timeout."""
+    While the client keeps up, `_Sink` writes each read's whole events from the replica
+    connection's data callback. When it cannot (the client is behind, or the response is
+    not plain chunked), reading from the replica pauses, and this loop writes what is held
+    with a bounded write and resumes. The heartbeat is one timer per stream (`_Heartbeat`);
+    a replica silent past the read timeout is `wire`'s."""
     api = call.route.api
     relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
-    reader = attempt.response.content
+    exchange = attempt.exchange
     direct = can_write_direct(response, transport)
     beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
-    slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each read
-    wrote = _Wrote(call, attempt, beat)
+    slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each wait
+    sink = _Sink(relay_, transport if direct else None, _Wrote(call, attempt, beat))
     try:
-        if direct:
-            push = Push(reader, relay_, transport, wrote)
-            if push.start():
-                try:
-                    await push.woken
-                finally:
-                    push.let_go()
+        exchange.stream(sink)
         while True:
             if slow_beat is None:
-                chunk = await reader.readany()
+                await exchange.wait()
             else:
                 try:
                     async with asyncio.timeout(slow_beat):
-                        chunk = await reader.readany()
+                        await exchange.wait()
                 except TimeoutError:
                     await write(response, transport, keepalive(api), stall)
                     continue
-            if not chunk:
+            if sink.held:
+                held = b"".join(sink.held)
+                sink.held.clear()
+                await write(response, transport, held, stall)
+                sink.wrote()
+            if exchange.complete:
                 break
-            out = relay_.feed(chunk)
-            if out:
-                if direct and writable(transport):
-                    transport.write(chunk_frame(out))
-                else:
-                    await write(response, transport, out, stall)
-                wrote()
+            exchange.resume()
         if relay_.done:
             return True
         raise _Broken("the replica ended the stream before its end")
-    except (_Broken, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
-        if isinstance(exc, ConnectionResetError) and _client_closed(transport):
-            raise
-        reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off ({type(exc).__name__})"
+    except (_Broken, UpstreamClosed) as exc:
+        reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off: {exc}"
         error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
         call.rec.error_code = error.code
         await write(response, transport, error_event(api, error, relay_.events), stall)
@@ -180,6 +173,36 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
             beat.stop()
         if not relay_.usage.billed:
             relay_.counted()
+
+
+class _Sink:
+    """The replica's body pieces, from its connection's data callback: whole events out, written
+    straight to the client's transport while it keeps up; else held (and False: pause reading)."""
+
+    __slots__ = ("relay", "transport", "wrote", "held")
+
+    def __init__(self, relay: SSERelay, transport: Any, wrote: _Wrote) -> None:
+        self.relay, self.transport, self.wrote = relay, transport, wrote
+        self.held: list[bytes] = []
+
+    def __call__(self, data: bytes) -> bool:
+        out = self.relay.feed(data)
+        if not out:
+            return True
+        transport = self.transport
+        if transport is not None and not self.held and writable(transport):
+            transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # chunk_frame, inlined: once per read
+            self.wrote()
+            return True
+        self.held.append(out)
+        return False
+
+
+async def _error_body(exchange: Any) -> bytes:
+    try:
+        return await exchange.read()
+    except UpstreamClosed:
+        return b""
 
 
 class _Wrote:
@@ -233,10 +256,6 @@ class _Heartbeat:
 
 class _Broken(Exception):
     pass
-
-
-def _client_closed(transport: Any) -> bool:
-    return transport is None or transport.is_closing()
 
 
 async def _end_with(response: web.StreamResponse, transport: Any, api: Api, exc: APIError, stall: float) -> None:

@@ -11,7 +11,8 @@ replica answered 429/503 itself, that answer (its Retry-After passed on).
 
 `UpstreamError` carries a replica's own error answer (status, body,
 Retry-After) through to the client unchanged: the client's mistakes (400,
-404, context too long) come back as the replica said them.
+404, context too long) come back as the replica said them. The connection
+itself is `wire`'s.
 """
 
 from __future__ import annotations
@@ -22,17 +23,16 @@ import time
 from dataclasses import dataclass, field
 from time import perf_counter
 
-import aiohttp
-
 from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.state import GatewayState
+from streamproxy.gateway.wire import Exchange, UpstreamClosed, Upstreams
 from streamproxy.http.accesslog import Record
 
 log = logging.getLogger("streamproxy.gateway")
 
-_CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
+_CONNECT_ERRORS = (UpstreamClosed, OSError, asyncio.TimeoutError)
 
 
 class UpstreamError(APIError):
@@ -55,7 +55,7 @@ class UpstreamError(APIError):
 class Attempt:
     pool: Pool
     replica: Replica
-    response: aiohttp.ClientResponse
+    exchange: Exchange
     matched: int  # prefix keys the replica held
     sent_at: float
     keys: list[int] = field(default_factory=list)
@@ -76,11 +76,9 @@ class Attempt:
         elif health.failed(time.monotonic() if now is None else now):
             _ejected(self.pool, self.replica)
         M.BREAKER.labels(self.pool.deployment.name, self.replica.url).set(int(health.breaker))
-        response = self.response
-        if response.content.at_eof() and ok:
-            response.release()  # read to the end: the connection goes back to the pool (nginx `keepalive`)
-        else:
-            response.close()  # a stream still open: closing it is how the replica learns to abort
+        # Read to the end: the connection goes back to the pool (nginx `keepalive`); a stream still
+        # open is closed, which is how the replica learns to abort.
+        self.exchange.finish(reuse=bool(ok))
 
 
 def _ejected(pool: Pool, replica: Replica) -> None:
@@ -95,8 +93,8 @@ async def open_upstream(
     """The first answer not retried, open; `record.upstream` names the replica of each attempt as it is
     sent (so a request abandoned while a replica holds it is logged with that replica)."""
     policy = state.policy
-    session = state.session
-    assert session is not None
+    upstreams = state.upstreams
+    assert upstreams is not None
     tried: set[str] = set()
     last: UpstreamError | None = None
     budget = state.retries
@@ -120,7 +118,7 @@ async def open_upstream(
             M.IN_FLIGHT.labels(pool.deployment.name, replica.url).inc()
             sent = perf_counter()
             try:
-                response = await session.post(replica.url + path, data=body, headers=headers)
+                exchange = await ask(upstreams, replica.url, path, body, headers)
             except _CONNECT_ERRORS as exc:
                 _settle(pool, replica, failed=True)
                 log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url, type(exc).__name__)
@@ -130,15 +128,15 @@ async def open_upstream(
                 _settle(pool, replica, failed=False)
                 raise
             M.UPSTREAM_TTFB.labels(pool.deployment.name).observe(perf_counter() - sent)
-            status = response.status
+            status = exchange.status
             if status in policy.retry_on_status:
-                retry_after = response.headers.get("Retry-After")
-                raw = await _read_error(response)
+                retry_after = exchange.headers.get("retry-after")
+                raw = await _read_error(exchange)
                 _settle(pool, replica, failed=status >= 500)
                 last = UpstreamError(status, raw, retry_after)
                 M.RETRIES.labels(pool.deployment.name, str(status)).inc()
                 continue
-            return Attempt(pool, replica, response, matched, sent, keys)
+            return Attempt(pool, replica, exchange, matched, sent, keys)
     finally:
         if retrying:
             budget.retrying -= 1
@@ -161,10 +159,28 @@ def _settle(pool: Pool, replica: Replica, *, failed: bool) -> None:
     M.BREAKER.labels(pool.deployment.name, replica.url).set(int(replica.health.breaker))
 
 
-async def _read_error(response: aiohttp.ClientResponse) -> bytes:
+async def ask(upstreams: Upstreams, url: str, path: str, body: bytes, headers: dict[str, str]) -> Exchange:
+    """Send, and wait for the response head; once more on a new connection when a pooled one
+    turns out to have been closed by the replica while idle (nothing of the request was read)."""
+    for fresh in (False, True):
+        exchange = await upstreams.send(url, path, body, headers, fresh=fresh)
+        try:
+            await exchange.head()
+            return exchange
+        except UpstreamClosed as exc:
+            exchange.finish(reuse=False)
+            if not exc.stale or fresh:
+                raise
+        except BaseException:
+            exchange.finish(reuse=False)  # cancelled (the client left): the replica sees the close
+            raise
+    raise AssertionError("unreachable")
+
+
+async def _read_error(exchange: Exchange) -> bytes:
     try:
-        return await response.read()
+        return await exchange.read()
     except _CONNECT_ERRORS:
         return b""
     finally:
-        response.release()
+        exchange.finish(reuse=True)

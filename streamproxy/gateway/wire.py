@@ -1,0 +1,335 @@
+"""The gateway's HTTP/1.1 client to its replicas: asyncio protocols around `h1`'s parser.
+
+`Upstreams.send` takes an idle keep-alive connection to the replica (or opens
+one, within the connect timeout) and writes the request in the caller's own
+turn of the loop: no task, no request-writer coroutine in between. The reply
+is an `Exchange`, fed from the connection's `data_received`: `await
+exchange.head()` for the status and headers; then either `await read()` for a
+whole body, or `stream(sink)`: each piece of the body goes to `sink(bytes)`
+from within `data_received` itself, so a relayed event costs one callback and
+no task wake-up. A sink that returns False (the client cannot take more now)
+pauses reading from the replica until `resume()`; `wait()` returns when the
+body ended or reading paused, and raises `UpstreamClosed` when the replica
+broke off, spoke bad HTTP, or was silent past the read timeout (nginx's
+`proxy_read_timeout`: the longest gap between two reads, one timer per
+exchange). `finish(reuse=...)` ends the exchange: a complete response on a
+keep-alive connection goes back to the idle pool (nginx `keepalive`), anything
+else closes the connection, which is how a replica learns to abort.
+
+A pooled connection the replica closed while idle fails before any byte of
+the response; `send`'s caller sees `UpstreamClosed(stale=True)` and may
+resend on a fresh connection to the same replica at no risk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+from urllib.parse import urlsplit
+
+from streamproxy.gateway.h1 import ProtocolError, ResponseParser, request_bytes
+
+IDLE_PER_ORIGIN = 128  # idle keep-alive connections kept per replica (nginx `keepalive` is per worker: 32 ..)
+IDLE_TIMEOUT = 60.0  # seconds an idle connection is kept (below the 75 s replicas keep theirs)
+
+
+class UpstreamClosed(ConnectionError):
+    """The replica's connection failed before its response ended."""
+
+    def __init__(self, message: str, *, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale  # a reused connection that failed before any byte came back
+
+
+class Origin:
+    """One replica's address, parsed once: where to connect and what to prefix paths with."""
+
+    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.ssl = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.ssl else 80)
+        self.authority = parts.netloc.rpartition("@")[2]
+        self.base_path = parts.path.rstrip("/")
+        self.idle: deque[_Connection] = deque()
+
+
+class Upstreams:
+    """The pool of connections to every replica, by base URL."""
+
+    def __init__(self, *, connect_timeout: float, read_timeout: float | None) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._origins: dict[str, Origin] = {}
+        self._ssl: ssl_module.SSLContext | None = None
+
+    async def send(self, url: str, path: str, body: bytes, headers: dict[str, str], *, method: str = "POST", fresh: bool = False) -> Exchange:
+        """Write the request (on a pooled connection: before this returns control to the loop);
+        `fresh`: on a new connection, not a pooled one."""
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = Origin(url)
+        loop = asyncio.get_running_loop()
+        conn = None
+        now = loop.time()
+        while origin.idle and not fresh:
+            candidate = origin.idle.popleft()  # the longest idle: the replica is surely done with its last request
+            if not candidate.closed and now - candidate.idle_since < IDLE_TIMEOUT:
+                conn = candidate
+                break
+            candidate.close()
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect(origin, loop)
+        target = origin.base_path + path
+        return conn.start(request_bytes(method, target, origin.authority, headers, body), self.read_timeout, reused, method == "HEAD")
+
+    async def _connect(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection:
+        ssl: ssl_module.SSLContext | None = None
+        if origin.ssl:
+            if self._ssl is None:
+                self._ssl = ssl_module.create_default_context()
+            ssl = self._ssl
+        try:
+            async with asyncio.timeout(self.connect_timeout or None):
+                _, conn = await loop.create_connection(lambda: _Connection(origin), origin.host, origin.port, ssl=ssl)
+        except TimeoutError:
+            raise UpstreamClosed(f"no connection to {origin.authority} within {self.connect_timeout:g} s") from None
+        return conn
+
+    def close(self) -> None:
+        """Close every idle connection (those in use end with their exchanges)."""
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.pop().close()
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = ("origin", "transport", "exchange", "closed", "idle_since")
+
+    def __init__(self, origin: Origin) -> None:
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop and asyncio set TCP_NODELAY on it already
+
+    def start(self, request: bytes, read_timeout: float | None, reused: bool, head_only: bool) -> Exchange:
+        exchange = self.exchange = Exchange(self, read_timeout, reused, head_only)
+        assert self.transport is not None
+        self.transport.write(request)
+        return exchange
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:  # nothing asked: a replica talking out of turn
+            self.close()
+            return
+        exchange.received(data)
+
+    def eof_received(self) -> bool:
+        if self.exchange is not None:
+            self.exchange.eof()
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.lost(exc)
+        try:
+            self.origin.idle.remove(self)
+        except ValueError:
+            pass
+
+    def released(self, reuse: bool) -> None:
+        self.exchange = None
+        if reuse and not self.closed and len(self.origin.idle) < IDLE_PER_ORIGIN:
+            assert self.transport is not None
+            self.idle_since = asyncio.get_running_loop().time()
+            self.origin.idle.append(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+
+class Exchange:
+    """One request's response on one connection."""
+
+    __slots__ = (
+        "conn", "parser", "status", "headers", "sink", "paused", "error", "got_bytes", "reused",
+        "_body", "_waiter", "_timeout", "_last_read", "_timer", "_loop",
+    )
+
+    def __init__(self, conn: _Connection, read_timeout: float | None, reused: bool, head_only: bool) -> None:
+        self.conn = conn
+        self.parser = ResponseParser(head_only=head_only)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.sink: Callable[[bytes], bool] | None = None
+        self.paused = False
+        self.error: UpstreamClosed | None = None
+        self.got_bytes = False
+        self.reused = reused
+        self._body: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._timeout = read_timeout
+        self._last_read = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        if read_timeout:
+            self._timer = self._loop.call_at(self._last_read + read_timeout, self._check_silence)
+
+    # -- what the caller does ---------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return self.parser.complete
+
+    async def head(self) -> None:
+        """Until the status line and headers are in; raises UpstreamClosed."""
+        while not self.parser.head:
+            await self._wait()
+
+    async def read(self) -> bytes:
+        """The whole body; raises UpstreamClosed."""
+        while not self.parser.complete:
+            await self._wait()
+        body = b"".join(self._body)
+        self._body.clear()
+        return body
+
+    def stream(self, sink: Callable[[bytes], bool]) -> None:
+        """From now on body pieces go to `sink` as they arrive (what came already, first)."""
+        self.sink = sink
+        if self._body:
+            held = b"".join(self._body)
+            self._body.clear()
+            if not sink(held):
+                self._pause()
+
+    async def wait(self) -> None:
+        """Until the body ended or reading paused (`paused`); raises UpstreamClosed."""
+        if not self.parser.complete and not self.paused:
+            await self._wait()
+
+    def resume(self) -> None:
+        if self.paused and self.error is None:
+            self.paused = False
+            self._last_read = self._loop.time()
+            self.conn.resume()
+
+    def finish(self, *, reuse: bool) -> None:
+        """Done with this exchange: the connection back to the pool (a complete response, `reuse`), else closed."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.conn.exchange is self:
+            self.conn.released(reuse and self.parser.complete and self.parser.keep_alive and self.error is None)
+
+    # -- what the connection tells it -------------------------------------------------
+
+    def received(self, data: bytes) -> None:
+        self.got_bytes = True
+        self._last_read = self._loop.time()
+        parser = self.parser
+        had_head = parser.head
+        try:
+            body = parser.feed(data)
+        except ProtocolError as exc:
+            self._fail(UpstreamClosed(f"the replica's response is not valid HTTP/1.1 ({exc})"))
+            self.conn.close()
+            return
+        if not had_head and parser.head:
+            self.status, self.headers = parser.status, parser.headers
+        if body:
+            sink = self.sink
+            if sink is None:
+                self._body.append(body)
+            elif not sink(body) and not parser.complete:
+                self._pause()
+                return
+        if parser.complete or not had_head:
+            self._wake()
+
+    def eof(self) -> None:
+        try:
+            self.parser.feed_eof()
+        except ProtocolError as exc:
+            self._fail(UpstreamClosed(str(exc), stale=self.reused and not self.got_bytes))
+            return
+        self._wake()
+
+    def lost(self, exc: Exception | None) -> None:
+        if not self.parser.complete:
+            reason = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+            self._fail(UpstreamClosed(f"the replica closed the connection before the end of its response{reason}",
+                                      stale=self.reused and not self.got_bytes))
+
+    # -- inside -----------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _pause(self) -> None:
+        self.paused = True
+        self.conn.pause()
+        self._wake()
+
+    def _fail(self, error: UpstreamClosed) -> None:
+        if self.error is None:
+            self.error = error
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake()
+
+    def _check_silence(self) -> None:
+        self._timer = None
+        timeout = self._timeout
+        assert timeout
+        now = self._loop.time()
+        due = self._last_read + timeout
+        if self.paused or now < due:
+            self._timer = self._loop.call_at(max(due, now) if not self.paused else now + timeout, self._check_silence)
+            return
+        self._fail(UpstreamClosed(f"the replica sent nothing for {timeout:g} s"))
+        self.conn.close()
+
+    def __repr__(self) -> str:
+        return f"<Exchange {self.status} complete={self.parser.complete} paused={self.paused}>"
