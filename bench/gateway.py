@@ -182,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         srv = servers[label]
                         ports, pids, model = [srv.port], relays.relay_pids(srv), public
-                    r = uvloop.run(_run(label, ports, pids, up_pids, conc, args.seconds, model, args.max_tokens,
-                                        args.jitter))
+                    try:
+                        r = uvloop.run(_run(label, ports, pids, up_pids, conc, args.seconds, model, args.max_tokens,
+                                            args.jitter))
+                    except Exception as exc:  # one relay's failed run must not lose the others' figures
+                        print(f"c={conc:4d} round {rnd + 1} {label}: run failed: {type(exc).__name__}: {exc}", flush=True)
+                        continue
                     r["round"] = rnd + 1
                     rows.append(r)
                     json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -141,7 +141,20 @@ class _Conn(asyncio.Protocol):
         self.last = 0.0
         self.done = asyncio.get_running_loop().create_future()
         rec.sent = time.perf_counter()
-        self.transport.write(raw)  # type: ignore[union-attr]
+        transport = self.transport
+        if transport is None or transport.is_closing() or not self.keep_alive:
+            # The server closed this connection since it was checked (a relay dropping idle
+            # connections): a lost request, and the worker reconnects.
+            rec.error = "connection lost: closed before the request was sent"
+            self.keep_alive = False
+            self.done.set_result(None)
+            return self.done
+        try:
+            transport.write(raw)
+        except (OSError, RuntimeError) as exc:
+            rec.error = f"connection lost: {exc}"
+            self.keep_alive = False
+            self.done.set_result(None)
         return self.done
 
     def _parse_head(self, head: bytes) -> None:
@@ -308,11 +321,11 @@ async def run_load(url: str, raw: bytes | Callable[[], bytes], concurrency: int,
                 if remaining <= 0:
                     return
                 remaining -= 1
+            if jitter:  # arrive at any phase of an engine's step clock
+                await asyncio.sleep(random.uniform(0.0, jitter))
             if not conn.keep_alive or (conn.transport is not None and conn.transport.is_closing()):
                 conn = await _connect(host, port, parse)
                 conns.append(conn)
-            if jitter:  # arrive at any phase of an engine's step clock
-                await asyncio.sleep(random.uniform(0.0, jitter))
             rec = RequestRecord()
             records.append(rec)
             await conn.send(raw() if callable(raw) else raw, rec)
