@@ -1,0 +1,347 @@
+"""One client connection: aiohttp's handler with nginx's client timeouts, and the connection cap.
+
+A connection is in one phase at a time, and one loop timer bounds the phase
+it is in (nginx's directive names, and its defaults, are the settings'):
+
+  fresh    accepted, nothing received yet: `client_header_timeout` from the
+           accept; when it fires the connection is closed (no request to answer);
+  header   the first bytes of a request are in, not all its headers: the same
+           timer, from the accept on a new connection and from the first byte
+           on a kept-alive one. When it fires, a 408 `request_timeout` is queued
+           the way aiohttp queues its answer to an unparseable request (so it
+           goes through `handle_error`: OpenAI error body, access log, metrics)
+           and the connection closes after it;
+  body     the request's handler runs and its body is not all in:
+           `client_body_timeout` between two reads from the socket (not for the
+           whole body). A read only stores the time; the timer, when due,
+           re-arms itself at the last read plus the timeout. While reading is
+           paused (the handler has not taken what is buffered) the client cannot
+           send, so its clock restarts. When it fires before anything was
+           written, the handler's read of the body raises `RequestTimeout`, the
+           route answers 408 in its own error shape and the connection closes;
+           after a byte of the response, the connection is only closed;
+  busy     headers parsed, body complete: no timer, nothing per chunk; a stream
+           costs nothing here;
+  idle     between requests: `keepalive_timeout`, then a quiet close (0: every
+           response says `Connection: close`).
+
+The phase changes where aiohttp's handler already passes: `data_received`
+(one comparison a read while busy) and `_handle_request` (a request begins and
+ends). A request pipelined behind another, partly received, counts as idle
+until its next bytes: the keep-alive timer still bounds it. aiohttp's own
+keep-alive timer is left idle (`_process_keepalive`): it would also close a
+connection in the middle of its headers, without a word.
+
+The cap: `ConnectionServer` counts the connections it serves; one accepted
+past `max_connections` is closed at once, before anything is read from it, and
+the others are served as before. The default is half the process's soft
+RLIMIT_NOFILE (`ulimit -n`): 512 with the usual 1024, nginx's own default of
+worker_connections. The other half is left for what the server itself opens:
+its log files, the engine's sockets and files, and in the gateway each relayed
+request's upstream connection.
+
+Every close of the server's own making is counted in
+`streamproxy_connections_closed_total{reason}`; connections open now are
+`streamproxy_open_connections`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+from aiohttp.web_server import Server
+
+from streamproxy.config import Settings
+from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest, RequestTimeout
+from streamproxy.http import accesslog
+from streamproxy.http.metrics import (
+    CLOSED_BODY_TIMEOUT,
+    CLOSED_HEADER_TIMEOUT,
+    CLOSED_KEEPALIVE_TIMEOUT,
+    CLOSED_OVER_LIMIT,
+    OPEN_CONNECTIONS,
+    RESPONSES,
+)
+
+log = logging.getLogger("streamproxy.server")
+
+# Phases of a connection.
+FRESH, HEADER, BODY, BUSY, IDLE, CLOSING = range(6)
+
+Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    header_timeout: float  # seconds; 0: none
+    body_timeout: float  # seconds between two reads; 0: none
+    keepalive_timeout: float  # seconds idle; 0: no keep-alive
+    max_connections: int  # 0: no cap
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        cap = settings.max_connections
+        return cls(
+            header_timeout=settings.client_header_timeout,
+            body_timeout=settings.client_body_timeout,
+            keepalive_timeout=settings.keepalive_timeout,
+            max_connections=default_max_connections() if cap is None else cap,
+        )
+
+
+def default_max_connections() -> int:
+    """Half the file descriptors this process may open (the soft RLIMIT_NOFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(soft // 2, 1)
+
+
+def _parse_error(status: int, exc: BaseException | None, message: str | None) -> APIError:
+    # aiohttp's messages quote the offending bytes (maybe a credential): never echo them.
+    if isinstance(exc, APIError):
+        return exc  # ours: the header timeout's 408
+    text = str(message or exc or "")
+    if isinstance(exc, LineTooLong):
+        return HeaderTooLarge("the request line or a header field is longer than the server accepts (--max-header-bytes)")
+    if "too many headers" in text.lower():
+        return HeaderTooLarge("the request has more header fields than the server accepts")
+    if status >= 500:
+        return InternalError("the server failed to handle this request")
+    return InvalidRequest("malformed HTTP request", code="bad_request")
+
+
+def _closing(handler: Handler) -> Handler:
+    """keepalive_timeout 0: every response closes its connection (and says so)."""
+
+    async def handle(request: BaseRequest) -> StreamResponse:
+        response = await handler(request)
+        response.force_close()
+        return response
+
+    return handle
+
+
+class Protocol(RequestHandler):
+    """aiohttp's connection handler, with the client timeouts and a JSON answer to unparseable requests."""
+
+    __slots__ = ("_limits", "_phase", "_timer", "_body", "_last_read")
+
+    def __init__(self, manager: ConnectionServer, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        self._limits = manager.limits
+        self._phase = FRESH
+        self._timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+        self._last_read = 0.0
+
+    # -- the connection ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._manager
+        if isinstance(server, ConnectionServer) and server.full():
+            CLOSED_OVER_LIMIT.inc()
+            self._manager = None  # connection_lost: nothing to undo
+            self._force_close = True  # data_received: nothing to read
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm(self._limits.header_timeout)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        self._body = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        phase = self._phase
+        if phase == BUSY:
+            super().data_received(data)
+        elif phase == BODY:
+            super().data_received(data)
+            body = self._body
+            if body is None or body.is_eof():
+                self._phase = BUSY
+                self._disarm()
+            else:
+                self._last_read = self._loop.time()
+        elif phase == CLOSING:
+            return
+        elif not data or (phase == IDLE and self._waiter is None):
+            # aiohttp re-feeding its own buffer, or the rest of a body nobody read (lingering).
+            super().data_received(data)
+        else:
+            if phase == IDLE:
+                self._arm(self._limits.header_timeout)  # a kept-alive connection: from the first byte
+            self._phase = HEADER
+            super().data_received(data)
+            if self._messages:  # the headers are in
+                self._phase = BUSY
+                self._disarm()
+
+    # -- one request ------------------------------------------------------------------
+
+    async def _handle_request(
+        self, request: BaseRequest, start_time: float | None, request_handler: Handler
+    ) -> tuple[StreamResponse, bool]:
+        limits = self._limits
+        if self._phase != CLOSING:
+            body = request.content
+            if limits.body_timeout > 0 and not body.is_eof():
+                self._phase = BODY
+                self._body = body
+                self._last_read = self._loop.time()
+                self._arm(limits.body_timeout)
+            else:
+                self._phase = BUSY
+                self._disarm()
+            if limits.keepalive_timeout <= 0:
+                request_handler = _closing(request_handler)
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            self._body = None
+            if self._phase == CLOSING:
+                self.force_close()  # after the 408: the rest of the request is not read
+            elif self._messages:
+                self._phase = BUSY  # the next one is parsed already
+                self._disarm()
+            else:
+                self._phase = IDLE
+                if limits.keepalive_timeout > 0:
+                    self._arm(limits.keepalive_timeout)
+                else:
+                    self.close()
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if status == 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        err = _parse_error(status, exc, message)
+        log.debug("rejected a request from %s: %s", request.remote, exc)
+        RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
+        if accesslog.log.isEnabledFor(logging.INFO):
+            rec = accesslog.Record(uuid.uuid4().hex, 0.0)
+            rec.error_code = err.code
+            accesslog.log.info(accesslog.line(request, rec, err.status, 0.0))
+        resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
+        resp.force_close()
+        return resp
+
+    # -- the timer --------------------------------------------------------------------
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        live = delay > 0 and self.transport is not None and not self._force_close
+        self._timer = self._loop.call_later(delay, self._expire) if live else None
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _process_keepalive(self) -> None:
+        """aiohttp's idle timer does nothing: `_expire` does its job. The spent handle stays
+        set, so aiohttp arms no other."""
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self.transport is None or self._force_close:
+            return
+        phase = self._phase
+        if phase == FRESH:
+            CLOSED_HEADER_TIMEOUT.inc()
+            self.force_close()
+        elif phase == HEADER:
+            self._header_timeout()
+        elif phase == BODY:
+            self._body_due()
+        elif phase == IDLE:
+            if self._waiter is not None and not self._waiter.done():
+                CLOSED_KEEPALIVE_TIMEOUT.inc()
+                self.force_close()
+            else:
+                self._arm(self._limits.keepalive_timeout)  # still finishing the last request
+
+    def _header_timeout(self) -> None:
+        CLOSED_HEADER_TIMEOUT.inc()
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self.force_close()
+            return
+        self._phase = CLOSING
+        err = RequestTimeout(
+            f"the request headers did not arrive within {self._limits.header_timeout:g} s (--client-header-timeout)"
+        )
+        self._messages.append((_ErrInfo(status=err.status, exc=err, message=err.message), EMPTY_PAYLOAD))
+        waiter.set_result(None)
+
+    def _body_due(self) -> None:
+        body = self._body
+        timeout = self._limits.body_timeout
+        if body is None or body.is_eof():
+            self._phase = BUSY
+            return
+        now = self._loop.time()
+        if self._reading_paused or self._buffer_paused:
+            self._last_read = now  # the client cannot send: its clock starts again
+        due = self._last_read + timeout
+        if now < due:
+            self._arm(due - now)
+            return
+        CLOSED_BODY_TIMEOUT.inc()
+        request = self._current_request
+        if request is None or request.writer.output_size > 0:
+            self.force_close()  # a response has begun: closing is the only word left
+            return
+        self._phase = CLOSING
+        body.set_exception(
+            RequestTimeout(f"the request body stalled: no bytes for {timeout:g} s (--client-body-timeout)")
+        )
+
+
+class ConnectionServer(Server):
+    """aiohttp's server, counting its connections and refusing those past the cap."""
+
+    limits: Limits
+    open_connections: int
+
+    @classmethod
+    def adopt(cls, server: Server, limits: Limits) -> ConnectionServer:
+        """Make the server aiohttp built (`AppRunner._make_server`) one of these."""
+        server.__class__ = cls
+        assert isinstance(server, ConnectionServer)
+        server.limits = limits
+        server.open_connections = 0
+        return server
+
+    def __call__(self) -> RequestHandler:
+        return Protocol(self, loop=self._loop, **self._kwargs)
+
+    def full(self) -> bool:
+        cap = self.limits.max_connections
+        return cap > 0 and self.open_connections >= cap
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self.open_connections += 1
+        OPEN_CONNECTIONS.inc()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self.open_connections -= 1
+        OPEN_CONNECTIONS.dec()
