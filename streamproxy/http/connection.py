@@ -18,7 +18,8 @@ it is in (nginx's directive names, and its defaults, are the settings'):
            paused (the handler has not taken what is buffered) the client cannot
            send, so its clock restarts. When it fires before anything was
            written, the handler's read of the body raises `RequestTimeout`, the
-           route answers 408 in its own error shape and the connection closes;
+           route answers 408 in its own error shape (`Connection: close`) and
+           the connection closes;
            after a byte of the response, the connection is only closed;
   busy     headers parsed, body complete: no timer, nothing per chunk; a stream
            costs nothing here;
@@ -51,7 +52,7 @@ import asyncio
 import logging
 import resource
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,17 +122,6 @@ def _parse_error(status: int, exc: BaseException | None, message: str | None) ->
     if status >= 500:
         return InternalError("the server failed to handle this request")
     return InvalidRequest("malformed HTTP request", code="bad_request")
-
-
-def _closing(handler: Handler) -> Handler:
-    """keepalive_timeout 0: every response closes its connection (and says so)."""
-
-    async def handle(request: BaseRequest) -> StreamResponse:
-        response = await handler(request)
-        response.force_close()
-        return response
-
-    return handle
 
 
 class Protocol(RequestHandler):
@@ -207,8 +197,6 @@ class Protocol(RequestHandler):
             else:
                 self._phase = BUSY
                 self._disarm()
-            if limits.keepalive_timeout <= 0:
-                request_handler = _closing(request_handler)
         try:
             return await super()._handle_request(request, start_time, request_handler)
         finally:
@@ -220,10 +208,15 @@ class Protocol(RequestHandler):
                 self._disarm()
             else:
                 self._phase = IDLE
-                if limits.keepalive_timeout > 0:
-                    self._arm(limits.keepalive_timeout)
-                else:
-                    self.close()
+                self._arm(limits.keepalive_timeout)  # 0: none, the response said `Connection: close`
+
+    def finish_response(
+        self, request: BaseRequest, resp: StreamResponse, start_time: float | None
+    ) -> Coroutine[Any, Any, tuple[StreamResponse, bool]]:
+        # Not a coroutine of its own: aiohttp's, with the response marked first where needed.
+        if self._phase == CLOSING or self._limits.keepalive_timeout <= 0:
+            resp.force_close()  # says `Connection: close` unless the handler has sent its headers already
+        return super().finish_response(request, resp, start_time)
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
