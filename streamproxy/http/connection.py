@@ -1,49 +1,35 @@
 """One client connection: aiohttp's handler with nginx's client timeouts, and the connection cap.
 
-A connection is in one phase at a time, and one loop timer bounds the phase
-it is in (nginx's directive names, and its defaults, are the settings'):
+A connection is in one phase at a time, bounded by one loop timer:
 
-  fresh    accepted, nothing received yet: `client_header_timeout` from the
-           accept; when it fires the connection is closed (no request to answer);
-  header   the first bytes of a request are in, not all its headers: the same
-           timer, from the accept on a new connection and from the first byte
-           on a kept-alive one. When it fires, a 408 `request_timeout` is queued
-           the way aiohttp queues its answer to an unparseable request (so it
-           goes through `handle_error`: OpenAI error body, access log, metrics)
-           and the connection closes after it;
-  body     the request's handler runs and its body is not all in:
-           `client_body_timeout` between two reads from the socket (not for the
-           whole body). A read only stores the time; the timer, when due,
-           re-arms itself at the last read plus the timeout. While reading is
-           paused (the handler has not taken what is buffered) the client cannot
-           send, so its clock restarts. When it fires before anything was
-           written, the handler's read of the body raises `RequestTimeout`, the
-           route answers 408 in its own error shape (`Connection: close`) and
-           the connection closes;
-           after a byte of the response, the connection is only closed;
-  busy     headers parsed, body complete: no timer, nothing per chunk; a stream
-           costs nothing here;
-  idle     between requests: `keepalive_timeout`, then a quiet close (0: every
-           response says `Connection: close`).
+  fresh   accepted, nothing received: `client_header_timeout` from the accept,
+          then a close (there is no request to answer);
+  header  part of a request's headers is in: the same timer (from the first
+          byte on a kept-alive connection), then a 408 queued the way aiohttp
+          queues its answer to an unparseable request (`handle_error`: OpenAI
+          error body, access log, metrics), then a close;
+  body    the handler runs, the body is not all in: `client_body_timeout`
+          between two reads from the socket. A read only stores the time; the
+          timer, when due, re-arms at the last read plus the timeout, and
+          restarts the client's clock while reading is paused (it could not
+          send). When it fires, the handler's body read raises
+          `RequestTimeout`: the route answers 408 in its own shape with
+          `Connection: close`; once a response byte is out, only a close;
+  busy    body complete: no timer and no work per chunk (streams cost nothing);
+  idle    between requests: `keepalive_timeout`, then a quiet close.
 
-The phase changes where aiohttp's handler already passes: `data_received`
-(one comparison a read while busy) and `_handle_request` (a request begins and
-ends). A request pipelined behind another, partly received, counts as idle
-until its next bytes: the keep-alive timer still bounds it. aiohttp's own
-keep-alive timer is left idle (`_process_keepalive`): it would also close a
-connection in the middle of its headers, without a word.
+Phases change where aiohttp's handler already passes: `data_received` and
+`_handle_request`. A partial request pipelined behind a complete one counts as
+idle until its next bytes. aiohttp's own keep-alive timer is left inert
+(`_process_keepalive`): it would close a connection mid-headers without a word.
 
-The cap: `ConnectionServer` counts the connections it serves; one accepted
-past `max_connections` is closed at once, before anything is read from it, and
-the others are served as before. The default is half the process's soft
-RLIMIT_NOFILE (`ulimit -n`): 512 with the usual 1024, nginx's own default of
-worker_connections. The other half is left for what the server itself opens:
-its log files, the engine's sockets and files, and in the gateway each relayed
-request's upstream connection.
-
-Every close of the server's own making is counted in
-`streamproxy_connections_closed_total{reason}`; connections open now are
-`streamproxy_open_connections`.
+`ConnectionServer` counts the connections it serves; one accepted past
+`max_connections` is closed at once, unread, and the others are served. The
+default cap is half the soft RLIMIT_NOFILE (`ulimit -n`), which with the usual
+limit is nginx's default worker_connections; the other half is left for the
+server's own files and sockets (logs, the engine, the gateway's upstreams).
+Closes of the server's own making are counted by reason in
+`streamproxy_connections_closed_total`; `streamproxy_open_connections` is the gauge.
 """
 
 from __future__ import annotations
