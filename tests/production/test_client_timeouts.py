@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import time
 
 import psutil
@@ -23,6 +25,7 @@ from prometheus_client import REGISTRY
 from engine_adapter.fake import FakeScript
 from tests.production.raw_http import chat_body, http_request
 from tests.support import wait_until
+from tests.support.server import FAKE_ARGS, serve_process
 
 SHORT = 0.3
 EARLIEST = SHORT - 0.01  # uvloop's (libuv's) timers count whole milliseconds
@@ -261,3 +264,69 @@ async def test_a_slowloris_storm_leaves_nothing_behind(server):
         lambda: me.num_fds() <= fds and len(asyncio.all_tasks()) <= tasks and srv.runner.server.open_connections == 0, BOUND
     ), (me.num_fds(), fds, len(asyncio.all_tasks()), tasks, srv.runner.server.open_connections)
     assert srv.engine.num_running == running == 0
+
+
+async def _scrape(port: int) -> str:
+    reader, writer = await connect(port)
+    writer.write(http_request("GET", "/metrics", headers={"Connection": "close"}))
+    raw = await until_closed(reader)
+    writer.close()
+    assert raw.startswith(b"HTTP/1.1 200 "), raw[:200]
+    return raw.partition(b"\r\n\r\n")[2].decode()
+
+
+def _sample(text: str, name: str, labels: str = "") -> float:
+    found = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_streamproxy_serve_as_a_new_user_runs_it(tmp_path):
+    """The flags and a STREAMPROXY_* variable reach a real `streamproxy serve`: its cap and timeouts
+    hold against a storm, and its open descriptors (/proc/<pid>/fd) come back to where they were."""
+    # Two seconds: the probes below must all run while the 40 are still held.
+    flags = [*FAKE_ARGS, "--client-header-timeout", "2", "--max-connections", "40"]
+    with serve_process(flags, log_dir=tmp_path, env={"STREAMPROXY_CLIENT_BODY_TIMEOUT": "2"}) as proc:
+        fd_dir = f"/proc/{proc.proc.pid}/fd"
+        text = await _scrape(proc.port)
+        fds = len(os.listdir(fd_dir))
+        reasons = ("header_timeout", "body_timeout", "over_limit")
+        before = {r: _sample(text, "streamproxy_connections_closed_total", f'{{reason="{r}"}}') for r in reasons}
+
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+        held = []
+        for i in range(40):  # the cap: 30 half headers, 10 stalled bodies
+            reader, writer = await connect(proc.port)
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHo" if i < 30 else head + b"{")
+            held.append((reader, writer))
+
+        async def probe() -> bool:
+            """A full request on a new connection: answered (room left), or closed unanswered (the cap)."""
+            reader, writer = await connect(proc.port)
+            writer.write(http_request("GET", "/health", headers={"Connection": "close"}))
+            try:
+                return await until_closed(reader) == b""
+            except ConnectionResetError:
+                return True
+            finally:
+                writer.close()
+
+        refused = 0
+        deadline = time.monotonic() + BOUND
+        while time.monotonic() < deadline:
+            if await probe():
+                refused += 1
+                break
+        assert refused == 1, "the 41st connection was never refused"
+        refused += sum([await probe() for _ in range(19)])
+        assert refused == 20  # every one past the cap, at once (the header timeout would answer after 2 s)
+        answers = [await until_closed(r) for r, _ in held]
+        for _, w in held:
+            w.close()
+        assert all(parse(a)[0] == 408 for a in answers), [a[:40] for a in answers]
+
+        text = await _scrape(proc.port)
+        after = {r: _sample(text, "streamproxy_connections_closed_total", f'{{reason="{r}"}}') for r in reasons}
+        assert {r: after[r] - before[r] for r in reasons} == {"header_timeout": 30, "body_timeout": 10, "over_limit": 20}
+        assert _sample(text, "streamproxy_open_connections") == 1  # the scrape's own
+        assert _sample(text, "streamproxy_engine_requests") == 0
+        assert await wait_until(lambda: len(os.listdir(fd_dir)) <= fds, BOUND), (os.listdir(fd_dir), fds)
