@@ -43,6 +43,11 @@ class Settings(msgspec.Struct, kw_only=True):
     max_concurrent_requests: int = 0  # 0: unlimited
     max_queued_requests: int = 0
     max_header_bytes: int = 16384  # per request line and per header field
+    # Client timeouts and the connection cap, named after nginx's directives and with its defaults (seconds).
+    client_header_timeout: float = 60.0  # 0: none
+    client_body_timeout: float = 60.0  # between two reads of the body; 0: none
+    keepalive_timeout: float = 75.0  # an idle connection between requests; 0: no keep-alive
+    max_connections: int | None = None  # None: half the file-descriptor limit (http/connection.py); 0: no cap
     # Security: which open routes need the key too; CORS (off unless origins are given).
     health_requires_api_key: bool = False
     metrics_requires_api_key: bool = False
@@ -96,6 +101,14 @@ _FLAG_HELP: dict[str, str] = {
     "max_concurrent_requests": "requests generated at once (0: no limit)",
     "max_queued_requests": "requests that may wait for a slot",
     "max_header_bytes": "longest request line or header field accepted (431 beyond)",
+    "client_header_timeout": "seconds a client may take to send a request's headers (nginx's client_header_timeout; "
+    "408 and close, or only a close if it sent nothing; 0: no limit)",
+    "client_body_timeout": "seconds between two reads of a request body before the request ends (nginx's "
+    "client_body_timeout; 408 and close; 0: no limit)",
+    "keepalive_timeout": "seconds an idle keep-alive connection is kept open between requests (nginx's "
+    "keepalive_timeout; 0: close after each response)",
+    "max_connections": "client connections open at once; past it new ones are closed at once (default: half "
+    "the process's file-descriptor limit, `ulimit -n`; 0: no cap)",
     "health_requires_api_key": "/health needs the API key too",
     "metrics_requires_api_key": "/metrics needs the API key too",
     "allowed_origins": "CORS: origins allowed to read responses (JSON list or comma-separated; '*' any); off when empty",

@@ -107,6 +107,15 @@ class MethodNotAllowed(APIError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(APIError):
+    """The client was too slow sending its request: the headers within --client-header-timeout,
+    or the next bytes of its body within --client-body-timeout (nginx's 408)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(APIError):
     status = 413
     type = "invalid_request_error"

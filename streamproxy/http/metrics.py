@@ -102,6 +102,17 @@ SSE_HEARTBEATS = HEARTBEATS.labels("sse")
 NONSTREAM_HEARTBEATS = HEARTBEATS.labels("nonstream")
 WRITE_STALLS = Counter("streamproxy_write_stalls", "Streams ended because the client stopped reading (--write-stall-timeout)")
 ADMISSION_REJECTIONS = Counter("streamproxy_admission_rejections", "Requests answered 429 at once: no slot and no room to wait")
+OPEN_CONNECTIONS = Gauge("streamproxy_open_connections", "Client connections open right now (those over --max-connections not counted)")
+CONNECTIONS_CLOSED = Counter(
+    "streamproxy_connections_closed",
+    "Client connections the server closed on its own: header_timeout, body_timeout, keepalive_timeout (idle), "
+    "over_limit (past --max-connections)",
+    ["reason"],
+)
+CLOSED_HEADER_TIMEOUT = CONNECTIONS_CLOSED.labels("header_timeout")
+CLOSED_BODY_TIMEOUT = CONNECTIONS_CLOSED.labels("body_timeout")
+CLOSED_KEEPALIVE_TIMEOUT = CONNECTIONS_CLOSED.labels("keepalive_timeout")
+CLOSED_OVER_LIMIT = CONNECTIONS_CLOSED.labels("over_limit")
 ENGINE_REQUESTS = Gauge(
     "streamproxy_engine_requests",
     "Requests the engine holds for this server (in vLLM's output path or the direct route): 0 when idle, or requests leak",

@@ -5,9 +5,11 @@ away, aiohttp cancels its handler and the route's `finally` aborts the engine
 request), header caps from `--max-header-bytes`, aiohttp's own access log off
 (accesslog.py writes ours). Requests aiohttp rejects while parsing (a header
 or request line over the cap, too many headers, malformed HTTP) never reach
-the app's middlewares; `_Protocol.handle_error` answers them with an OpenAI
-error body too (431 for header limits) and logs them at debug level instead
-of a traceback per bad request.
+the app's middlewares; `connection.Protocol.handle_error` answers them with
+an OpenAI error body too (431 for header limits) and logs them at debug level
+instead of a traceback per bad request. The connections themselves (client
+header, body and keep-alive timeouts, the cap on open connections) are
+`connection.py`'s.
 
 Shutdown (`drain`), on the first SIGTERM or SIGINT:
   1. stop listening (the load balancer's next connection goes elsewhere);
@@ -31,22 +33,18 @@ import asyncio
 import gc
 import logging
 import signal
-import uuid
 from typing import Any
 
 import uvloop
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
-from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
-from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest
 from streamproxy.http import accesslog
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
+from streamproxy.http.connection import ConnectionServer, Limits
 from streamproxy.http.drain import INFLIGHT_KEY
-from streamproxy.http.metrics import RESPONSES
 from streamproxy.http.state import STATE_KEY
 
 log = logging.getLogger("streamproxy.server")
@@ -56,54 +54,22 @@ log = logging.getLogger("streamproxy.server")
 DRAIN_GRACE = 5.0
 
 
-def _parse_error(status: int, exc: BaseException | None, message: str | None) -> APIError:
-    # aiohttp's messages quote the offending bytes (maybe a credential): never echo them.
-    text = str(message or exc or "")
-    if isinstance(exc, LineTooLong):
-        return HeaderTooLarge("the request line or a header field is longer than the server accepts (--max-header-bytes)")
-    if "too many headers" in text.lower():
-        return HeaderTooLarge("the request has more header fields than the server accepts")
-    if status >= 500:
-        return InternalError("the server failed to handle this request")
-    return InvalidRequest("malformed HTTP request", code="bad_request")
-
-
-class _Protocol(RequestHandler):
-    """aiohttp's connection handler; only its answer to unparseable requests differs."""
-
-    def handle_error(
-        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
-    ) -> web.StreamResponse:
-        if status == 500 or request.writer.output_size > 0:
-            return super().handle_error(request, status, exc, message)
-        err = _parse_error(status, exc, message)
-        log.debug("rejected a request from %s: %s", request.remote, exc)
-        RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.log.isEnabledFor(logging.INFO):
-            rec = accesslog.Record(uuid.uuid4().hex, 0.0)
-            rec.error_code = err.code
-            accesslog.log.info(accesslog.line(request, rec, err.status, 0.0))
-        resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
-        resp.force_close()
-        return resp
-
-
-class _Server(Server):
-    def __call__(self) -> RequestHandler:
-        return _Protocol(self, loop=self._loop, **self._kwargs)
-
-
 class Runner(web.AppRunner):
+    """aiohttp's runner, serving with `connection.ConnectionServer` (timeouts, the connection cap)."""
+
+    def __init__(self, app: web.Application, *, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.limits = limits
+
     async def _make_server(self) -> Server:
-        server = await super()._make_server()
-        if type(server) is Server:
-            server.__class__ = _Server
-        return server
+        return ConnectionServer.adopt(await super()._make_server(), self.limits)
 
 
-def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
+def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> Runner:
     return Runner(
         app,
+        limits=Limits.from_settings(settings),
+        keepalive_timeout=settings.keepalive_timeout,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=DRAIN_GRACE,
@@ -161,6 +127,11 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
     await site.start()
     log.info("listening on http://%s:%d", settings.host, settings.port)
+    limits = runner.limits
+    log.info(
+        "client timeouts: headers %g s, body %g s between reads, keep-alive %g s; at most %s connections",
+        limits.header_timeout, limits.body_timeout, limits.keepalive_timeout, limits.max_connections or "unlimited",
+    )
     freezer = asyncio.create_task(_freeze_after_start(app), name="gc-freeze")
     loop = asyncio.get_running_loop()
     signals = 0

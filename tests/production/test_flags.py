@@ -56,3 +56,18 @@ def test_environment_and_yaml(tmp_path, monkeypatch):
     settings, _ = build(["--config", str(conf)])
     assert settings.allowed_origins == ["https://y1.example", "https://y2.example"]
     assert settings.health_requires_api_key is True and settings.deprecated == ["/v1/completions"]
+
+
+def test_client_timeouts_and_connection_cap(monkeypatch):
+    from streamproxy.http.connection import Limits, default_max_connections
+
+    settings, _ = build(["--engine", "fake"])
+    assert (settings.client_header_timeout, settings.client_body_timeout, settings.keepalive_timeout) == (60.0, 60.0, 75.0)
+    assert settings.max_connections is None
+    assert Limits.from_settings(settings).max_connections == default_max_connections() >= 1
+    monkeypatch.setenv("STREAMPROXY_CLIENT_BODY_TIMEOUT", "7.5")
+    settings, _ = build([
+        "--engine", "fake", "--client-header-timeout", "5", "--keepalive-timeout", "0", "--max-connections", "100",
+    ])
+    assert (settings.client_header_timeout, settings.client_body_timeout, settings.keepalive_timeout) == (5.0, 7.5, 0.0)
+    assert Limits.from_settings(settings).max_connections == 100
