@@ -33,25 +33,19 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _
 
 
 class ResponseParser:
-    __slots__ = ("status", "reason", "headers", "keep_alive", "_state", "_buf", "_left", "_head_only")
+    __slots__ = ("status", "reason", "headers", "keep_alive", "head", "complete", "_state", "_buf", "_left", "_head_only")
 
     def __init__(self, *, head_only: bool = False) -> None:
         self.status = 0
         self.reason = ""
         self.headers: dict[str, str] = {}
         self.keep_alive = True
+        self.head = False  # the status line and headers are in
+        self.complete = False  # the body ended
         self._state = _HEAD
         self._buf = b""  # bytes not yet consumed (an unfinished head, size line or trailer)
         self._left = 0  # body bytes still due (Content-Length), or of the current chunk
         self._head_only = head_only  # a HEAD request: no body, whatever the headers say
-
-    @property
-    def head(self) -> bool:
-        return self._state != _HEAD
-
-    @property
-    def complete(self) -> bool:
-        return self._state == _DONE
 
     def feed(self, data: bytes) -> bytes:
         """The body bytes in `data` (b"" if none); raises ProtocolError."""
@@ -91,6 +85,7 @@ class ResponseParser:
         """The connection closed: the end of a body read until close, else an error if unfinished."""
         if self._state == _UNTIL_CLOSE:
             self._state = _DONE
+            self.complete = True
             self.keep_alive = False
         elif self._state != _DONE:
             raise ProtocolError("the replica closed the connection before the end of its response")
@@ -117,10 +112,12 @@ class ResponseParser:
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         connection = headers.get("connection", "").lower()
         self.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        self.head = True
         if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
             if 100 <= self.status < 200:
                 raise ProtocolError(f"unexpected interim response {self.status}")
             self._state = _DONE
+            self.complete = True
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._state = _CHUNK_SIZE
         elif "content-length" in headers:
@@ -129,6 +126,7 @@ class ResponseParser:
                 raise ProtocolError(f"bad Content-Length: {length[:40]!r}")
             self._left = int(length)
             self._state = _LENGTH if self._left else _DONE
+            self.complete = not self._left
         else:
             self._state = _UNTIL_CLOSE
             self.keep_alive = False
@@ -144,6 +142,7 @@ class ResponseParser:
             raise ProtocolError("the replica sent bytes after the end of its response")
         self._left = 0
         self._state = _DONE
+        self.complete = True
         return data
 
     def _chunks(self, data: bytes) -> bytes:
@@ -209,6 +208,8 @@ class ResponseParser:
             else:  # _DONE
                 raise ProtocolError("the replica sent bytes after the end of its response")
         self._state = state
+        if state == _DONE:
+            self.complete = True
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _keep(self, rest: bytes) -> None:

@@ -90,7 +90,10 @@ class Usage:
 
 
 class SSERelay:
-    __slots__ = ("api", "usage", "done", "events", "comments", "deltas", "_buf", "_sep", "_renames", "_strip_usage", "_delta_markers")
+    __slots__ = (
+        "api", "usage", "done", "events", "comments", "deltas",
+        "_buf", "_sep", "_sep_comment", "_renames", "_strip_usage", "_delta_markers", "_done_markers",
+    )
 
     def __init__(self, api: Api, *, served: str, public: str, strip_usage: bool) -> None:
         self.api = api
@@ -100,8 +103,10 @@ class SSERelay:
         self.comments = 0  # of those, comment-only events (the replica's keepalives)
         self.deltas = 0  # of those, text-carrying events (Responses, Anthropic)
         self._delta_markers = _DELTAS[api]
+        self._done_markers = _DONE[api]
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
+        self._sep_comment = b"\n\n:"  # an event that starts as a comment, after a separator
         self._renames: list[tuple[bytes, bytes]] = []
         if served != public:
             for colon in (b":", b": "):
@@ -118,7 +123,7 @@ class SSERelay:
         end += len(sep)
         block, self._buf = buf[:end], buf[end:]
         self.events += block.count(sep)
-        self.comments += block.startswith(b":") + block.count(sep + b":")
+        self.comments += block.startswith(b":") + block.count(self._sep_comment)
         for marker in self._delta_markers:
             self.deltas += block.count(marker)
         for old, new in self._renames:
@@ -126,7 +131,9 @@ class SSERelay:
         if _USAGE in block:
             block = self._meter(block, sep)
         if not self.done:
-            self.done = any(marker in block for marker in _DONE[self.api])
+            for marker in self._done_markers:
+                if marker in block:
+                    self.done = True
         return block
 
     @property
@@ -151,6 +158,7 @@ class SSERelay:
         if lf < 0:
             return b"\n\n"
         self._sep = b"\r\n\r\n" if lf > 0 and buf[lf - 1 : lf] == b"\r" else b"\n\n"
+        self._sep_comment = self._sep + b":"
         return self._sep
 
     def _meter(self, block: bytes, sep: bytes) -> bytes:

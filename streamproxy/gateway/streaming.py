@@ -26,7 +26,16 @@ from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
 from streamproxy.gateway.upstream import Attempt, UpstreamError
 from streamproxy.gateway.wire import UpstreamClosed
 from streamproxy.http.metrics import SSE_HEARTBEATS
-from streamproxy.http.writer import SSE_HEADERS, WriteStalled, can_write_direct, chunk_frame, client_gone, writable, write
+from streamproxy.http.writer import (
+    PUSH_BUFFER_LIMIT,
+    SSE_HEADERS,
+    WriteStalled,
+    can_write_direct,
+    chunk_frame,
+    client_gone,
+    writable,
+    write,
+)
 
 # -- streaming ----------------------------------------------------------------------
 
@@ -138,7 +147,7 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
     direct = can_write_direct(response, transport)
     beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
     slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each wait
-    sink = _Sink(relay_, transport if direct else None, _Wrote(call, attempt, beat))
+    sink = _Sink(relay_, transport if direct else None, call, attempt, beat)
     try:
         exchange.stream(sink)
         while True:
@@ -177,25 +186,40 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
 
 class _Sink:
     """The replica's body pieces, from its connection's data callback: whole events out, written
-    straight to the client's transport while it keeps up; else held (and False: pause reading)."""
+    straight to the client's transport while it keeps up; else held (and False: pause reading).
+    After each write: the heartbeat's deadline, and the first event's times."""
 
-    __slots__ = ("relay", "transport", "wrote", "held")
+    __slots__ = ("relay", "transport", "held", "beat", "loop", "first", "call", "attempt")
 
-    def __init__(self, relay: SSERelay, transport: Any, wrote: _Wrote) -> None:
-        self.relay, self.transport, self.wrote = relay, transport, wrote
+    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: _Heartbeat | None) -> None:
+        self.relay, self.transport, self.call, self.attempt, self.beat = relay, transport, call, attempt, beat
         self.held: list[bytes] = []
+        self.loop = asyncio.get_running_loop()
+        self.first = True
 
     def __call__(self, data: bytes) -> bool:
         out = self.relay.feed(data)
         if not out:
             return True
         transport = self.transport
-        if transport is not None and not self.held and writable(transport):
+        if transport is not None and not self.held and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT and not transport.is_closing():
             transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # chunk_frame, inlined: once per read
-            self.wrote()
+            if self.beat is not None:
+                self.beat.last = self.loop.time()
+            if self.first:
+                self.wrote()
             return True
         self.held.append(out)
         return False
+
+    def wrote(self) -> None:
+        if self.beat is not None:
+            self.beat.last = self.loop.time()
+        if self.first:
+            self.first = False
+            now = perf_counter()
+            self.call.rec.first_token(now)
+            M.UPSTREAM_TTFT.labels(self.call.pool.deployment.name).observe(now - self.attempt.sent_at)
 
 
 async def _error_body(exchange: Any) -> bytes:
@@ -203,24 +227,6 @@ async def _error_body(exchange: Any) -> bytes:
         return await exchange.read()
     except UpstreamClosed:
         return b""
-
-
-class _Wrote:
-    """After each write to the client: the heartbeat deadline, and the first event's times."""
-
-    __slots__ = ("call", "attempt", "beat", "first")
-
-    def __init__(self, call: Call, attempt: Attempt, beat: _Heartbeat | None) -> None:
-        self.call, self.attempt, self.beat, self.first = call, attempt, beat, True
-
-    def __call__(self) -> None:
-        if self.beat is not None:
-            self.beat.last = self.beat.loop.time()
-        if self.first:
-            self.first = False
-            now = perf_counter()
-            self.call.rec.first_token(now)
-            M.UPSTREAM_TTFT.labels(self.call.pool.deployment.name).observe(now - self.attempt.sent_at)
 
 
 class _Heartbeat:

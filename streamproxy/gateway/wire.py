@@ -262,8 +262,6 @@ class Exchange:
             self._fail(UpstreamClosed(f"the replica's response is not valid HTTP/1.1 ({exc})"))
             self.conn.close()
             return
-        if not had_head and parser.head:
-            self.status, self.headers = parser.status, parser.headers
         if body:
             sink = self.sink
             if sink is None:
@@ -272,6 +270,8 @@ class Exchange:
                 self._pause()
                 return
         if parser.complete or not had_head:
+            if not had_head and parser.head:
+                self.status, self.headers = parser.status, parser.headers
             self._wake()
 
     def eof(self) -> None:
