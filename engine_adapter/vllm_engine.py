@@ -203,8 +203,12 @@ class VllmEngine:
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
             raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
-        except (VLLMClientError, ValueError, TypeError, RuntimeError) as exc:
-            raise _rejected(str(exc), None, params) from exc
+        except Exception as exc:
+            if llm.errored:  # the engine died meanwhile (EngineDeadError, a closed socket): not the request's fault
+                raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, (VLLMClientError, ValueError, TypeError, RuntimeError)):
+                raise _rejected(str(exc), None, params) from exc
+            raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
         stream = VllmOutputStream(collector, logprobs)
         stream.prompt_tokens = len(prompt_ids)
