@@ -121,7 +121,7 @@ def _started_since(before: dict[int, float]) -> list[Any]:
     return found
 
 
-def _reap(processes: list[Any], timeout: float = 3.0) -> None:
+def _reap(processes: list[Any], timeout: float) -> None:
     """Wait up to `timeout` s for the engine's processes to end, then kill the rest."""
     import psutil
 
@@ -187,6 +187,7 @@ class VllmEngine:
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
+        died = llm is not None and llm.errored  # its engine core is gone: what is left is orphaned
         self._state = "dead"
         gone = EngineFailure("the engine was shut down")
         if self._direct is not None:
@@ -203,7 +204,7 @@ class VllmEngine:
             llm.shutdown()
         processes, self._processes = self._processes, []
         if processes:
-            await asyncio.to_thread(_reap, processes)
+            await asyncio.to_thread(_reap, processes, 1.0 if died else 5.0)
 
     # -- tokenizer ------------------------------------------------------
     @property
