@@ -141,8 +141,10 @@ async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> 
     return ended
 
 
-async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None) -> int:
-    """Serve until a signal (exit code 0), or until the engine fails to start or dies (1)."""
+async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None, hard_exit: bool = False) -> int:
+    """Serve until a signal (exit code 0), or until the engine fails to start or dies (1).
+    `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
+    engine failure hangs."""
     listener = accesslog.configure(settings.access_log)
     app = create_app(settings, engine)
     stop = asyncio.Event()
@@ -153,7 +155,8 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
         engine_failed = True
         log.error("no engine: shutting down, exit code 1")
         stop.set()
-        _exit_later(FAILURE_EXIT_LIMIT)
+        if hard_exit:
+            _exit_later(FAILURE_EXIT_LIMIT)
 
     app[STATE_KEY].on_engine_failure.append(on_engine_failure)
     try:
@@ -230,6 +233,6 @@ async def _freeze_after_start(app: web.Application) -> None:
 
 
 def run(settings: Settings, engine: Engine) -> None:
-    code = uvloop.run(serve(settings, engine))
+    code = uvloop.run(serve(settings, engine, hard_exit=True))
     if code:
         raise SystemExit(code)
