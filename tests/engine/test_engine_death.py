@@ -53,9 +53,9 @@ async def test_engine_core_killed_under_load_ends_every_request_then_exits_1(tmp
         outcome = await engine_dies_under_load(server, kill, model=model, max_tokens=900, bound=120.0)
     finally:
         server.stop(30)
-    for name in ("unhealthy_after", "answered_after", "exit_after"):
+    for name in ("loaded_after", "unhealthy_after", "answered_after", "exit_after"):
         record_property(name, round(getattr(outcome, name), 3))
-    print(f"\nengine core killed: /health 503 after {outcome.unhealthy_after:.3f} s, every request answered after "
+    print(f"\nall 60 running after {outcome.loaded_after:.1f} s; engine core killed: /health 503 after {outcome.unhealthy_after:.3f} s, every request answered after "
           f"{outcome.answered_after:.3f} s, exit {outcome.exit_code} after {outcome.exit_after:.2f} s")
     assert outcome.exit_code == 1, server.log()[-3000:]
     assert outcome.unhealthy_after < 5.0

@@ -37,7 +37,7 @@ async def test_engine_step_raising_under_load_ends_every_request_then_exits_1(tm
         outcome = await engine_dies_under_load(server, poison, model="fake", max_tokens=900_000)
     finally:
         server.stop()
-    for name in ("unhealthy_after", "answered_after", "exit_after"):
+    for name in ("loaded_after", "unhealthy_after", "answered_after", "exit_after"):
         record_property(name, round(getattr(outcome, name), 3))
     assert outcome.exit_code == 1, server.log()[-3000:]
     # Every request the engine held failed with it (none needed the grace's deadline).

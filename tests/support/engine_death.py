@@ -39,6 +39,7 @@ _ENGINE_REQUESTS = re.compile(rb"^streamproxy_engine_requests (\S+)$", re.M)
 
 @dataclass
 class Outcome:
+    loaded_after: float  # seconds from the first request to every one running (the fault's moment)
     unhealthy_after: float  # seconds from the fault to /health's first 503
     answered_after: float  # ... to the last in-flight request's end
     exit_after: float  # ... to the process's exit
@@ -89,6 +90,7 @@ async def engine_dies_under_load(
             async with session.post(url, json=body(streams + i, False)) as resp:
                 return resp.status, await resp.read()
 
+        t_load = time.monotonic()
         stream_tasks = [asyncio.ensure_future(one_stream(i)) for i in range(streams)]
         plain_tasks = [asyncio.ensure_future(one_nonstream(i)) for i in range(nonstreams)]
         everything = [*stream_tasks, *plain_tasks]
@@ -100,6 +102,7 @@ async def engine_dies_under_load(
             await asyncio.sleep(0.05)
 
         t0 = time.monotonic()
+        loaded_after = t0 - t_load
         faulting = asyncio.ensure_future(fault(session))
         while True:
             async with session.get(base + "/health") as resp:
@@ -138,4 +141,4 @@ async def engine_dies_under_load(
             _error(raw)
 
     code = await asyncio.to_thread(server.proc.wait, bound)
-    return Outcome(unhealthy_after, answered_after, time.monotonic() - t0, code, codes, [s for s, _ in plain])
+    return Outcome(loaded_after, unhealthy_after, answered_after, time.monotonic() - t0, code, codes, [s for s, _ in plain])
