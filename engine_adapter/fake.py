@@ -10,7 +10,13 @@ What a request produces comes from a `FakeScript`: either explicit `tokens`
 the server's carry) ending with finish "stop", or a `text` whose words repeat
 until `max_tokens` (finish "length"). Stop strings are honoured as vLLM does
 (text truncated before the stop, finish "stop"); `fail_after=N` fails every
-request after N tokens. The tokenizer is one token per character.
+request after N tokens (with `fail_on=TEXT`, only those whose prompt contains
+TEXT). The tokenizer is one token per character.
+
+Death, as vLLM's engine core dies: when a step raises (a bug, or a request
+whose prompt contains `crash_on`), every running request fails, the state
+turns "dead" and the engine serves nothing any more; `kill()` does the same
+from outside.
 
 Logprobs (when a request asks for them) are deterministic: token number p
 of a choice has logprob `script.logprobs[p % len]` (default -0.25 * (p % 4 + 1)),
@@ -55,6 +61,10 @@ class FakeScript(msgspec.Struct, kw_only=True):
     ttft: float = 0.0
     token_delay: float = 0.0
     fail_after: int | None = None
+    # Only requests whose prompt contains this text fail after `fail_after` tokens (None: every request).
+    fail_on: str | None = None
+    # A step serving a request whose prompt contains this text raises: the engine dies.
+    crash_on: str | None = None
     logprobs: list[float] | None = None
 
 
@@ -80,9 +90,12 @@ class _Choice:
 
 
 class _Running:
-    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain")
+    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain", "fail_after", "crash")
 
-    def __init__(self, request_id: str, stream: DeltaQueue, params: GenerationParams, start_at: float, script: FakeScript) -> None:
+    def __init__(
+        self, request_id: str, stream: DeltaQueue, params: GenerationParams, start_at: float, script: FakeScript,
+        fail_after: int | None = None, crash: bool = False,
+    ) -> None:
         self.request_id = request_id
         self.stream = stream
         self.params = params
@@ -90,8 +103,10 @@ class _Running:
         self.start_at = start_at
         self.repeat = script.tokens is None
         self.tokens: Sequence[str | bytes] = _script_words(script.text) if script.tokens is None else script.tokens
-        # One choice, no stop strings, no logprobs: `FakeEngine._advance_plain`.
-        self.plain = params.n == 1 and not params.stop and params.logprobs is None
+        self.fail_after = fail_after
+        self.crash = crash
+        # One choice, no stop strings, no logprobs, no injected failure: `FakeEngine._advance_plain`.
+        self.plain = params.n == 1 and not params.stop and params.logprobs is None and fail_after is None and not crash
 
 
 class FakeEngine:
@@ -155,12 +170,12 @@ class FakeEngine:
         self._running.clear()
         self._state = "dead"
 
-    def kill(self) -> None:
+    def kill(self, reason: str = "engine died") -> None:
         """Simulate an engine crash: in-flight requests fail, state becomes dead."""
         self._state = "dead"
-        for run in self._running.values():
-            run.stream.close(EngineFailure("engine died"))
-        self._running.clear()
+        running, self._running = self._running, {}
+        for run in running.values():
+            run.stream.close(EngineFailure(reason))
 
     @property
     def num_running(self) -> int:
@@ -202,7 +217,14 @@ class FakeEngine:
         stream = DeltaQueue()
         stream.prompt_tokens = len(prompt_ids)
         self.submitted.append((request_id, prompt_ids, params))
-        self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + self.script.ttft, self.script)
+        script = self.script
+        fail_after, crash = script.fail_after, False
+        if script.fail_on is not None or script.crash_on is not None:
+            prompt = self.decode(prompt_ids)
+            if script.fail_on is not None and script.fail_on not in prompt:
+                fail_after = None
+            crash = script.crash_on is not None and script.crash_on in prompt
+        self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + script.ttft, script, fail_after, crash)
         self._wakeup.set()
         return stream
 
@@ -239,11 +261,9 @@ class FakeEngine:
             now = last = time.monotonic()
             try:
                 finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
-            except Exception as exc:  # a bug must fail the requests, not hang them
-                for run in self._running.values():
-                    run.stream.close(EngineFailure(f"fake engine step failed: {exc!r}"))
-                self._running.clear()
-                continue
+            except Exception as exc:  # as vLLM's engine core: a step that raises kills the engine
+                self.kill(f"fake engine step failed: {exc!r}")
+                return
             for request_id in finished:
                 self._running.pop(request_id, None)
             if self._running and all(now < r.start_at for r in self._running.values()):
@@ -254,10 +274,12 @@ class FakeEngine:
 
     def _advance(self, run: _Running) -> bool:
         """Emit one token per unfinished choice; True when the request is done."""
-        params = run.params
-        fail_after = self.script.fail_after
-        if run.plain and fail_after is None:
+        if run.plain:
             return self._advance_plain(run)
+        if run.crash:
+            raise RuntimeError("injected engine crash (a prompt contains --fake-crash-on)")
+        params = run.params
+        fail_after = run.fail_after
         deltas: list[Delta] = []
         for choice in run.choices:
             if choice.done:

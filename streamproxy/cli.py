@@ -32,6 +32,8 @@ def _fake_engine(settings: Settings) -> Engine:
         ttft=settings.fake_ttft,
         token_delay=settings.fake_token_delay,
         fail_after=settings.fake_fail_after,
+        fail_on=settings.fake_fail_on,
+        crash_on=settings.fake_crash_on,
     )
     return FakeEngine(
         script, served_names=settings.served_model_name or ["fake"], max_model_len=settings.fake_max_model_len, record=False,

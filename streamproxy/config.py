@@ -37,6 +37,8 @@ class Settings(msgspec.Struct, kw_only=True):
     request_timeout: float = 600.0
     drain_timeout: float = 30.0
     engine_start_timeout: float = 1800.0
+    # After the engine dies: seconds of 503 `engine_dead` (in-flight requests end their error path), then exit 1.
+    engine_death_grace: float = 2.0
     # Size and count limits.
     max_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
@@ -72,6 +74,8 @@ class Settings(msgspec.Struct, kw_only=True):
     fake_token_delay: float = 0.0
     fake_text: str = "Hello! This is a fake streamed answer. "
     fake_fail_after: int | None = None
+    fake_fail_on: str | None = None
+    fake_crash_on: str | None = None
     fake_max_model_len: int = 4096
     fake_boot_delay: float = 0.0
     # Gateway: the key of the admin routes (POST /v1/deployments/{id}/wake|park); none: they answer 401.
@@ -96,6 +100,8 @@ _FLAG_HELP: dict[str, str] = {
     "request_timeout": "seconds after which a non-streaming request is aborted",
     "drain_timeout": "seconds in-flight requests may finish after SIGTERM",
     "engine_start_timeout": "seconds the engine may take to load before the server gives up and exits 1",
+    "engine_death_grace": "seconds the server lingers after its engine died (new requests: 503 engine_dead; "
+    "in-flight ones end with an error) before it exits 1 for its supervisor to restart it",
     "max_body_bytes": "largest request body accepted",
     "max_n": "largest 'n' accepted",
     "max_concurrent_requests": "requests generated at once (0: no limit)",
@@ -131,6 +137,8 @@ _FLAG_HELP: dict[str, str] = {
     "fake_token_delay": "fake engine: seconds between tokens",
     "fake_text": "fake engine: text repeated until max_tokens",
     "fake_fail_after": "fake engine: fail every request after N tokens",
+    "fake_fail_on": "fake engine: --fake-fail-after applies only to requests whose prompt contains this text",
+    "fake_crash_on": "fake engine: a step serving a request whose prompt contains this text raises, and the engine dies",
     "fake_max_model_len": "fake engine: context length",
     "fake_boot_delay": "fake engine: seconds the engine takes to load (/health is 503 meanwhile)",
     "admin_key": "gateway: key for POST /v1/deployments/{id}/wake and /park (env STREAMPROXY_ADMIN_KEY)",
@@ -188,6 +196,8 @@ def _json_object(text: str) -> dict[str, Any]:
 _FLAG_TYPE: dict[str, Any] = {
     "deprecation_link": str,
     "admin_key": str,
+    "fake_fail_on": str,
+    "fake_crash_on": str,
     "tool_call_parser": str,
     "reasoning_parser": str,
     "default_chat_template_kwargs": _json_object,

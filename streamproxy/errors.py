@@ -166,6 +166,13 @@ class EngineLoading(ServiceUnavailable):
     code = "engine_loading"
 
 
+class EngineDead(ServiceUnavailable):
+    """The inference engine died (its process was killed, a step raised): nothing can be
+    generated here any more; the server exits non-zero so its supervisor restarts it."""
+
+    code = "engine_dead"
+
+
 class ServerShuttingDown(ServiceUnavailable):
     """The server is draining (SIGTERM): no new work, and the drain deadline ends the rest."""
 

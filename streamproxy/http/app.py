@@ -6,7 +6,8 @@ with --allowed-origins), API-key auth (only with --api-key).
 
 The server listens before the engine is ready: `on_startup` starts the engine
 in a background task, and until it is up the generation routes answer 503
-`engine_loading` (and /health says not ready). Every error a handler raises
+`engine_loading` (and /health says not ready). Once it is up,
+`engine_watch.watch` waits for its death (503 `engine_dead`, then exit 1). Every error a handler raises
 (our `APIError`s, aiohttp's own 404/405/413, anything unexpected) leaves
 through `error_middleware` as an OpenAI-shaped JSON body (or in the shape of
 the route's API where it registered one, as the Anthropic routes do: see
@@ -30,6 +31,7 @@ from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
 from streamproxy.http.drain import INFLIGHT_KEY
+from streamproxy.http.engine_watch import watch
 from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
 from streamproxy.http.routes import add_routes
@@ -97,14 +99,16 @@ async def _start_engine(app: web.Application) -> None:
                 log.exception("engine failed to start")
             for callback in state.on_engine_failure:
                 callback()
+            return
+        state.death_watch = asyncio.create_task(watch(state), name="engine-death-watch")
 
     app[ENGINE_TASK_KEY] = asyncio.create_task(start(), name="engine-start")
 
 
 async def _stop_engine(app: web.Application) -> None:
-    task = app.get(ENGINE_TASK_KEY)
-    if task is not None and not task.done():
-        task.cancel()
+    for task in (app.get(ENGINE_TASK_KEY), app[STATE_KEY].death_watch):  # closing makes the engine "dead" too
+        if task is not None and not task.done():
+            task.cancel()
     await app[STATE_KEY].engine.close()
 
 

@@ -12,7 +12,10 @@ response with the lifetime's `reason` (an in-band error event for a stream,
 an error body or status otherwise) while the route's `finally` aborts the
 engine request.
 
-`wait_idle()` lets the server wait until nothing is in flight.
+`begin_drain(deadline, reason)` with a reason of its own ends the requests
+with that error instead of `server_shutting_down` (the engine died:
+`engine_dead`, see engine_watch.py). `wait_idle()` lets the server wait until
+nothing is in flight.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class InFlight:
         self._idle: asyncio.Event | None = None
         self.draining = False
         self.drain_deadline: float | None = None
+        self.drain_reason: APIError | None = None  # None: server_shutting_down
         self.ended_by_drain = 0
 
     def __len__(self) -> int:
@@ -95,7 +99,7 @@ class InFlight:
     def _enter(self, life: Lifetime) -> None:
         self._running.add(life)
         if self.drain_deadline is not None:
-            life.end_by(self.drain_deadline, _shutdown_error())
+            life.end_by(self.drain_deadline, self.drain_reason or _shutdown_error())
 
     def _exit(self, life: Lifetime) -> None:
         self._running.discard(life)
@@ -104,12 +108,15 @@ class InFlight:
         if not self._running and self._idle is not None:
             self._idle.set()
 
-    def begin_drain(self, deadline: float) -> None:
-        """No new work; everything running ends by loop time `deadline` at the latest."""
+    def begin_drain(self, deadline: float, reason: APIError | None = None) -> None:
+        """No new work; everything running ends by loop time `deadline` at the latest (with
+        `reason`, or the first reason given, else `server_shutting_down`)."""
         self.draining = True
         if self.drain_deadline is None or deadline < self.drain_deadline:
             self.drain_deadline = deadline
-        reason = _shutdown_error()
+        if self.drain_reason is None:
+            self.drain_reason = reason
+        reason = self.drain_reason or _shutdown_error()
         for life in list(self._running):
             life.end_by(deadline, reason)
 

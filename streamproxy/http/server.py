@@ -22,6 +22,11 @@ Shutdown (`drain`), on the first SIGTERM or SIGINT:
   4. `runner.cleanup()` (closes connections, stops the engine); exit 0.
 A second signal during the drain moves the deadline to now.
 
+When the engine cannot start, or dies (engine_watch.py: 503 `engine_dead`
+for `--engine-death-grace` s first), the same shutdown runs and the process
+exits 1 so its supervisor restarts it; should the clean-up hang, it exits 1
+anyway `FAILURE_EXIT_LIMIT` s after the failure.
+
 Once the engine has started, everything alive is frozen out of the garbage
 collector's view (`gc.freeze`), so collections under load only walk what
 requests allocate.
@@ -32,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import threading
 from typing import Any
 
 import uvloop
@@ -52,6 +59,8 @@ log = logging.getLogger("streamproxy.server")
 # Seconds past the drain deadline for ended streams to write their error event
 # and for aiohttp to close the connections.
 DRAIN_GRACE = 5.0
+# Seconds from an engine failure to exit 1 at the latest, whatever the clean-up is waiting for.
+FAILURE_EXIT_LIMIT = 20.0
 
 
 class Runner(web.AppRunner):
@@ -98,8 +107,10 @@ async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> 
     return ended
 
 
-async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None) -> int:
-    """Serve until a signal (exit code 0) or until the engine fails to start (1)."""
+async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None, hard_exit: bool = False) -> int:
+    """Serve until a signal (exit code 0), or until the engine fails to start or dies (1).
+    `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
+    engine failure hangs."""
     listener = accesslog.configure(settings.access_log)
     app = create_app(settings, engine)
     stop = asyncio.Event()
@@ -108,8 +119,10 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     def on_engine_failure() -> None:
         nonlocal engine_failed
         engine_failed = True
-        log.error("the engine could not start: shutting down")
+        log.error("no engine: shutting down, exit code 1")
         stop.set()
+        if hard_exit:
+            _exit_later(FAILURE_EXIT_LIMIT)
 
     app[STATE_KEY].on_engine_failure.append(on_engine_failure)
     try:
@@ -118,6 +131,16 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
         if listener is not None:
             listener.stop()
     return 1 if engine_failed else 0
+
+
+def _exit_later(seconds: float) -> None:
+    def bail() -> None:
+        log.error("the shutdown did not finish within %.0f s of the engine failure: exiting 1 now", seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, bail)
+    timer.daemon = True
+    timer.start()
 
 
 async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -181,6 +204,6 @@ async def _freeze_after_start(app: web.Application) -> None:
 
 
 def run(settings: Settings, engine: Engine) -> None:
-    code = uvloop.run(serve(settings, engine))
+    code = uvloop.run(serve(settings, engine, hard_exit=True))
     if code:
         raise SystemExit(code)

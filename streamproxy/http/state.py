@@ -1,13 +1,15 @@
 """What every handler shares: settings, the engine, and the gate in front of it.
 
 `AppState.require_engine(model)` is the one check before any generation:
-it answers 503 while the engine loads, after it died or while the server
-drains, and 404 for a model name that is not served. `inflight` bounds the
+it answers 503 while the engine loads, after it died (`engine_dead`, also
+during a drain: the more useful answer) or while the server drains, and 404
+for a model name that is not served. `inflight` bounds the
 life of every generating request (request timeout, drain; see drain.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -15,7 +17,7 @@ from aiohttp import web
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
-from streamproxy.errors import EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
+from streamproxy.errors import EngineDead, EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
 from streamproxy.http.admission import Admission
 from streamproxy.http.drain import InFlight
 
@@ -32,8 +34,9 @@ class AppState:
         self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
         self.inflight = InFlight()
         self._engine_ids: set[str] = set()
-        # Called when the engine cannot start (the server then exits non-zero).
+        # Called when the engine cannot start, or after it died (the server then exits non-zero).
         self.on_engine_failure: list[Callable[[], None]] = []
+        self.death_watch: asyncio.Task[None] | None = None  # engine_watch.watch, once the engine is up
 
     def claim_engine_id(self, request_id: str) -> str:
         """The engine request id for a request: its X-Request-Id, made unique
@@ -55,16 +58,22 @@ class AppState:
 
     def require_engine(self, model: str | None) -> Engine:
         engine = self.engine
+        state = engine.state
+        if state == "dead":
+            raise engine_dead()
         if self.inflight.draining:
             raise ServerShuttingDown("the server is shutting down; retry on another instance")
-        state = engine.state
         if state == "loading":
             raise EngineLoading("the model is still loading; retry shortly", retry_after=10)
-        if state != "ready":
+        if state != "ready":  # not in the contract's states
             raise ServiceUnavailable("the inference engine is not available (it stopped or failed); retry shortly")
         if model is not None and model not in engine.info.served_names:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return engine
+
+
+def engine_dead() -> EngineDead:
+    return EngineDead("the inference engine is dead; this server is exiting to be restarted, retry shortly")
 
 
 STATE_KEY: web.AppKey[AppState] = web.AppKey("streamproxy_state", AppState)

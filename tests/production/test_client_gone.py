@@ -5,7 +5,10 @@ buffer without bound.
 This file is the one home of disconnects: mid-stream, before the first token,
 non-stream (also while the keepalive newlines flow), during push, a
 thousand at once, at any point of the request; finished requests are never
-aborted. (The same against the real engine is in tests/engine/test_real_engine.py.)"""
+aborted. After each storm (a thousand gone at once, vanishing at any point,
+clients that never read) the server's open descriptors, its tasks and the
+engine's running requests are back at their baseline (baseline.py).
+(The same against the real engine is in tests/engine/test_real_engine.py.)"""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 import psutil
 
 from engine_adapter.fake import FakeScript
+from tests.production.baseline import Baseline
 from tests.production.raw_http import chat_body, http_request, read_head
 from tests.support import USER_HI, wait_until
 
@@ -149,6 +153,7 @@ async def test_server_survives_disconnects(server, session):
 
 async def test_1000_clients_disconnecting_after_first_byte_leave_nothing_running(server):
     srv = await server(FakeScript(text=" word", token_delay=0.01), max_model_len=100_000)
+    before = Baseline.take()
     n = 1000
     ids = [f"gone-{i}" for i in range(n)]
     seen_first_byte = 0
@@ -174,11 +179,13 @@ async def test_1000_clients_disconnecting_after_first_byte_leave_nothing_running
     assert srv.state.admission.active == 0
     assert len(srv.state.inflight) == 0
     assert elapsed < 20, elapsed
+    await before.back(srv)
 
 
 async def test_clients_vanishing_at_any_point_leave_nothing_running(server):
     """Before the request is complete, right after it, and mid-stream, streaming and not."""
     srv = await server(FakeScript(text=" word", ttft=0.05, token_delay=0.01), max_model_len=100_000)
+    before = Baseline.take()
 
     async def client(i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
@@ -200,6 +207,7 @@ async def test_clients_vanishing_at_any_point_leave_nothing_running(server):
     submitted = {s[0] for s in srv.engine.submitted}
     assert submitted == set(srv.engine.aborted)
     assert srv.state.admission.active == 0 and len(srv.state.inflight) == 0
+    await before.back(srv)
 
 
 def _server_buffers(srv) -> list[int]:
@@ -221,6 +229,7 @@ async def test_client_that_never_reads_is_bounded_then_ended(server):
     proc = psutil.Process(os.getpid())
     gc.collect()
     rss_before = proc.memory_info().rss
+    before = Baseline.take()
     socks = []
     for i in range(clients):
         s = socket.socket()
@@ -268,3 +277,4 @@ async def test_client_that_never_reads_is_bounded_then_ended(server):
     finally:
         for s in socks:
             s.close()
+    await before.back(srv)

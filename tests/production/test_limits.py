@@ -1,5 +1,6 @@
 """Limits and overload: body and header caps, n and max_tokens, 429 at once,
-503 while loading, 503 after the engine died (in-flight streams get an error event)."""
+503 while loading, 503 after the engine died (in-flight streams get an error event),
+a storm of engine errors that leaves nothing behind (baseline.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import asyncio
 import json
 import time
 
+import aiohttp
+
 from engine_adapter.fake import FakeScript
+from tests.production.baseline import Baseline
 from tests.production.raw_http import chat_body, http_request, read_head
 from tests.support import USER_HI, sse, wait_until
 from tests.support.fake import hold_start
@@ -180,11 +184,35 @@ async def test_engine_death_error_event_in_flight_then_503(server, session):
         assert b'"content":" x"' in body  # it was mid-stream
     status, raw = await plain
     assert status == 500 and _err(raw)["code"] == "engine_error"
-    # New requests: 503 upstream_unavailable with Retry-After; /health says so.
+    # New requests: 503 engine_dead with Retry-After; /health says so.
     for body in ({"messages": USER_HI}, {"messages": USER_HI, "stream": True}):
         async with session.post(url, json=body) as resp:
             assert resp.status == 503 and int(resp.headers["Retry-After"]) > 0
             err = _err(await resp.read())
-        assert err["code"] == "upstream_unavailable"
+        assert err["code"] == "engine_dead"
     async with session.get(srv.url("/health")) as resp:
         assert resp.status == 503
+
+
+async def test_storm_of_engine_errors_leaves_nothing_behind(server):
+    """300 requests at once, every other one failing in the engine after 3 tokens, streaming
+    and not: each gets its own answer, and the server is back at its baseline after."""
+    srv = await server(FakeScript(text=" x", token_delay=0.01, fail_after=3, fail_on="FAIL"))
+    before = Baseline.take()
+    verdicts: list[tuple[bool, bool, int, str]] = []
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def one(i: int) -> None:
+            fail, stream = i % 2 == 0, i % 3 != 0
+            body = {"messages": [{"role": "user", "content": "please FAIL" if fail else "hi"}], "stream": stream, "max_tokens": 20}
+            async with session.post(srv.url("/v1/chat/completions"), json=body) as resp:
+                raw = await resp.read()
+            verdicts.append((fail, stream, resp.status, sse.verdict(raw) if stream else _err(raw)["code"] if fail else "done"))
+
+        await asyncio.gather(*(one(i) for i in range(300)))
+    assert len(verdicts) == 300
+    for fail, stream, status, verdict in verdicts:
+        assert status == (500 if fail and not stream else 200), (fail, stream, status)
+        assert verdict == (("error" if stream else "engine_error") if fail else "done"), (fail, stream, verdict)
+    await before.back(srv)

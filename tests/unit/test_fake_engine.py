@@ -112,6 +112,39 @@ def test_fail_after_zero_fails_before_any_token():
     assert isinstance(error, EngineFailure)
 
 
+def test_fail_on_limits_the_failure_to_prompts_that_contain_it():
+    script = FakeScript(text="w", fail_after=2, fail_on="FAIL")
+    steps, error = run(script, GenerationParams(max_tokens=5), prompt=[ord(c) for c in "a FAIL b"])
+    assert len(steps) == 2 and isinstance(error, EngineFailure)
+    steps, error = run(script, GenerationParams(max_tokens=5), prompt=[ord(c) for c in "fine"])
+    assert len(steps) == 5 and error is None
+
+
+def test_a_step_that_raises_kills_the_engine():
+    """As vLLM's engine core: every running request fails, and the engine serves nothing after."""
+
+    async def main():
+        engine = FakeEngine(FakeScript(crash_on="boom", token_delay=0.001))
+        await engine.start()
+        params = GenerationParams(max_tokens=1000)
+        bystander = await engine.generate("a", engine.encode("hello"), params)
+        poisoned = await engine.generate("b", engine.encode("a boom here"), params)
+        errors = []
+        for stream in (bystander, poisoned):
+            with pytest.raises(EngineFailure) as caught:
+                async for _ in stream:
+                    pass
+            errors.append(str(caught.value))
+        assert engine.state == "dead" and engine.num_running == 0
+        with pytest.raises(EngineFailure):
+            await engine.generate("c", engine.encode("hi"), params)
+        await engine.close()
+        return errors
+
+    errors = asyncio.run(main())
+    assert all("injected engine crash" in e for e in errors), errors
+
+
 def test_n2_gives_indices_0_and_1_each_step():
     steps, _ = run(FakeScript(tokens=["a", "b"]), GenerationParams(max_tokens=10, n=2))
     assert steps == [

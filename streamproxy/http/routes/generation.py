@@ -40,7 +40,7 @@ from streamproxy.http.accesslog import Record, record
 from streamproxy.http.admission import Ticket
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
-from streamproxy.http.state import AppState
+from streamproxy.http.state import AppState, engine_dead
 from streamproxy.http.writer import (
     SSE_HEADERS,
     SSEResponse,
@@ -79,6 +79,8 @@ class Generation:
         except APIError:
             raise
         except EngineFailure as exc:
+            if self.engine.state == "dead":
+                raise engine_dead() from exc
             raise ServiceUnavailable(str(exc)) from exc
         except EngineRejected as exc:
             # The engine's own validation of sampling parameters.
