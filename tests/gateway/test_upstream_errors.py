@@ -185,3 +185,23 @@ async def test_replicas_are_asked_for_plain_bytes(stub, gateway, session):
     status, _, got = await post(session, gw.url("/v1/chat/completions"), chat())
     assert status == 200 and got == renamed(answer)
     assert upstream.requests[0][1]["accept-encoding"] == "identity"
+
+
+async def test_a_stream_delimited_by_the_close_is_relayed_to_its_last_event(stub, gateway, session, access_log):
+    """HTTP/1.0-style replicas (or proxies) end a body by closing: the last events and the close
+    may come in one read, and every event before the close reaches the client, with no error."""
+    events = [ROLE, ROLE.replace(b'"delta":{"role":"assistant","content":""}', b'"delta":{"content":"hi"}'), b"data: [DONE]\n\n"]
+
+    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + b"".join(events))
+        await writer.drain()
+        writer.close()  # the end of the body
+
+    upstream = await stub(close_delimited)
+    gw = await gateway(upstream.base)
+    async with session.post(gw.url("/v1/chat/completions"), json=chat(stream=True), headers={"X-Request-Id": "close-1"}) as resp:
+        assert resp.status == 200
+        got = await asyncio.wait_for(resp.read(), 10)
+    assert got == b"".join(renamed(e) for e in events)
+    line = line_for(access_log, "close-1")
+    assert (line["status"], line["error_code"]) == (200, None)
