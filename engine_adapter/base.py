@@ -84,6 +84,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     runner: Literal["generate", "pooling"] = "generate"
     # Token ids are 0 .. vocab_size-1 (None: unknown until the engine has loaded).
     vocab_size: int | None = None
+    # What `--tool-call-parser auto` and `--reasoning-parser auto` read (known once loaded).
+    chat_template: str | None = None
+    model_type: str | None = None
 
 
 def token_text(data: bytes) -> str:

@@ -121,12 +121,14 @@ class FakeEngine:
         runner: Literal["generate", "pooling"] = "generate",
         embedding_dim: int = 8,
         record: bool = True,
+        chat_template: str | None = None,
     ) -> None:
         self.script = script or FakeScript()
         names = served_names or [model_name]
         self.info = ModelInfo(
             name=names[0], served_names=names, root="fake", max_model_len=max_model_len, created=int(time.time()), runner=runner,
             vocab_size=0x110000,  # the fake tokenizer's ids are Unicode code points
+            chat_template=chat_template,  # only what `auto` parsers read: the fake renders its own way
         )
         self.embedding_dim = embedding_dim
         self.load_delay = load_delay

@@ -43,7 +43,12 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool) -> VllmEngine:
 
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
-    if ns.reasoning_parser:
+    if ns.reasoning_parser == "auto":
+        # Chosen from the chat template once the model has loaded (streamproxy.filters.detect): the
+        # engine, started before that, does not get it, so structured outputs do not wait for the
+        # thinking to end. Name the parser to have them wait.
+        ns.reasoning_parser = ""
+    elif ns.reasoning_parser:
         # vLLM's own flag: the engine gets the bare name too (structured outputs wait for the thinking to end).
         ns.reasoning_parser = ns.reasoning_parser.removeprefix("vllm:")
     model = ns.model_tag or ns.model

@@ -171,6 +171,9 @@ class VllmEngine:
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
         self.info.vocab_size = config.get_vocab_size()
+        template = getattr(self._tokenizer, "chat_template", None)
+        self.info.chat_template = template if isinstance(template, str) else None
+        self.info.model_type = getattr(config.hf_config, "model_type", None)
         if self._want_direct and self.info.runner == "generate":
             from vllm.v1.engine.detokenizer import uses_fast_detokenizer
 

@@ -126,9 +126,9 @@ _FLAG_HELP: dict[str, str] = {
     "deprecation_link": "URL sent as Link rel=deprecation with the Deprecation header",
     "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
     "tool_call_parser": "parser for the model's tool-call syntax: hermes, llama3_json, mistral, pythonic, "
-    "or any name in vLLM's tool-parser registry",
+    "any name in vLLM's tool-parser registry, or auto (read from the model's chat template)",
     "reasoning_parser": "split the model's thinking into message.reasoning: qwen3, deepseek_r1, "
-    "or any name in vLLM's reasoning-parser registry",
+    "any name in vLLM's reasoning-parser registry, or auto (read from the model's chat template)",
     "reasoning_content_field": "also send the reasoning as `reasoning_content` (the older name LangChain, "
     "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
     "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "

@@ -105,7 +105,8 @@ def tool_plan(req: ChatCompletionRequest, *, auto_parser: str | None) -> ToolPla
         if auto_parser is None:
             raise InvalidRequest(
                 "\"auto\" tool choice requires the server to be started with --enable-auto-tool-choice "
-                "and --tool-call-parser NAME; send tool_choice \"required\", a named function or \"none\" instead",
+                "and --tool-call-parser NAME (or auto, for a model whose chat template shows its tool-call syntax); "
+                "send tool_choice \"required\", a named function or \"none\" instead",
                 param="tool_choice",
             )
         return ToolPlan("auto", as_dicts, schemas, parallel=parallel)

@@ -30,6 +30,7 @@ from typing import Any
 
 from streamproxy.filters.base import FilterFactory
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
+from streamproxy.filters.detect import AUTO
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.llama3_json import Llama3JsonParser
 from streamproxy.filters.mistral import MistralParser
@@ -50,7 +51,7 @@ VLLM_PREFIX = "vllm:"
 
 
 def known_parser(name: str, *, vllm_available: bool) -> bool:
-    if name in OWN_PARSERS:
+    if name in OWN_PARSERS or name == AUTO:
         return True
     if not vllm_available:
         return False
@@ -70,7 +71,7 @@ def parser_spec(name: str, *, tokenizer: Any, tools: list[dict[str, Any]]) -> An
 
 
 def known_reasoning_parser(name: str, *, vllm_available: bool) -> bool:
-    if name in OWN_REASONING:
+    if name in OWN_REASONING or name == AUTO:
         return True
     if not vllm_available:
         return False

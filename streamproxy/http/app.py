@@ -26,6 +26,7 @@ from aiohttp.typedefs import Handler, Middleware
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
+from streamproxy.filters.detect import AUTO, resolve
 from streamproxy.http import accesslog
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
@@ -91,6 +92,7 @@ async def _start_engine(app: web.Application) -> None:
             async with asyncio.timeout(limit):
                 await state.engine.start()
             log.info("engine ready: serving %s", ", ".join(state.engine.info.served_names))
+            _resolve_auto_parsers(state.settings, state.engine)
         except Exception as exc:
             state.engine_error = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
@@ -103,6 +105,23 @@ async def _start_engine(app: web.Application) -> None:
         state.death_watch = asyncio.create_task(watch(state), name="engine-death-watch")
 
     app[ENGINE_TASK_KEY] = asyncio.create_task(start(), name="engine-start")
+
+
+def _resolve_auto_parsers(settings: Settings, engine: Engine) -> None:
+    """`--tool-call-parser auto` / `--reasoning-parser auto`: chosen from the loaded model's chat template."""
+    tool, reasoning = settings.tool_call_parser, settings.reasoning_parser
+    if AUTO not in (tool, reasoning):
+        return
+    info = engine.info
+    settings.tool_call_parser, settings.reasoning_parser = resolve(tool, reasoning, info.chat_template, info.model_type)
+    if tool == AUTO:
+        if settings.tool_call_parser is None:
+            log.info("--tool-call-parser auto: the chat template shows no tool-call syntax we know; "
+                     "tool_choice \"auto\" is refused (required and named tool choice work)")
+        else:
+            log.info("--tool-call-parser auto: %s (from the chat template)", settings.tool_call_parser)
+    if reasoning == AUTO:
+        log.info("--reasoning-parser auto: %s", settings.reasoning_parser or "none (the chat template does not think)")
 
 
 async def _stop_engine(app: web.Application) -> None:

@@ -30,6 +30,7 @@ def serve(aiohttp_client: Any) -> Serve:
         load_delay: float = 0.0,
         served_names: list[str] | None = None,
         wait_ready: bool = True,
+        chat_template: str | None = None,
         **settings: Any,
     ) -> tuple[Any, FakeEngine]:
         engine = FakeEngine(
@@ -37,6 +38,7 @@ def serve(aiohttp_client: Any) -> Serve:
             max_model_len=max_model_len,
             load_delay=load_delay,
             served_names=served_names,
+            chat_template=chat_template,
         )
         app = create_app(Settings(engine="fake", **settings), engine)
         client = await aiohttp_client(app)

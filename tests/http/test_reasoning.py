@@ -254,3 +254,17 @@ def test_langchain_reads_reasoning_content():
         msg = plain.invoke([HumanMessage("hi")])
         assert msg.content == "Hello there." and "reasoning_content" not in msg.additional_kwargs
         assert "".join(c.content for c in plain.stream([HumanMessage("hi")])) == "Hello there."
+
+
+async def test_reasoning_parser_auto_splits_the_thinking_of_a_template_that_thinks(serve):
+    client, _ = await serve(FakeScript(tokens=QWEN), chat_template="{{- '<think>\\n\\n</think>\\n\\n' }}", reasoning_parser="auto")
+    r, body = await chat(client)
+    message = json.loads(body)["choices"][0]["message"]
+    assert (r.status, message["content"], message["reasoning"]) == (200, ANSWER, THOUGHT)
+
+
+async def test_reasoning_parser_auto_leaves_a_template_that_does_not_think_alone(serve):
+    client, _ = await serve(FakeScript(tokens=QWEN), chat_template="{{ messages }}", reasoning_parser="auto")
+    r, body = await chat(client)
+    message = json.loads(body)["choices"][0]["message"]
+    assert (r.status, message["content"]) == (200, "".join(QWEN)) and "reasoning" not in message

@@ -302,3 +302,28 @@ async def test_openai_sdk_reassembles_calls_stream_and_nonstream(serve):
         assert final.choices[0].finish_reason == "tool_calls"
     finally:
         await sdk.close()
+
+
+# -- --tool-call-parser auto -----------------------------------------------------------------
+
+
+async def test_auto_parser_read_from_the_chat_template_parses_calls(serve):
+    template = "... within <tool_call></tool_call> XML tags ..."  # what Qwen's and Hermes' templates say
+    client, _ = await serve(FakeScript(tokens=tokens(NATIVE["hermes"])), chat_template=template,
+                            enable_auto_tool_choice=True, tool_call_parser="auto")
+    resp = await post(client, {"messages": USER, "tools": TOOLS})
+    data = json.loads(await resp.read())
+    assert resp.status == 200 and data["choices"][0]["finish_reason"] == "tool_calls"
+    assert message_calls(data["choices"][0]["message"]) == EXPECTED
+
+
+async def test_auto_parser_with_a_template_without_tool_syntax_refuses_auto_and_serves_required(serve):
+    client, engine = await serve(FakeScript(tokens=tokens(f'[{{"name": "get_weather", "parameters": {PARIS}}}]')),
+                                 chat_template="{{ messages }}", enable_auto_tool_choice=True, tool_call_parser="auto")
+    resp = await post(client, {"messages": USER, "tools": TOOLS, "tool_choice": "auto"})
+    err = assert_openai_error(resp.status, resp.headers, await resp.read(), expect_status=400, param="tool_choice")
+    assert "--tool-call-parser NAME (or auto" in err["message"]
+    assert engine.submitted == []
+    resp = await post(client, {"messages": USER, "tools": TOOLS, "tool_choice": "required"})
+    assert resp.status == 200
+    assert message_calls(json.loads(await resp.read())["choices"][0]["message"]) == [("get_weather", PARIS)]
