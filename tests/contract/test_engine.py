@@ -137,6 +137,15 @@ def test_a_started_engine_is_ready_and_describes_its_model(subject):
     assert isinstance(info.created, int) and info.created > 0
 
 
+def test_the_chat_template_auto_parsers_read_is_known_once_started(subject):
+    info = subject.engine.info
+    if subject.name == "fake":
+        assert (info.chat_template, info.model_type) == (None, None)  # the fake renders its own way
+    else:  # what `--tool-call-parser auto` reads: the template the engine renders chats with
+        assert isinstance(info.chat_template, str) and "{%" in info.chat_template
+        assert isinstance(info.model_type, str) and info.model_type
+
+
 def test_an_engine_not_started_is_loading_and_refuses_to_generate(subject):
     engine = subject.unstarted()
     assert engine.state == "loading"
