@@ -224,7 +224,11 @@ async def _start(app: web.Application) -> None:
     )
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True)
     state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
-    state.upstreams = Upstreams(connect_timeout=policy.connect_timeout, read_timeout=policy.read_timeout or state.settings.request_timeout or None)
+    state.upstreams = Upstreams(
+        connect_timeout=policy.connect_timeout,
+        read_timeout=policy.read_timeout or state.settings.request_timeout or None,
+        keepalive=policy.keepalive,
+    )
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
     state.supervisor.start(state.session)
 

@@ -32,7 +32,6 @@ from urllib.parse import urlsplit
 
 from streamproxy.gateway.h1 import ProtocolError, ResponseParser, request_bytes
 
-IDLE_PER_ORIGIN = 128  # idle keep-alive connections kept per replica (nginx `keepalive` is per worker: 32 ..)
 IDLE_TIMEOUT = 60.0  # seconds an idle connection is kept (below the 75 s replicas keep theirs)
 
 
@@ -47,9 +46,9 @@ class UpstreamClosed(ConnectionError):
 class Origin:
     """One replica's address, parsed once: where to connect and what to prefix paths with."""
 
-    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle")
+    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle", "keepalive")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keepalive: int) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -59,14 +58,16 @@ class Origin:
         self.authority = parts.netloc.rpartition("@")[2]
         self.base_path = parts.path.rstrip("/")
         self.idle: deque[_Connection] = deque()
+        self.keepalive = keepalive
 
 
 class Upstreams:
     """The pool of connections to every replica, by base URL."""
 
-    def __init__(self, *, connect_timeout: float, read_timeout: float | None) -> None:
+    def __init__(self, *, connect_timeout: float, read_timeout: float | None, keepalive: int = 256) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.keepalive = keepalive  # idle connections kept per replica (nginx `keepalive`)
         self._origins: dict[str, Origin] = {}
         self._ssl: ssl_module.SSLContext | None = None
 
@@ -75,7 +76,7 @@ class Upstreams:
         `fresh`: on a new connection, not a pooled one."""
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = Origin(url)
+            origin = self._origins[url] = Origin(url, self.keepalive)
         loop = asyncio.get_running_loop()
         conn = None
         now = loop.time()
@@ -153,7 +154,7 @@ class _Connection(asyncio.Protocol):
 
     def released(self, reuse: bool) -> None:
         self.exchange = None
-        if reuse and not self.closed and len(self.origin.idle) < IDLE_PER_ORIGIN:
+        if reuse and not self.closed and len(self.origin.idle) < self.origin.keepalive:
             assert self.transport is not None
             self.idle_since = asyncio.get_running_loop().time()
             self.origin.idle.append(self)

@@ -197,3 +197,23 @@ async def test_connect_refused_is_a_connection_error():
     await server.wait_closed()
     with pytest.raises(OSError):
         await send(Upstreams(connect_timeout=5, read_timeout=5), f"http://127.0.0.1:{port}")
+
+
+async def test_at_most_keepalive_idle_connections_are_kept_per_replica(replica):
+    async def answer(n, reader, writer):
+        writer.write(OK)
+        return True
+
+    r, url = await replica(answer)
+    upstreams = Upstreams(connect_timeout=5, read_timeout=5, keepalive=1)
+    first, second = await send(upstreams, url), await send(upstreams, url)  # at once: two connections
+    for exchange in (first, second):
+        await exchange.read()
+        exchange.finish(reuse=True)
+    assert r.connections == 2
+    await asyncio.wait_for(r.closed.wait(), 2)  # the second one over the cap is closed
+    third = await send(upstreams, url)
+    await third.read()
+    third.finish(reuse=True)
+    assert r.connections == 2  # the first, kept, carried the third request
+    upstreams.close()
