@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
+import msgspec
 
 from streamproxy.filters.jsonscan import loads
 
@@ -35,7 +35,8 @@ class SchemaInvalid(ValueError):
 
 
 def schema_key(schema: Mapping[str, Any]) -> bytes:
-    return hashlib.blake2b(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+    # msgspec, not orjson: a client's schema may hold integers past 64 bits (orjson refuses them).
+    return hashlib.blake2b(msgspec.json.encode(schema, order="sorted"), digest_size=16).digest()
 
 
 def compile_schema(schema: Mapping[str, Any]) -> Any:

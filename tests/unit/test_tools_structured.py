@@ -170,3 +170,11 @@ def test_toolset_check():
     assert not tools.check("get_weather", "not json")
     assert not tools.check("nope", "{}")
     assert not tools.check(None, "{}")
+
+
+def test_a_schema_with_an_integer_past_64_bits_is_a_400_not_a_crash():
+    # Found by tests/fuzz: the cache key was orjson, which refuses such integers (TypeError, a 500).
+    err = error(S.tool_plan, req(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 2**64}}}]), auto_parser="hermes")
+    assert err.param == "tools[0].function.parameters"
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**70}}}
+    assert toolset.compile_schema(schema) is toolset.compile_schema(schema)

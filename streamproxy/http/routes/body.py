@@ -2,8 +2,12 @@
 
 Body size is capped by the application (`client_max_size`, a 413 rendered by
 the middleware). Malformed JSON is a 400 `invalid_json`; a wrong or missing
-field is a 400 whose `param` is the field's path (`messages[0].role`). The
-body is read without aiohttp's `request.read()` cache, so the request object
+field is a 400 whose `param` is the field's path (`messages[0].role`). JSON
+nested deeper than MAX_DEPTH levels is a 400 `json_too_deep`, whichever way
+it is found (msgspec's own RecursionError, or `nesting` after a decode):
+what a request carries on into JSON Schema validators, orjson (254 levels),
+chat templates and the engine's grammar compiler is then bounded once, here,
+instead of failing in any of them as a 500. The body is read without aiohttp's `request.read()` cache, so the request object
 (alive as long as its stream) does not keep it: only the decoded Struct holds
 it, for as long as the route needs it.
 """
@@ -11,6 +15,7 @@ it, for as long as the route needs it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import TypeVar
 
 import msgspec
@@ -42,18 +47,46 @@ async def read_body(request: web.Request) -> bytes:
     return bytes(body)
 
 
+MAX_DEPTH = 128
+
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nesting(body: bytes) -> int:
+    """How deep the (valid) JSON in `body` nests; brackets inside strings do not count.
+
+    In C but the last two lines: escaped backslashes, then escaped quotes go, so
+    every quote left opens or closes a string; of the quotes and brackets, an
+    empty pair of quotes goes (any two neighbouring quotes: the others keep
+    their turns), so only strings holding brackets are left to split off."""
+    plain = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    outside = b"".join(plain.split(b'"')[0::2]) if b'"' in plain else plain
+    return max(accumulate(map(_STEP.__getitem__, outside)), default=0)
+
+
+def _too_deep() -> InvalidRequest:
+    return InvalidRequest(f"the request body nests deeper than {MAX_DEPTH} levels", code="json_too_deep")
+
+
 def decode(body: bytes, decoder: Callable[[bytes], T]) -> T:
     """`decoder(body)`, its every failure a 400 in our error tree (sans-IO: the fuzzers call it directly)."""
     if not body.strip():
         raise InvalidJSON("the request body is empty; expected a JSON object")
     try:
-        return decoder(body)
+        decoded = decoder(body)
     except msgspec.ValidationError as exc:
         raise from_validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
     except UnicodeDecodeError:
         raise InvalidRequest("the request body is not valid UTF-8") from None
+    except RecursionError:
+        raise _too_deep() from None
+    # Cheap first: that deep needs at least MAX_DEPTH opening brackets.
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and nesting(body) > MAX_DEPTH:
+        raise _too_deep()
+    return decoded
 
 
 async def decode_body(request: web.Request, decoder: Callable[[bytes], T]) -> T:
