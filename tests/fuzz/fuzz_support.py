@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from functools import cache
 from typing import Any
@@ -196,23 +197,58 @@ def _mutate_once(draw: st.DrawFn, name: str, value: Any) -> Any:
                 walk(v, [*path, i])
 
     walk(value, [])
-    path = draw(st.sampled_from(paths))
+    path = draw(st.sampled_from(paths[1:] or paths))  # the whole body is `json_values`' job
     op = draw(st.sampled_from(["replace", "replace", "drop", "add"]))
     if op == "add" and isinstance(value, dict):
         props = components()[name]["properties"]
         key = draw(st.sampled_from(sorted(props)))
         value[key] = draw(from_schema(props[key]))
         return value
+    # A copy: sampled constants ([], {}) must not be shared, or changed from one example to the next.
+    typed = _typed_at(name, path, value)
+    replacement = copy.deepcopy(draw(st.one_of(_replacements, typed, typed)))
     if not path:
-        return draw(_replacements)
+        return replacement
     node = value
     for key in path[:-1]:
         node = node[key]
     if op == "drop" and isinstance(node, dict):
         del node[path[-1]]
     else:
-        node[path[-1]] = draw(_replacements)
+        node[path[-1]] = replacement
     return value
+
+
+_JSON_TYPE = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+
+
+def _typed_at(name: str, path: list[Any], value: Any) -> st.SearchStrategy[Any]:
+    """Values of the right type for the place `path` in `value` (a request of component `name`),
+    following its schema; any JSON where the schema does not say."""
+    schema: dict[str, Any] = components()[name]
+    node = value
+    for key in path:
+        schema = _branch(schema, node)
+        if isinstance(key, str):
+            props = schema.get("properties", {})
+            schema = props.get(key) or schema.get("additionalProperties") or {}
+        else:
+            schema = schema.get("items", {})
+        node = node[key]
+    return from_schema(_branch(schema, node) if "$ref" in schema else schema)
+
+
+def _branch(schema: dict[str, Any], node: Any) -> dict[str, Any]:
+    """`schema` with its $refs followed and, of an anyOf, the branch `node`'s type takes."""
+    while True:
+        if "$ref" in schema:
+            schema = components()[schema["$ref"].rsplit("/", 1)[-1]]
+        elif "anyOf" in schema:
+            kind = _JSON_TYPE.get(type(node))
+            found = [s for s in schema["anyOf"] if s.get("type") == kind or "$ref" in s]
+            schema = found[0] if found else {}
+        else:
+            return schema
 
 
 def typed(name: str) -> st.SearchStrategy[Any]:
