@@ -60,6 +60,9 @@ WORDS = (
     "disabled", "adaptive", "low", "medium", "high", "tool_use", "tool_result", "thinking", "redacted_thinking", "image",
     "document", "web_search_20250305", "float", "base64", "fake", "f", "g", "", " ", "<think>", "</think>", "<tool_call>",
     "\u00e9", "\U0001f600", "\x00",
+    # JSON Schema's own words: tool parameters and response formats are schemas the server compiles.
+    "$ref", "$schema", "$defs", "$id", "#", "#/nope", "#/$defs/x", "properties", "items", "type", "object", "string", "integer",
+    "enum", "pattern", "additionalProperties", "city",
 )
 
 _scalars = (
@@ -76,6 +79,39 @@ json_values = st.recursive(
     max_leaves=12,
 )
 json_objects = st.dictionaries(st.sampled_from(WORDS) | st.text(max_size=8), json_values, max_size=5)
+
+# JSON Schemas, right and wrong: tool parameters, response formats and vLLM's guided_json are
+# schemas the server compiles and later validates calls against.
+_schema_leaf = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["object", "string", "integer", "array", "null", "nope"]) | _scalars,
+        "$ref": st.sampled_from(["#", "#/nope", "#/$defs/x", "#/properties/city", "http://127.0.0.1:9/s.json", "x.json"]) | _scalars,
+        "$schema": st.sampled_from(["https://json-schema.org/draft/2020-12/schema", "http://json-schema.org/draft-07/schema#",
+                                    "http://json-schema.org/draft-03/schema#", "urn:nope"]) | json_values,
+        "$id": st.sampled_from(["urn:a", "http://127.0.0.1:9/a", "#a"]) | _scalars,
+        "pattern": st.sampled_from(["^a", "(", "[a-z]+", "\\p{L}"]),
+        "format": st.sampled_from(["email", "date-time", "regex", "uri", "nope"]),
+        "enum": st.lists(_scalars, max_size=3),
+        "required": st.lists(st.sampled_from(["city", "a"]), max_size=2) | _scalars,
+        "minimum": _scalars,
+    },
+)
+json_schemas = st.recursive(
+    _schema_leaf,
+    lambda inner: st.fixed_dictionaries(
+        {"type": st.just("object")},
+        optional={
+            "properties": st.dictionaries(st.sampled_from(["city", "a"]), inner, max_size=2),
+            "items": inner,
+            "$defs": st.dictionaries(st.just("x"), inner, max_size=1),
+            "anyOf": st.lists(inner, max_size=2),
+            "additionalProperties": inner | st.booleans(),
+            "$ref": st.sampled_from(["#", "#/$defs/x", "#/nope"]),
+        },
+    ),
+    max_leaves=6,
+)
 
 
 def deep(depth: int) -> bytes:
@@ -153,8 +189,9 @@ def from_schema(schema: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any
     if kind == "object":
         props = schema.get("properties")
         if props is None:
-            values = from_schema(schema["additionalProperties"], depth) if "additionalProperties" in schema else json_values
-            return st.dictionaries(_strings, values, max_size=3)
+            if "additionalProperties" in schema:
+                return st.dictionaries(_strings, from_schema(schema["additionalProperties"], depth), max_size=3)
+            return st.dictionaries(_strings, json_values, max_size=3) | json_schemas
         required = set(schema.get("required", ()))
         return st.fixed_dictionaries(
             {k: from_schema(v, depth) for k, v in props.items() if k in required},
@@ -165,6 +202,7 @@ def from_schema(schema: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any
 
 _replacements = (
     json_values
+    | json_schemas
     | st.sampled_from(WORDS)
     | _integers
     | st.sampled_from([None, [], {}, "", 0, -1, True, 2**64, 1e308, [None], {"": None}])
