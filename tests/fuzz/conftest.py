@@ -2,8 +2,9 @@
 
     (default)               profile "ci": derandomized (the same examples every run), no
                             example database, no deadline; each property's own small budget
-    STREAMPROXY_FUZZ=long   profile "long": random seeds, each budget times LONG_FACTOR
-                            (`make reliability`); a failure prints the seed to reproduce it
+    STREAMPROXY_FUZZ=long   profile "long": random seeds, each budget times LONG_FACTOR (10, or
+                            STREAMPROXY_FUZZ_FACTOR) for `make reliability`; a failure prints
+                            the example and a @reproduce_failure blob
 
 Properties take their budget from `fuzz_support.budget(n)`, which scales it by the profile.
 """
