@@ -83,8 +83,9 @@ def sampling_params(
                 param="max_tokens",
             )
         max_tokens = requested_max_tokens
-    if not 1 <= req.n <= max_n:
-        raise InvalidRequest(f"'n' must be between 1 and {max_n}, got {req.n}", param="n")
+    n = choices(req)
+    if not 1 <= n <= max_n:
+        raise InvalidRequest(f"'n' must be between 1 and {max_n}, got {n}", param="n")
     _check_range("temperature", req.temperature, 0.0, 2.0)
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
         raise InvalidRequest(f"'top_p' must be in (0, 1], got {req.top_p:g}", param="top_p")
@@ -101,7 +102,7 @@ def sampling_params(
         raise InvalidRequest("'seed' is out of range", param="seed")
     params = GenerationParams(
         max_tokens=max_tokens,
-        n=req.n,
+        n=n,
         stop=_stop_list(req.stop),
         stop_token_ids=list(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
@@ -128,6 +129,11 @@ def sampling_params(
     if req.repetition_penalty is not None:
         params.repetition_penalty = req.repetition_penalty
     return params
+
+
+def choices(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """`n`, where null means the default, 1."""
+    return 1 if req.n is None else req.n
 
 
 def template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any] | None) -> dict[str, Any]:

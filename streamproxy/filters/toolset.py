@@ -10,7 +10,9 @@ Schema validators (jsonschema, imported on first use) are compiled once per
 distinct schema: the cache key is a hash of the canonical JSON of the
 schema, so the same tools sent on every request of an agent loop cost one
 compile. `compile_schema` raises `SchemaInvalid` for a schema that is not a
-valid JSON Schema, which the route turns into a 400 naming the tool.
+valid JSON Schema, which the route turns into a 400 naming the tool. A
+valid schema whose `$ref` cannot be followed is found only when a call is
+checked against it: that call fails the check.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
+import msgspec
 
 from streamproxy.filters.jsonscan import loads
 
@@ -35,7 +37,8 @@ class SchemaInvalid(ValueError):
 
 
 def schema_key(schema: Mapping[str, Any]) -> bytes:
-    return hashlib.blake2b(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+    # msgspec, not orjson: a client's schema may hold integers past 64 bits (orjson refuses them).
+    return hashlib.blake2b(msgspec.json.encode(schema, order="sorted"), digest_size=16).digest()
 
 
 def compile_schema(schema: Mapping[str, Any]) -> Any:
@@ -52,6 +55,10 @@ def compile_schema(schema: Mapping[str, Any]) -> Any:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise SchemaInvalid(exc.message) from None
+    except (TypeError, AttributeError):  # found by tests/fuzz: {"$schema": []} or {"$schema": 5}
+        raise SchemaInvalid(f"'$schema' must be a string, got {schema.get('$schema')!r}") from None
+    except RecursionError:
+        raise SchemaInvalid("the schema nests too deeply") from None
     validator = cls(schema)
     _validators[key] = validator
     if len(_validators) > _CACHE_SIZE:
@@ -88,4 +95,15 @@ class ToolSet:
             return False
         if not isinstance(value, dict):
             return False
-        return self.validator(name).is_valid(value)
+        try:
+            return self.validator(name).is_valid(value)
+        except RecursionError:  # {"$ref": "#"}: a schema that only leads back to itself
+            return False
+        except Exception as exc:
+            from referencing.exceptions import Unresolvable  # jsonschema's own dependency
+
+            if isinstance(exc, Unresolvable):
+                # A `$ref` that leads nowhere: no call can be shown to fit, so none is claimed
+                # (found by tests/fuzz; it was an exception in the middle of the stream).
+                return False
+            raise

@@ -28,12 +28,16 @@ class ResponseFormat(msgspec.Struct):
 
 
 class SamplingRequest(msgspec.Struct, kw_only=True):
-    """The fields chat and completions requests share: sampling, stop, vLLM's extensions."""
+    """The fields chat and completions requests share: sampling, stop, vLLM's extensions.
+
+    A field OpenAI types as nullable (`"stream": null`, `"n": null`, which the
+    SDKs send for an explicit None) decodes as null, and null means its default.
+    """
 
     model: str | None = None
-    stream: bool = False
+    stream: bool | None = False  # null: not streaming
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = 1  # null: 1 (`params.choices`)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -99,6 +103,18 @@ class ModelCard(msgspec.Struct):
 class ModelList(msgspec.Struct):
     data: list[ModelCard]
     object: str = "list"
+
+
+class HealthStatus(msgspec.Struct):
+    """GET /health: "ok" (200) once the engine is ready, else its state, "loading" or "dead" (503)."""
+
+    status: str
+
+
+class VersionInfo(msgspec.Struct):
+    """GET /version."""
+
+    version: str
 
 
 encode = msgspec.json.Encoder().encode

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from streamproxy.protocol.common import encode as encode  # noqa: F401  (re-export for the route)
 
 
 class EmbeddingRequest(msgspec.Struct):
-    # str | list[str] | list[int] | list[list[int]]; see params.completion_prompts.
-    input: str | list[Any]
+    # str | list[str] | list[int] | list[list[int]], as completions' `prompt` (one array
+    # type per union in msgspec: the mix is checked in params.completion_prompts).
+    input: str | list[str | int | list[int]]
     model: str | None = None
     encoding_format: str = "float"
     dimensions: int | None = None

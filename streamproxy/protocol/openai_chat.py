@@ -84,7 +84,7 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False  # null: no logprobs
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -19,7 +19,7 @@ class CompletionRequest(SamplingRequest, kw_only=True):
     prompt: str | list[str | int | list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = False  # null: false
     suffix: str | None = None
     best_of: int | None = None
 

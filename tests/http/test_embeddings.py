@@ -61,6 +61,12 @@ async def test_token_id_inputs(embed_client):
         ({"input": "x", "dimensions": 99}, 400, "dimensions"),
         ({}, 400, "input"),
         ({"input": "x", "model": "other"}, 404, "model"),
+        # Found by tests/fuzz: a token-id list holding a string (or null, or an object) reached the
+        # engine and was a 500 (TypeError); `input` is typed as completions' `prompt` now.
+        ({"input": [["", 0]]}, 400, "input[0][0]"),
+        ({"input": [[1, None]]}, 400, "input[0][1]"),
+        ({"input": [{"a": 1}]}, 400, "input[0]"),
+        ({"input": [1, "a"]}, 400, "input"),
     ],
 )
 async def test_embedding_errors(embed_client, body, status, param):

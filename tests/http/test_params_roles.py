@@ -112,6 +112,25 @@ async def test_unknown_fields_are_ignored(serve):
     assert resp.status == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": USER_HI, "n": None, "stream": None, "logprobs": None}),
+        ("/v1/completions", {"prompt": "hi", "n": None, "stream": None, "echo": None}),
+        ("/v1/responses", {"input": "hi", "stream": None}),
+    ],
+)
+async def test_null_means_the_default(serve, path, body):
+    # OpenAI types these as nullable (the SDKs send null for an explicit None): once a 400
+    # "Expected `bool`, got `null`" (found by tests/http/test_openapi.py against the SDKs' types).
+    client, engine = await serve()
+    resp = await client.post(path, json=body)
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/json")
+    assert engine.submitted[-1][2].n == 1
+    assert engine.submitted[-1][2].logprobs is None
+
+
 # -- roles ---------------------------------------------------------------------------
 
 ROLE_CASES = {

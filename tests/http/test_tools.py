@@ -114,6 +114,18 @@ async def test_auto_invalid_arguments_come_back_as_content(serve):
     assert reassemble(payloads) == (text, [], "stop")
 
 
+@pytest.mark.parametrize("parameters", [{"$ref": "#/nope"}, {"$ref": "#"}], ids=["dangling-ref", "self-ref"])
+async def test_auto_call_against_a_schema_that_cannot_be_followed_comes_back_as_content(serve, parameters):
+    # Found by tests/fuzz: the check raised (Unresolvable, RecursionError) in the middle of the stream.
+    text = f'<tool_call>{{"name": "get_weather", "arguments": {PARIS}}}</tool_call>'
+    client, _ = await serve(FakeScript(tokens=tokens(text)), enable_auto_tool_choice=True, tool_call_parser="hermes")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}]
+    data = await (await post(client, {"messages": USER, "tools": tools})).json()
+    assert data["choices"][0]["message"] == {"role": "assistant", "content": text, "refusal": None}
+    payloads = chat_chunks(await (await post(client, {"messages": USER, "tools": tools, "stream": True})).read())
+    assert reassemble(payloads) == (text, [], "stop")
+
+
 async def test_auto_without_flags_is_a_400_naming_them(serve):
     client, engine = await serve(FakeScript(tokens=["x"]))
     for body in ({"messages": USER, "tools": TOOLS}, {"messages": USER, "tools": TOOLS, "tool_choice": "auto"}):

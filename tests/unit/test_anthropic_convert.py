@@ -232,3 +232,15 @@ def test_stop_filter_holds_back_only_the_longest_stop():
     assert [p.text for p in out] == ["abc"] and out[0].token_ids == [1, 2]
     out = f.feed([Part(CONTENT, "", token_ids=[3])])
     assert [(p.text, p.token_ids) for p in out] == [("", [3])]
+
+
+def test_tool_use_input_with_an_integer_past_64_bits():
+    # Found by tests/fuzz: the arguments were written with orjson, which refuses such integers (a 500).
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"n": 2**64}}]},
+        ]
+    }
+    (call,) = chat(body).messages[1].tool_calls
+    assert json.loads(call.function.arguments) == {"n": 2**64}

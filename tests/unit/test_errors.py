@@ -116,7 +116,7 @@ def test_wrong_type_at_top_level_field():
     assert isinstance(err, E.InvalidRequest)
     assert json.loads(err.to_json()) == {
         "error": {
-            "message": "Expected `int`, got `str` at 'n'",
+            "message": "Expected `int | null`, got `str` at 'n'",  # null: the default (OpenAI types `n` as nullable)
             "type": "invalid_request_error",
             "param": "n",
             "code": "invalid_type",

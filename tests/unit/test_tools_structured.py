@@ -170,3 +170,26 @@ def test_toolset_check():
     assert not tools.check("get_weather", "not json")
     assert not tools.check("nope", "{}")
     assert not tools.check(None, "{}")
+
+
+def test_a_schema_with_an_integer_past_64_bits_is_a_400_not_a_crash():
+    # Found by tests/fuzz: the cache key was orjson, which refuses such integers (TypeError, a 500).
+    err = error(S.tool_plan, req(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 2**64}}}]), auto_parser="hermes")
+    assert err.param == "tools[0].function.parameters"
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**70}}}
+    assert toolset.compile_schema(schema) is toolset.compile_schema(schema)
+
+
+@pytest.mark.parametrize("schema", [{"$schema": []}, {"$schema": 5}, {"$schema": {"a": 1}}])
+def test_a_schema_whose_dialect_is_not_a_string_is_a_400(schema):
+    # Found by tests/fuzz: jsonschema's validator_for raised TypeError / AttributeError (a 500).
+    err = error(S.tool_plan, req(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}]), auto_parser="hermes")
+    assert err.param == "tools[0].function.parameters" and "$schema" in err.message
+
+
+def test_toolset_check_against_refs_that_lead_nowhere():
+    # Found by tests/fuzz: valid schemas, but checking a call raised (in the middle of a stream).
+    tools = toolset.ToolSet({"dangling": {"$ref": "#/nope"}, "loop": {"$ref": "#"}, "remote": {"$ref": "http://127.0.0.1:9/s.json"}})
+    assert not tools.check("dangling", "{}")
+    assert not tools.check("loop", "{}")
+    assert not tools.check("remote", "{}")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+import msgspec
 
 from streamproxy.apis.anthropic.protocol import Block, CountTokensRequest, MessagesRequest
 from streamproxy.errors import InvalidRequest
@@ -108,7 +108,8 @@ def _assistant(blocks: list[Block], where: str) -> ChatMessage:
             if not b.id or not b.name:
                 missing = "id" if not b.id else "name"
                 raise InvalidRequest(f"a tool_use block needs '{missing}'", param=f"{where}[{j}].{missing}")
-            arguments = orjson.dumps(b.input if b.input is not None else {}).decode()
+            # msgspec, not orjson: `input` may hold integers past 64 bits (orjson refuses them).
+            arguments = msgspec.json.encode(b.input if b.input is not None else {}).decode()
             calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=arguments)))
         elif b.type == "thinking":
             thinking.append(b.thinking or "")

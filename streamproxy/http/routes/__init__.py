@@ -7,6 +7,7 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.http import error_shapes
 from streamproxy.http.metrics import metrics
+from streamproxy.http.openapi import openapi_json
 from streamproxy.http.routes.anthropic import count_tokens, messages
 from streamproxy.http.routes.chat import chat_completions
 from streamproxy.http.routes.completions import completions
@@ -28,6 +29,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_json)  # its route table: http/openapi.py
     for prefix in ("", "/v1"):
         app.router.add_post(prefix + "/tokenize", tokenize)
         app.router.add_post(prefix + "/detokenize", detokenize)

@@ -94,7 +94,7 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
         "engine": engine,
         "prompt_ids": prep.prompt_ids,
         "params": prep.params,
-        "stream": req.stream,
+        "stream": bool(req.stream),
         "encoder": out.encoder,
         "render": out.render,
         "accumulator": out.accumulator,

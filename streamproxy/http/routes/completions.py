@@ -37,7 +37,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("send one prompt per request (batched prompts are not supported)", param="prompt")
     if req.echo or req.suffix:
         raise InvalidRequest("'echo' and 'suffix' are not supported", param="echo" if req.echo else "suffix")
-    if req.best_of is not None and req.best_of != req.n:
+    if req.best_of is not None and req.best_of != P.choices(req):
         raise InvalidRequest("'best_of' is not supported", param="best_of")
     prompt = prompts[0]
     if isinstance(prompt, str):
@@ -98,7 +98,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         engine,
         prompt_ids=prompt_ids,
         params=params,
-        stream=req.stream,
+        stream=bool(req.stream),
         encoder=encoder,
         render=render,
         accumulator=accumulator,

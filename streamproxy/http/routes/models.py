@@ -6,7 +6,7 @@ from aiohttp import web
 
 from streamproxy.errors import ModelNotFound
 from streamproxy.http.state import VERSION, app_state
-from streamproxy.protocol.common import ModelCard, ModelList, encode
+from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, VersionInfo, encode
 
 
 def _cards(request: web.Request) -> list[ModelCard]:
@@ -15,14 +15,14 @@ def _cards(request: web.Request) -> list[ModelCard]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return web.Response(body=encode(ModelList(data=_cards(request))), content_type="application/json")
+    return _json(ModelList(data=_cards(request)))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     for card in _cards(request):
         if card.id == model_id:
-            return web.Response(body=encode(card), content_type="application/json")
+            return _json(card)
     raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")
 
 
@@ -30,11 +30,15 @@ async def health(request: web.Request) -> web.Response:
     state = app_state(request)
     engine_state = state.engine.state
     if engine_state == "ready":
-        return web.json_response({"status": "ok"})
+        return _json(HealthStatus(status="ok"))
     # Load balancers and orchestrators may honour Retry-After while the model loads.
     headers = {"Retry-After": "10"} if engine_state == "loading" else {}
-    return web.json_response({"status": engine_state}, status=503, headers=headers)
+    return _json(HealthStatus(status=engine_state), status=503, headers=headers)
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": VERSION})
+    return _json(VersionInfo(version=VERSION))
+
+
+def _json(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=encode(obj), status=status, headers=headers, content_type="application/json")

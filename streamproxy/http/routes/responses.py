@@ -59,4 +59,4 @@ async def responses(request: web.Request) -> web.StreamResponse:
     def encoder(emit: bool) -> ResponsesEncoder:
         return ResponsesEncoder(shell, filters, emit=emit)
 
-    return await generation.run_blocks(request, state, engine, prep, stream=req.stream, make=encoder, render=ResponsesEncoder.final_json)
+    return await generation.run_blocks(request, state, engine, prep, stream=bool(req.stream), make=encoder, render=ResponsesEncoder.final_json)

@@ -1,0 +1,155 @@
+"""GET /openapi.json: an OpenAPI 3.1 description of every route, generated from the wire structs.
+
+The JSON Schemas are msgspec's own (`msgspec.json.schema_components` over
+the request and response Structs the routes decode and encode), so the
+document says exactly what the decoders accept: a field's type, which
+fields are required, unknown fields ignored. Only the path metadata is
+written here, one `Operation` per route: method, path, the request Struct,
+the Struct of a 200's JSON body (or the media type of a body that is not
+one), whether the route streams, and the error envelope of its API. A
+stream (`"stream": true`) answers `text/event-stream`, whose events are
+built from byte templates, not Structs: it is described in words, not with
+a schema. Errors are OpenAI's envelope everywhere except on the Anthropic
+routes, which answer in Anthropic's (see `error_shapes`).
+
+The document is built once, on the first request, and served as the same
+bytes after that. `tests/http/test_openapi.py` checks that it lists
+exactly the routes `routes.add_routes` registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from streamproxy.apis.anthropic import protocol as anthropic
+from streamproxy.apis.responses import protocol as responses
+from streamproxy.errors import ErrorEnvelope
+from streamproxy.http.state import VERSION
+from streamproxy.protocol import embeddings, openai_chat, openai_completions, tokenize
+from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, VersionInfo
+
+SSE = "text/event-stream"
+METRICS = "text/plain; version=0.0.4; charset=utf-8"
+REF = "#/components/schemas/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    request: type | None = None  # the JSON body's Struct
+    response: type | None = None  # a 200's JSON body's Struct
+    media: str | None = None  # a 200's media type when its body is not a Struct's JSON
+    stream: str | None = None  # what a `"stream": true` request gets as text/event-stream
+    errors: type = ErrorEnvelope
+    tag: str = "OpenAI"
+    also: tuple[int, ...] = ()  # statuses other than 200 and the errors, with the 200's body
+
+
+_CHUNKS = "`data:` frames of `chat.completion.chunk` objects, an optional usage chunk, then `data: [DONE]`"
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/v1/chat/completions", "Create a chat completion", openai_chat.ChatCompletionRequest,
+              openai_chat.ChatCompletion, stream=_CHUNKS),
+    Operation("post", "/v1/completions", "Create a (legacy) text completion", openai_completions.CompletionRequest,
+              openai_completions.Completion, stream=_CHUNKS.replace("chat.completion.chunk", "text_completion")),
+    Operation("post", "/v1/embeddings", "Create embeddings (embedding models only)", embeddings.EmbeddingRequest,
+              embeddings.EmbeddingList),
+    Operation("post", "/v1/responses", "Create a model response (Responses API)", responses.ResponsesRequest,
+              responses.Response, stream="named events (`event: response.created` ... `response.completed`), as OpenAI's Responses API"),
+    Operation("post", "/v1/messages", "Create a message (Anthropic Messages API)", anthropic.MessagesRequest, anthropic.Message,
+              stream="named events (`event: message_start` ... `message_stop`), as Anthropic's Messages API",
+              errors=anthropic.ErrorEnvelope, tag="Anthropic"),
+    Operation("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic Messages API)",
+              anthropic.CountTokensRequest, anthropic.TokenCount, errors=anthropic.ErrorEnvelope, tag="Anthropic"),
+    Operation("get", "/v1/models", "List the served models", response=ModelList),
+    Operation("get", "/v1/models/{model_id}", "Retrieve a served model", response=ModelCard),
+    *(
+        op
+        for prefix in ("", "/v1")
+        for op in (
+            Operation("post", prefix + "/tokenize", "Tokenize a prompt or chat messages (vLLM)", tokenize.TokenizeRequest,
+                      tokenize.TokenizeResponse, tag="vLLM"),
+            Operation("post", prefix + "/detokenize", "Detokenize token ids (vLLM)", tokenize.DetokenizeRequest,
+                      tokenize.DetokenizeResponse, tag="vLLM"),
+        )
+    ),
+    Operation("get", "/health", "Readiness: 200 once the engine is ready, 503 while it loads or after it died",
+              response=HealthStatus, tag="Server", also=(503,)),
+    Operation("get", "/version", "The server's version", response=VersionInfo, tag="Server"),
+    Operation("get", "/metrics", "Prometheus metrics (vLLM's and the server's)", media=METRICS, tag="Server"),
+    Operation("get", "/openapi.json", "This document", media="application/json", tag="Server"),
+)
+
+_TYPES = sorted(
+    {t for op in OPERATIONS for t in (op.request, op.response, op.errors) if t is not None},
+    key=lambda t: (t.__module__, t.__qualname__),
+)
+
+
+def _json_content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _operation(op: Operation, refs: dict[type, dict[str, Any]]) -> dict[str, Any]:
+    if op.response is not None:
+        content = _json_content(refs[op.response])
+    else:
+        content = {(op.media or "application/json").split(";")[0]: {"schema": {"type": "object"} if op.media == "application/json" else {"type": "string"}}}
+    ok: dict[str, Any] = {"description": "OK", "content": content}
+    if op.stream:
+        ok["description"] = f"A JSON body; with `\"stream\": true` a Server-Sent-Events stream: {op.stream}"
+        ok["content"] = {**content, SSE: {"schema": {"type": "string"}}}
+    errors = {"description": "An error, in this API's error shape", "content": _json_content(refs[op.errors])}
+    out: dict[str, Any] = {
+        "operationId": op.method + op.path.replace("/", "_").replace("{", "").replace("}", "").replace(".", "_"),
+        "summary": op.summary,
+        "tags": [op.tag],
+        "responses": {"200": ok, **{str(s): {"description": "Not ready", "content": content} for s in op.also}, "4XX": errors, "5XX": errors},
+    }
+    if "{model_id}" in op.path:
+        out["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if op.request is not None:
+        out["requestBody"] = {"required": True, "content": _json_content(refs[op.request])}
+    return out
+
+
+def build() -> dict[str, Any]:
+    """The OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
+    schemas, components = msgspec.json.schema_components(_TYPES, ref_template=REF)
+    refs = dict(zip(_TYPES, schemas))
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "streamproxy",
+            "version": VERSION,
+            "description": "OpenAI-compatible (and Anthropic Messages) streaming server. Request bodies ignore unknown fields.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "Only when the server runs with --api-key"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": "Only when the server runs with --api-key"},
+            },
+        },
+        # No key at all (a server without --api-key), or either form of the key.
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+    }
+
+
+@cache
+def document() -> bytes:
+    return msgspec.json.encode(build())
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(body=document(), content_type="application/json")
