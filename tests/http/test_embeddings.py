@@ -67,6 +67,9 @@ async def test_token_id_inputs(embed_client):
         ({"input": [[1, None]]}, 400, "input[0][1]"),
         ({"input": [{"a": 1}]}, 400, "input[0]"),
         ({"input": [1, "a"]}, 400, "input"),
+        # Token ids outside the vocabulary are the client's mistake, as on completions (the fake's is 0x110000).
+        ({"input": [1, 0x110000]}, 400, "input"),
+        ({"input": [[1], [-1]]}, 400, "input[1]"),
     ],
 )
 async def test_embedding_errors(embed_client, body, status, param):

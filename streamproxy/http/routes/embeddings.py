@@ -48,9 +48,13 @@ async def embeddings(request: web.Request) -> web.Response:
         raise InvalidRequest(exc.message.replace("'prompt'", "'input'"), param="input") from None
     prompts = [engine.encode(x) if isinstance(x, str) else list(x) for x in inputs]
     limit = engine.info.max_model_len
+    vocab = engine.info.vocab_size
     for i, ids in enumerate(prompts):
+        where = f"input[{i}]" if len(prompts) > 1 else "input"
         if not ids:
-            raise InvalidRequest("an input is empty", param=f"input[{i}]" if len(prompts) > 1 else "input")
+            raise InvalidRequest("an input is empty", param=where)
+        if not isinstance(inputs[i], str) and any(t < 0 or (vocab is not None and t >= vocab) for t in ids):
+            raise InvalidRequest("input token ids must be within the vocabulary", param=where)
         if len(ids) > limit:
             raise ContextLengthExceeded(
                 f"input {i} has {len(ids)} tokens, more than the model's maximum of {limit}", param="input"
