@@ -165,7 +165,8 @@ def test_completion_model_batches_prompts_into_one_request(target: Target, wire)
     from langchain_openai import OpenAI
 
     llm = OpenAI(
-        base_url=target.v1, api_key="unused", model=target.model, temperature=0, max_tokens=6, n=2, max_retries=0,
+        # n=2 needs sampling: vLLM refuses n > 1 with greedy decoding.
+        base_url=target.v1, api_key="unused", model=target.model, temperature=0.8, max_tokens=6, n=2, max_retries=0,
         http_client=wire.client(), http_async_client=wire.async_client(),
     )
     result = llm.generate(["Say hello.", "Say goodbye.", "Count to three."])
@@ -175,7 +176,7 @@ def test_completion_model_batches_prompts_into_one_request(target: Target, wire)
     assert [len(g) for g in result.generations] == [2, 2, 2], f"{CLIENT} completions: {result.generations}"
     for generations in result.generations:
         for g in generations:
-            assert isinstance(g.text, str) and g.text, f"{CLIENT} completions: {g}"
+            assert isinstance(g.text, str), f"{CLIENT} completions: {g}"  # a sampled answer may be empty (EOS first)
             if not target.real:
                 assert g.text == "Hello! This is a fake streamed"
             assert (g.generation_info or {}).get("finish_reason") in ("stop", "length"), f"{CLIENT} completions: {g.generation_info}"
