@@ -65,6 +65,9 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     logit_bias: dict[int, float] | None = None
     # Number of top logprobs per output token; None = no logprobs.
     logprobs: int | None = None
+    # Number of top logprobs per prompt token (-1: the whole vocabulary, as vLLM);
+    # None = none. They come on the stream (`OutputStream.prompt_logprobs`).
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # Structured output constraints (json schema, regex, choice, grammar) ride here.
@@ -98,22 +101,36 @@ def token_text(data: bytes) -> str:
 
 
 class TokenLogprob:
-    """One output token's log probability, in a form every engine can fill.
+    """One token's log probability, in a form every engine can fill.
 
     `bytes` are the token's real bytes (a byte-level token may be half a
     character); `token` is the text shown to clients (`token_text(bytes)`);
     `top` holds the most likely tokens at this position in rank order, as
-    `TokenLogprob`s whose own `top` is empty. A `Delta` carries one per token.
+    `TokenLogprob`s whose own `top` is empty. A `Delta` carries one per
+    output token. A prompt's tokens have one each too (`prompt_logprobs`),
+    where the first, which nothing precedes, has no score: `logprob` None
+    and no `top`. `rank` is the token's rank in the vocabulary at its
+    position (1: the most likely), where the engine tells it (vLLM's
+    `prompt_logprobs` shape shows it), else None.
     """
 
-    __slots__ = ("token_id", "token", "bytes", "logprob", "top")
+    __slots__ = ("token_id", "token", "bytes", "logprob", "top", "rank")
 
-    def __init__(self, token_id: int, token: str, data: bytes, logprob: float, top: Sequence[TokenLogprob] = ()) -> None:
+    def __init__(
+        self,
+        token_id: int,
+        token: str,
+        data: bytes,
+        logprob: float | None,
+        top: Sequence[TokenLogprob] = (),
+        rank: int | None = None,
+    ) -> None:
         self.token_id = token_id
         self.token = token
         self.bytes = data
         self.logprob = logprob
         self.top = top
+        self.rank = rank
 
     def __repr__(self) -> str:
         return f"TokenLogprob({self.token_id}, {self.token!r}, {self.logprob})"
@@ -178,10 +195,14 @@ class OutputStream(Protocol):
     producer hand steps straight to `sink` while nothing is pending (False:
     not now), `disarm()` stops that. `finished` is True once the end has been
     produced and taken; `prompt_tokens` / `cached_tokens` are final once it is.
+    `prompt_logprobs` (when the request asked for them, else None) are one
+    `TokenLogprob` per prompt token, the first unscored; they are set before
+    the first step is taken.
     """
 
     prompt_tokens: int
     cached_tokens: int
+    prompt_logprobs: list[TokenLogprob] | None
 
     @property
     def finished(self) -> bool: ...
@@ -202,6 +223,7 @@ class DeltaQueue:
 
     __slots__ = (
         "_pending", "_owned", "_waiter", "_closed", "_error", "_sink", "_sink_error", "prompt_tokens", "cached_tokens",
+        "prompt_logprobs",
     )
 
     def __init__(self) -> None:
@@ -214,6 +236,7 @@ class DeltaQueue:
         self._sink_error: BaseException | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.prompt_logprobs: list[TokenLogprob] | None = None
 
     # -- producer side (engine) --
     def put(self, deltas: list[Delta]) -> None:

@@ -23,7 +23,10 @@ of a choice has logprob `script.logprobs[p % len]` (default -0.25 * (p % 4 + 1))
 its bytes are the scripted token's own bytes (so a `bytes` token that is
 half a character reports exactly those bytes), and its top-k list is the
 token itself followed by made-up alternatives " alt1", " alt2", ... each one
-less likely by 1.0. The chat template puts `tools` (as JSON) before the
+less likely by 1.0. Prompt logprobs (`params.prompt_logprobs`, at most 20
+like vLLM's default `--max-logprobs`) are on the stream from the start:
+prompt token p > 0 has logprob `-(p % 4 + 1) / 8`, rank 1, and the same
+made-up alternatives; the first token has none. The chat template puts `tools` (as JSON) before the
 messages, and `rendered` keeps what each render_chat call was given (and
 `template_kwargs` its chat_template_kwargs), so tests can see a tool-call
 round trip, or a thinking switch, reach the template.
@@ -53,6 +56,8 @@ from .base import (
     TokenLogprob,
     token_text,
 )
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 class FakeScript(msgspec.Struct, kw_only=True):
@@ -188,7 +193,7 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(map(chr, token_ids))
+        return "".join(map(_char, token_ids))
 
     @property
     def tokenizer(self) -> Any:
@@ -216,8 +221,15 @@ class FakeEngine:
     async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> DeltaQueue:
         if self._state != "ready":
             raise EngineFailure(f"engine is {self._state}")
+        if params.prompt_logprobs is not None and not 0 <= params.prompt_logprobs <= MAX_LOGPROBS:
+            raise EngineRejected(
+                f"Requested prompt logprobs of {params.prompt_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
+                "prompt_logprobs",
+            )
         stream = DeltaQueue()
         stream.prompt_tokens = len(prompt_ids)
+        if params.prompt_logprobs is not None:
+            stream.prompt_logprobs = _prompt_logprobs(prompt_ids, params.prompt_logprobs)
         self.submitted.append((request_id, prompt_ids, params))
         script = self.script
         fail_after, crash = script.fail_after, False
@@ -376,6 +388,27 @@ class FakeEngine:
         out = text[choice.sent : safe]
         choice.sent = safe
         return out, False
+
+
+def _char(token_id: int) -> str:
+    """The fake tokenizer's text of one id: its code point (U+FFFD for a lone surrogate)."""
+    return "\ufffd" if 0xD800 <= token_id < 0xE000 else chr(token_id)
+
+
+def _prompt_logprobs(prompt_ids: list[int], k: int) -> list[TokenLogprob]:
+    """The fake's prompt logprobs: none for the first token, then `-(p % 4 + 1) / 8`, rank 1."""
+    out = []
+    for p, token_id in enumerate(prompt_ids):
+        text = _char(token_id)
+        data = text.encode()
+        if p == 0:
+            out.append(TokenLogprob(token_id, text, data, None))
+            continue
+        value = -(p % 4 + 1) / 8
+        own = TokenLogprob(token_id, text, data, value, rank=1)
+        top = [own] + [TokenLogprob(-i, f" alt{i}", f" alt{i}".encode(), value - i, rank=i + 1) for i in range(1, k)]
+        out.append(TokenLogprob(token_id, text, data, value, top[:k], rank=1))
+    return out
 
 
 if TYPE_CHECKING:

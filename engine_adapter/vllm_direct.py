@@ -3,8 +3,8 @@
 vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
 per request and step, keeps stats and the whole text, and puts it in a
 collector that we then turn into `Delta`s. `DirectRoute` takes the outputs
-of the requests that need none of that (one choice, no logprobs, a fast
-tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
+of the requests that need none of that (one choice, no logprobs or prompt
+logprobs, a fast tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
 instance (its `process_outputs` and `propagate_error` wrapped), per output
 it does one dict lookup, one `DecodeStream.step` per new token (primed with
 the prompt, as vLLM's detokenizer is) and one `DeltaQueue.put([Delta])`,
@@ -66,8 +66,9 @@ def unsupported(llm: Any) -> str | None:
 
 
 def eligible(params: GenerationParams) -> bool:
-    """Requests the direct route can serve with output identical to vLLM's own path."""
-    return params.n == 1 and params.logprobs is None
+    """Requests the direct route can serve with output identical to vLLM's own path
+    (prompt logprobs come from vLLM's OutputProcessor: those requests take its path)."""
+    return params.n == 1 and params.logprobs is None and params.prompt_logprobs is None
 
 
 class DirectRequest:

@@ -10,8 +10,8 @@ inside the loop.
 Requests go in as token ids (the server rendered and counted the prompt) via
 `AsyncLLM.add_request`, with `RequestOutputKind.DELTA`; vLLM's per-request
 collector comes back wrapped in a `vllm_stream.VllmOutputStream`. That is
-vLLM's own output path. Requests with one choice and no logprobs
-skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
+vLLM's own output path. Requests with one choice and no logprobs (nor
+prompt logprobs, which only vLLM's path carries) skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
 in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
 (`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
 not checked against).
@@ -83,6 +83,7 @@ def _sampling_params(params: GenerationParams) -> Any:
         min_tokens=params.min_tokens,
         logit_bias=params.logit_bias,
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
         include_stop_str_in_output=params.include_stop_str_in_output,
         skip_special_tokens=params.skip_special_tokens,
         structured_outputs=structured,
@@ -272,7 +273,8 @@ class VllmEngine:
                 raise _rejected(str(exc), None, params) from exc
             raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
-        stream = VllmOutputStream(collector, logprobs)
+        prompt_logprobs = None if params.prompt_logprobs is None else (self.token_bytes(), params.prompt_logprobs)
+        stream = VllmOutputStream(collector, logprobs, prompt_logprobs)
         stream.prompt_tokens = len(prompt_ids)
         return stream
 

@@ -8,7 +8,10 @@ up it is not woken at all: vLLM's output handler hands each step to the
 writer's sink through a hook on the collector's `put` (push). With logprobs,
 vLLM's per-position `{token_id: Logprob}` dicts become engine-neutral
 `TokenLogprob`s whose bytes come from the vocabulary (`TokenBytes`), exact
-even for half a character.
+even for half a character; the same for the prompt's logprobs
+(`RequestOutput.prompt_logprobs`, all of them on the request's first
+output), kept on the stream as `prompt_logprobs` before that output's
+Deltas are handed out.
 """
 
 from __future__ import annotations
@@ -40,15 +43,20 @@ class VllmOutputStream:
     request (`finished`) wakes the consumer to end the stream.
     """
 
-    __slots__ = ("_collector", "_done", "prompt_tokens", "cached_tokens", "_logprobs", "_sink", "_held", "_sink_error", "_error")
+    __slots__ = (
+        "_collector", "_done", "prompt_tokens", "cached_tokens", "prompt_logprobs", "_logprobs", "_prompt_logprobs", "_sink", "_held",
+        "_sink_error", "_error",
+    )
 
-    def __init__(self, collector: Any, logprobs: Any = None) -> None:
+    def __init__(self, collector: Any, logprobs: Any = None, prompt_logprobs: Any = None) -> None:
         self._collector = collector
         self._done = False
         self.prompt_tokens = 0
         self.cached_tokens = 0
-        # (TokenBytes, top-k) when the request asked for logprobs.
+        self.prompt_logprobs: list[TokenLogprob] | None = None
+        # (TokenBytes, top-k) when the request asked for logprobs; the same for prompt logprobs.
         self._logprobs = logprobs
+        self._prompt_logprobs = prompt_logprobs
         self._sink: Sink | None = None
         self._held: list[Delta] = []
         self._sink_error: BaseException | None = None
@@ -147,6 +155,9 @@ class VllmOutputStream:
         if out.prompt_token_ids is not None:
             self.prompt_tokens = len(out.prompt_token_ids)
         self.cached_tokens = out.num_cached_tokens or 0
+        if self._prompt_logprobs is not None and self.prompt_logprobs is None and getattr(out, "prompt_logprobs", None):
+            token_bytes, top = self._prompt_logprobs
+            self.prompt_logprobs = prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, token_bytes, top)
         if self._logprobs is None:
             deltas = [Delta(o.index, o.text, len(o.token_ids), o.finish_reason, o.token_ids) for o in out.outputs]
         else:
@@ -205,4 +216,27 @@ def _logprobs(token_ids: Sequence[int], positions: Any, token_bytes: TokenBytes,
             alternatives.append(TokenLogprob(tid, token_text(alt), alt, value))
         value = sampled.logprob if sampled is not None else float("-inf")
         out.append(TokenLogprob(token_id, token_text(data), data, value, alternatives))
+    return out
+
+
+def prompt_logprobs(prompt_ids: Sequence[int], positions: Any, token_bytes: TokenBytes, top: int) -> list[TokenLogprob]:
+    """vLLM's prompt logprobs (None for the first position, then {token_id: Logprob}) -> TokenLogprobs.
+
+    Each position's dict holds the prompt's own token (with its rank) and the
+    top-k by rank (`top` -1: all it holds); the own token keeps its rank.
+    """
+    out: list[TokenLogprob] = []
+    for token_id, ranked in zip(prompt_ids, positions):
+        data = token_bytes(token_id)
+        if not ranked:
+            out.append(TokenLogprob(token_id, token_text(data), data, None))
+            continue
+        own = ranked.get(token_id)
+        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in ranked.items() if lp.rank is not None and (top < 0 or lp.rank <= top))
+        alternatives = []
+        for rank, tid, value in best if top < 0 else best[:top]:
+            alt = token_bytes(tid)
+            alternatives.append(TokenLogprob(tid, token_text(alt), alt, value, rank=rank))
+        value = own.logprob if own is not None else float("-inf")
+        out.append(TokenLogprob(token_id, token_text(data), data, value, alternatives, own.rank if own is not None else None))
     return out

@@ -19,7 +19,13 @@ of each token in the completion text. Offsets count whole characters: a
 token that completes a character started by the previous one begins where
 that character begins (`CompletionLogprobs` keeps an incremental UTF-8
 decoder for this). `-inf` becomes -9999.0, OpenAI's value for "very
-unlikely", since JSON has no infinity.
+unlikely", since JSON has no infinity. With `echo` the prompt's tokens come
+first, the first of them unscored: `null` in `token_logprobs` and
+`top_logprobs`, as vLLM sends it.
+
+vLLM's `prompt_logprobs` extra (`prompt_logprobs`), one entry per prompt
+token: `null` for the first, then `{"<token id>": {"logprob", "rank",
+"decoded_token"}}` holding the prompt's own token first and the top k.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from engine_adapter.base import TokenLogprob
 _FLOOR = -9999.0
 
 
-def _lp(value: float) -> float:
-    return value if value > _FLOOR else _FLOOR
+def _lp(value: float | None) -> float | None:
+    return value if value is None or value > _FLOOR else _FLOOR
 
 
 def chat_entries(tokens: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
@@ -71,8 +77,25 @@ class CompletionLogprobs:
             self.offset += len(self._decoder.decode(t.bytes))
             out["tokens"].append(t.token)
             out["token_logprobs"].append(_lp(t.logprob))
+            if t.logprob is None:  # a prompt's first token: nothing to score it by
+                out["top_logprobs"].append(None)
+                continue
             top = {t.token: _lp(t.logprob)}
             for a in t.top:
                 top.setdefault(a.token, _lp(a.logprob))
             out["top_logprobs"].append(top)
         return out
+
+
+def vllm_prompt_logprobs(tokens: Sequence[TokenLogprob]) -> list[dict[str, Any] | None]:
+    """The prompt's logprobs in vLLM's `prompt_logprobs` shape."""
+    out: list[dict[str, Any] | None] = []
+    for t in tokens:
+        if t.logprob is None:
+            out.append(None)
+            continue
+        entry = {str(t.token_id): {"logprob": _lp(t.logprob), "rank": t.rank, "decoded_token": t.token}}
+        for a in t.top:
+            entry.setdefault(str(a.token_id), {"logprob": _lp(a.logprob), "rank": a.rank, "decoded_token": a.token})
+        out.append(entry)
+    return out

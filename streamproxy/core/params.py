@@ -233,14 +233,39 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+# At most this many prompts in one completions request (vLLM's VLLM_MAX_COMPLETION_PROMPTS default).
+MAX_PROMPTS = 1024
+
+
 def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
-    """Normalise `prompt` (str, [str], [int] or [[int]]) to a list of single prompts."""
+    """Normalise `prompt` (str, [str], [int] or [[int]]) to a list of single prompts, none empty."""
     if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
+        prompts: list[str | list[int]] = [prompt]
+    elif not prompt:
         raise InvalidRequest("'prompt' must not be empty", param="prompt")
-    if all(type(p) is int for p in prompt):
-        return [prompt]
-    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
-        return list(prompt)
-    raise InvalidRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", param="prompt")
+    elif all(type(p) is int for p in prompt):
+        prompts = [prompt]
+    elif all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise InvalidRequest(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", param="prompt"
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequest(f"'prompt' holds {len(prompts)} prompts; at most {MAX_PROMPTS} are allowed in one request", param="prompt")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise InvalidRequest("the prompt is empty" if len(prompts) == 1 else f"prompt {i} of the list is empty", param="prompt")
+    return prompts
+
+
+def prompt_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """vLLM's `prompt_logprobs: k` (k >= 0, or -1 for all): non-stream only, as in vLLM."""
+    k = req.prompt_logprobs
+    if k is None:
+        return None
+    if k < -1:
+        raise InvalidRequest(f"'prompt_logprobs' must be -1 (all) or at least 0, got {k}", param="prompt_logprobs")
+    if req.stream and k != 0:
+        raise InvalidRequest("'prompt_logprobs' are not available when 'stream' is true", param="prompt_logprobs")
+    return k

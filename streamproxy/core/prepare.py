@@ -102,6 +102,7 @@ def prepare(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, c
         logprobs=P.chat_logprobs(req),
     )
     params.structured = constraint
+    params.prompt_logprobs = P.prompt_logprobs(req)
     kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
     params.template_kwargs = kwargs
     parser = None

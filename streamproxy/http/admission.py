@@ -10,6 +10,12 @@ exactly once per ticket, in the route's `finally`.
 `max_concurrent == 0` means no limit (every ticket is granted at once).
 The running/queued gauges and the rejection counter move here, the one
 place that knows.
+
+A ticket counts `weight` requests: a batched completions request is one
+engine request per prompt, and takes that many slots at once (granted when
+all of them are free, queued as that many). A weight above the limit could
+never be granted: it counts as the whole limit (the route refuses such a
+batch with a 400 before it gets here).
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from streamproxy.http.metrics import ADMISSION_REJECTIONS, REQUESTS_QUEUED, REQU
 
 
 class Ticket:
-    __slots__ = ("_admission", "granted", "_waiter", "released")
+    __slots__ = ("_admission", "granted", "_waiter", "released", "weight")
 
-    def __init__(self, admission: Admission, granted: bool) -> None:
+    def __init__(self, admission: Admission, granted: bool, weight: int = 1) -> None:
         self._admission = admission
         self.granted = granted
+        self.weight = weight
         self._waiter: asyncio.Future[None] | None = None
         self.released = False
 
@@ -50,27 +57,27 @@ class Admission:
         self.max_queued = max_queued
         self.active = 0
         self._queue: deque[Ticket] = deque()
+        self.queued = 0  # the queued tickets' weights
         self.rejected = 0
 
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    def enter(self) -> Ticket:
-        if self.max_concurrent <= 0 or (self.active < self.max_concurrent and not self._queue):
-            self.active += 1
-            REQUESTS_RUNNING.inc()
-            return Ticket(self, True)
-        if len(self._queue) >= self.max_queued:
+    def enter(self, weight: int = 1) -> Ticket:
+        if self.max_concurrent > 0:
+            weight = min(weight, self.max_concurrent)
+        if self.max_concurrent <= 0 or (self.active + weight <= self.max_concurrent and not self._queue):
+            self.active += weight
+            REQUESTS_RUNNING.inc(weight)
+            return Ticket(self, True, weight)
+        if self.queued + weight > self.max_queued:
             self.rejected += 1
             ADMISSION_REJECTIONS.inc()
             raise RateLimited(
-                f"the server is at capacity ({self.active} requests running, {len(self._queue)} waiting); retry shortly",
+                f"the server is at capacity ({self.active} requests running, {self.queued} waiting); retry shortly",
                 retry_after=1,
             )
-        ticket = Ticket(self, False)
+        ticket = Ticket(self, False, weight)
         self._queue.append(ticket)
-        REQUESTS_QUEUED.inc()
+        self.queued += weight
+        REQUESTS_QUEUED.inc(weight)
         return ticket
 
     def _release(self, ticket: Ticket) -> None:
@@ -80,16 +87,24 @@ class Admission:
                 self._queue.remove(ticket)
             except ValueError:
                 return
-            REQUESTS_QUEUED.dec()
+            self.queued -= ticket.weight
+            REQUESTS_QUEUED.dec(ticket.weight)
+            # A heavy ticket that left the head of the line may have held lighter ones back.
+            self._grant()
             return
-        self.active -= 1
-        REQUESTS_RUNNING.dec()
-        while self._queue and self.active < max(self.max_concurrent, 1):
+        self.active -= ticket.weight
+        REQUESTS_RUNNING.dec(ticket.weight)
+        self._grant()
+
+    def _grant(self) -> None:
+        """Grant waiting tickets in arrival order while their weight fits."""
+        while self._queue and self.active + self._queue[0].weight <= max(self.max_concurrent, 1):
             nxt = self._queue.popleft()
-            REQUESTS_QUEUED.dec()
+            self.queued -= nxt.weight
+            REQUESTS_QUEUED.dec(nxt.weight)
             nxt.granted = True
-            self.active += 1
-            REQUESTS_RUNNING.inc()
+            self.active += nxt.weight
+            REQUESTS_RUNNING.inc(nxt.weight)
             waiter = nxt._waiter
             if waiter is None:
                 nxt._waiter = waiter = asyncio.get_running_loop().create_future()

@@ -54,6 +54,8 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's extra: the top k logprobs of every prompt token (-1: all), non-stream only.
+    prompt_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extensions: {"json"|"regex"|"choice"|"grammar"|"json_object": ...} and the older guided_* fields.
     structured_outputs: dict[str, Any] | None = None

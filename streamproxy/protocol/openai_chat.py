@@ -135,3 +135,5 @@ class ChatCompletion(msgspec.Struct):
     usage: Usage
     system_fingerprint: str
     object: str = "chat.completion"
+    # vLLM's extra, when the request asked for `prompt_logprobs` (core.logprobs.vllm_prompt_logprobs).
+    prompt_logprobs: list[Any] | None | msgspec.UnsetType = msgspec.UNSET

@@ -1,7 +1,10 @@
 """Wire schema of the legacy `/v1/completions` endpoint (vLLM bench's default).
 
 `prompt` may be a string, a list of strings, a list of token ids or a list of
-token-id lists, as in OpenAI's API; `params.py` normalises it.
+token-id lists, as in OpenAI's API; `params.completion_prompts` normalises
+it, and each prompt's choices follow the previous one's (`index` = prompt
+number × n + choice). `echo` puts the prompt before each choice's text;
+with `max_tokens: 0` (only then allowed) the text is the prompt alone.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class CompletionChoice(msgspec.Struct):
     text: str
     logprobs: Any
     finish_reason: str | None
+    # vLLM's extra, when the prompt's logprobs were asked for (`prompt_logprobs`, or echo with logprobs).
+    prompt_logprobs: list[Any] | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class Completion(msgspec.Struct):

@@ -157,3 +157,29 @@ def test_with_structured_output_real_engine(engine_target: Target, wire, method)
     assert result["parsing_error"] is None, f"{CLIENT} with_structured_output({method}): {result['parsing_error']!r}, raw {result['raw']!r}"
     assert isinstance(result["parsed"], Weather), f"{CLIENT} with_structured_output({method}): parsed = {result['parsed']!r}"
     assert_wire_ok(wire.exchanges, CLIENT)
+
+
+def test_completion_model_batches_prompts_into_one_request(target: Target, wire):
+    # LangChain's completion-model class (`OpenAI`) sends its prompts as one /v1/completions
+    # request with a list of prompts, and reads the choices back n per prompt, in index order.
+    from langchain_openai import OpenAI
+
+    llm = OpenAI(
+        # n=2 needs sampling: vLLM refuses n > 1 with greedy decoding.
+        base_url=target.v1, api_key="unused", model=target.model, temperature=0.8, max_tokens=6, n=2, max_retries=0,
+        http_client=wire.client(), http_async_client=wire.async_client(),
+    )
+    result = llm.generate(["Say hello.", "Say goodbye.", "Count to three."])
+    assert len(wire.exchanges) == 1, f"{CLIENT} completions: {len(wire.exchanges)} requests for one batch"
+    request = json.loads(wire.exchanges[0].request_body)
+    assert request["prompt"] == ["Say hello.", "Say goodbye.", "Count to three."] and request["n"] == 2
+    assert [len(g) for g in result.generations] == [2, 2, 2], f"{CLIENT} completions: {result.generations}"
+    for generations in result.generations:
+        for g in generations:
+            assert isinstance(g.text, str), f"{CLIENT} completions: {g}"  # a sampled answer may be empty (EOS first)
+            if not target.real:
+                assert g.text == "Hello! This is a fake streamed"
+            assert (g.generation_info or {}).get("finish_reason") in ("stop", "length"), f"{CLIENT} completions: {g.generation_info}"
+    usage = (result.llm_output or {}).get("token_usage", {})
+    assert usage.get("completion_tokens", 0) > 0 and usage.get("prompt_tokens", 0) > 0, f"{CLIENT} completions: usage = {usage}"
+    assert_wire_ok(wire.exchanges, CLIENT)

@@ -64,14 +64,31 @@ class StandinCompletion:
         self.logprobs = None
 
 
+class StandinLogprob:
+    """vllm.logprobs.Logprob."""
+
+    def __init__(self, logprob: float, rank: int | None = None, decoded_token: str | None = None) -> None:
+        self.logprob = logprob
+        self.rank = rank
+        self.decoded_token = decoded_token
+
+
 class StandinRequestOutput:
     """vllm.outputs.RequestOutput: `add` merges as vLLM 0.32 does in DELTA mode."""
 
-    def __init__(self, outputs: list[StandinCompletion], finished: bool, prompt_token_ids: list[int], num_cached_tokens: int) -> None:
+    def __init__(
+        self,
+        outputs: list[StandinCompletion],
+        finished: bool,
+        prompt_token_ids: list[int],
+        num_cached_tokens: int,
+        prompt_logprobs: list[Any] | None = None,
+    ) -> None:
         self.outputs = outputs
         self.finished = finished
         self.prompt_token_ids = prompt_token_ids
         self.num_cached_tokens = num_cached_tokens
+        self.prompt_logprobs = prompt_logprobs
 
     def add(self, next_output: StandinRequestOutput, aggregate: bool) -> None:
         self.finished |= next_output.finished
@@ -114,6 +131,11 @@ class StandinCollector:
         return output
 
 
+def token_bytes(token_id: int) -> bytes:
+    """A stand-in `TokenBytes`: token i is `t<i>`."""
+    return b"t%d" % token_id
+
+
 @cache
 def vllm_classes() -> tuple[Any, Any, Any, Any]:
     """vLLM's own (RequestOutputCollector, RequestOutput, CompletionOutput, RequestOutputKind)."""
@@ -130,7 +152,9 @@ class VllmProducer:
     PROMPT = [1, 2, 3]
     CACHED = 1
 
-    def __init__(self, real: bool) -> None:
+    def __init__(self, real: bool, prompt_logprobs: int | None = None) -> None:
+        """`prompt_logprobs`: the request asked for that many per prompt token; the first output carries
+        them (`prompt_logprobs_of`), as vLLM's does."""
         self.name = "vllm" if real else "vllm-standin"
         self.real = real
         if real:
@@ -138,18 +162,35 @@ class VllmProducer:
             self.collector = collector_cls(kind.DELTA, "r")
         else:
             self.collector = StandinCollector()
-        self.stream = VllmOutputStream(self.collector)
+        self.stream = VllmOutputStream(self.collector, None, None if prompt_logprobs is None else (token_bytes, prompt_logprobs))
+        self.prompt_logprobs = prompt_logprobs
+        self.outputs = 0
+
+    def prompt_logprobs_of(self) -> list[Any]:
+        """vLLM's prompt logprobs of PROMPT: none for the first token; then the own token and the top 2."""
+        if self.real:
+            from vllm.logprobs import Logprob
+        else:
+            Logprob = StandinLogprob  # noqa: N806
+        return [
+            None,
+            {2: Logprob(-0.5, 1, "t2"), 7: Logprob(-2.0, 2, "t7")},  # the prompt's token is the most likely
+            {3: Logprob(-3.0, 4, "t3"), 9: Logprob(-0.25, 1, "t9"), 8: Logprob(-1.0, 2, "t8")},  # it is 4th
+        ]
 
     def output(self, pieces: list[tuple[int, str]], finish: str | None = None, finished: bool = False) -> Any:
+        first = self.outputs == 0
+        self.outputs += 1
+        prompt_logprobs = self.prompt_logprobs_of() if first and self.prompt_logprobs is not None else None
         if self.real:
             _, request_output, completion, _ = vllm_classes()
             outputs = [
                 completion(index=i, text=text, token_ids=[len(text)], cumulative_logprob=None, logprobs=None, finish_reason=finish)
                 for i, text in pieces
             ]
-            return request_output("r", None, list(self.PROMPT), None, outputs, finished, num_cached_tokens=self.CACHED)
+            return request_output("r", None, list(self.PROMPT), prompt_logprobs, outputs, finished, num_cached_tokens=self.CACHED)
         outputs = [StandinCompletion(i, text, [len(text)], finish) for i, text in pieces]
-        return StandinRequestOutput(outputs, finished, list(self.PROMPT), self.CACHED)
+        return StandinRequestOutput(outputs, finished, list(self.PROMPT), self.CACHED, prompt_logprobs)
 
     def step(self, *pieces: Piece) -> None:
         self.collector.put(self.output(_pieces(pieces)))

@@ -230,6 +230,32 @@ def test_the_same_greedy_request_gives_the_same_answer_with_and_without_logprobs
         assert lp.logprob == lp.top[0].logprob  # greedy: the chosen token is the most likely one
 
 
+def test_prompt_logprobs_one_per_prompt_token_the_first_unscored(subject):
+    """Asked with prompt_logprobs=k: on the stream before the first step, one per prompt token (vLLM's own path)."""
+    prompt = subject.prompt()
+
+    async def go() -> tuple[OutputStream, list[Delta], object]:
+        params = GenerationParams(max_tokens=1, temperature=0, prompt_logprobs=2)
+        stream = await subject.engine.generate("prompt-lp-1", prompt, params)
+        first = await asyncio.wait_for(stream.get(), BOUND)
+        seen = stream.prompt_logprobs
+        return stream, first + await collect(stream), seen
+
+    stream, deltas, seen = subject.run(go())
+    per_choice(deltas)
+    got = stream.prompt_logprobs
+    assert seen is got and got is not None and len(got) == len(prompt)
+    assert [t.token_id for t in got] == prompt
+    assert got[0].logprob is None and got[0].top == ()
+    for t in got[1:]:
+        assert isinstance(t, TokenLogprob) and isinstance(t.bytes, bytes) and t.logprob is not None and t.logprob <= 0
+        assert t.rank is not None and t.rank >= 1
+        assert 1 <= len(t.top) <= 2 and [a.rank for a in t.top] == sorted(a.rank or 0 for a in t.top)
+    # Without the field, none.
+    stream, _ = subject.run(generate(subject, "prompt-lp-2", max_tokens=1, temperature=0))
+    assert stream.prompt_logprobs is None
+
+
 def test_a_stop_string_from_the_answer_ends_it_there(subject):
     params = dict(max_tokens=24, temperature=0, ignore_eos=True)
     _, deltas = subject.run(generate(subject, "stop-1", **params))

@@ -409,3 +409,27 @@ def test_vllm_a_drained_refusal_leaves_no_wake_up_set(vllm_producer):
     vllm_producer.step("b")  # vLLM's own put
     assert joined(drain(vllm_producer.stream)) == {0: "ab"}
     assert not vllm_producer.collector.ready.is_set()  # the next get() or wait() sleeps
+
+
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.engine)], ids=["vllm-standin", "vllm"])
+@pytest.mark.parametrize("push", [False, True], ids=["pull", "push"])
+def test_vllm_prompt_logprobs_are_on_the_stream_before_the_first_step_is_handed_out(real, push):
+    producer = VllmProducer(real=real, prompt_logprobs=1)
+    stream = producer.stream
+    assert stream.prompt_logprobs is None
+    seen_at_step: list[object] = []
+    if push:
+        assert stream.arm(lambda deltas: seen_at_step.append(stream.prompt_logprobs) is None)
+    producer.step("a")
+    producer.step("b")
+    if not push:
+        stream.get_nowait()
+        seen_at_step.append(stream.prompt_logprobs)
+    assert seen_at_step[0] is not None
+    got = stream.prompt_logprobs
+    assert got is not None and [t.token_id for t in got] == VllmProducer.PROMPT
+    first, second, third = got
+    assert (first.logprob, first.top, first.token, first.bytes) == (None, (), "t1", b"t1")
+    # The own token with its rank; the top 1 by rank after it (k = 1).
+    assert (second.logprob, second.rank, [(a.token_id, a.logprob, a.rank) for a in second.top]) == (-0.5, 1, [(2, -0.5, 1)])
+    assert (third.logprob, third.rank, [(a.token_id, a.rank) for a in third.top]) == (-3.0, 4, [(9, 1)])

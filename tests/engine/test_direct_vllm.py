@@ -181,6 +181,7 @@ def test_eligible():
     assert not eligible(GenerationParams(max_tokens=1, n=2))
     assert eligible(GenerationParams(max_tokens=1, stop=["x"]))
     assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
+    assert not eligible(GenerationParams(max_tokens=1, prompt_logprobs=0))  # only vLLM's OutputProcessor makes them
 
 
 def test_unsupported_names_what_is_missing(monkeypatch):

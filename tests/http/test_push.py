@@ -64,6 +64,8 @@ STREAM = {"messages": USER_HI, "stream": True, "max_tokens": 12, "stream_options
     ("/v1/chat/completions", STREAM),
     ("/v1/completions", {"prompt": "hi", "stream": True, "max_tokens": 12}),
     ("/v1/chat/completions", {**STREAM, "n": 2, "logprobs": True, "top_logprobs": 2}),
+    # A batch (one engine request per prompt, merged): the parts' steps reach the sink from the engine's step too.
+    ("/v1/completions", {"prompt": ["hi", "yo"], "echo": True, "logprobs": 1, "stream": True, "max_tokens": 12}),
 ])
 async def test_pushed_stream_is_byte_identical_to_the_pulled_one(serve, pushes, path, body):
     script = FakeScript(text="Hé, ünïcode 🙂 words ", token_delay=0.01)

@@ -60,6 +60,38 @@ async def test_disconnect_mid_stream_completions_aborts(server, session):
     assert await wait_until(lambda: "gone-2" in srv.engine.aborted and srv.engine.num_running == 0, timeout=5.0)
 
 
+async def test_disconnect_mid_stream_of_a_batch_aborts_every_prompts_request(server, session):
+    srv = await server(SLOW)
+    resp = await session.post(
+        srv.url("/v1/completions"),
+        json={"prompt": ["a", "b", "cd"], "echo": True, "stream": True, "max_tokens": 1000},
+        headers={"X-Request-Id": "gone-batch"},
+    )
+    assert resp.status == 200
+    await resp.content.readuntil(b"\n\n")
+    assert srv.engine.num_running == 3
+    resp.close()
+    ids = ["gone-batch-0", "gone-batch-1", "gone-batch-2"]
+    assert await wait_until(lambda: srv.engine.num_running == 0 and all(i in srv.engine.aborted for i in ids), timeout=5.0), (
+        srv.engine.aborted,
+        srv.engine.num_running,
+    )
+    assert sorted(srv.engine.aborted) == ids  # each once
+    assert srv.state.admission.active == 0
+
+
+async def test_nonstream_batch_cancelled_mid_generation_aborts_every_prompts_request(server, session):
+    srv = await server(SLOW)
+    task = asyncio.ensure_future(
+        session.post(srv.url("/v1/completions"), json={"prompt": ["a", "b"], "max_tokens": 1000}, headers={"X-Request-Id": "gone-nb"})
+    )
+    assert await wait_until(lambda: srv.engine.num_running == 2, timeout=5.0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert await wait_until(lambda: srv.engine.num_running == 0, timeout=5.0)
+    assert sorted(srv.engine.aborted) == ["gone-nb-0", "gone-nb-1"]
+
+
 async def test_disconnect_before_first_token_aborts(server, session):
     # ttft 30 s: the abort must come from the disconnect itself, not from a failed
     # write when the first token finally arrives.

@@ -78,6 +78,18 @@ async def test_heartbeat_in_mid_stream_gaps(server, session):
     assert _max_silence(timed, t0) < 0.4
 
 
+async def test_heartbeat_during_long_time_to_first_token_of_a_batch(server, session):
+    # A batched completions request (one engine request per prompt, merged): the same keepalives.
+    srv = await server(FakeScript(tokens=["a", "b"], ttft=1.0), sse_heartbeat=0.1)
+    timed, t0 = await _timed_frames(session, srv.url("/v1/completions"), {"prompt": ["x", "y", "z"], "stream": True})
+    kinds = [f for _, f in timed]
+    first_text = next(i for i, f in enumerate(kinds) if b'"text":"a"' in f)
+    assert 3 <= sum(f == KEEPALIVE for f in kinds[:first_text]) <= 30, kinds  # about 9
+    assert sorted(json.loads(f[6:])["choices"][0]["index"] for f in kinds if b'"finish_reason":"stop"' in f) == [0, 1, 2]
+    assert kinds[-1] == DONE
+    assert _max_silence(timed, t0) < 0.5, timed
+
+
 async def test_heartbeat_while_queued(server, session):
     srv = await server(
         FakeScript(text=" x", token_delay=0.05), sse_heartbeat=0.1, max_concurrent_requests=1, max_queued_requests=1

@@ -216,3 +216,35 @@ async def test_storm_of_engine_errors_leaves_nothing_behind(server):
         assert status == (500 if fail and not stream else 200), (fail, stream, status)
         assert verdict == (("error" if stream else "engine_error") if fail else "done"), (fail, stream, verdict)
     await before.back(srv)
+
+
+async def test_a_batch_takes_one_slot_per_prompt(server, session):
+    srv = await server(FakeScript(text=" x", token_delay=0.05), max_concurrent_requests=3, max_queued_requests=0)
+    url = srv.url("/v1/completions")
+    # More prompts than the server ever runs at once: a 400 that says so (it could never be admitted).
+    async with session.post(url, json={"prompt": ["a", "b", "c", "d"], "max_tokens": 1}) as resp:
+        err = _err(await resp.read())
+        assert resp.status == 400 and err["param"] == "prompt" and "at most 3" in err["message"], err
+    holder = asyncio.ensure_future(session.post(url, json={"prompt": ["a", "b"], "max_tokens": 10}))
+    assert await wait_until(lambda: srv.state.admission.active == 2 and srv.engine.num_running == 2, 5.0)
+    # Two of three slots taken by the batch: a second batch of two does not fit, a single prompt does.
+    async with session.post(url, json={"prompt": ["a", "b"], "max_tokens": 1}) as resp:
+        assert resp.status == 429, await resp.read()
+    async with session.post(url, json={"prompt": "a", "max_tokens": 1}) as resp:
+        assert resp.status == 200
+    assert (await holder).status == 200
+    assert await wait_until(lambda: srv.state.admission.active == 0 and srv.state.admission.queued == 0, 5.0)
+
+
+async def test_a_queued_batch_waits_for_all_its_slots(server, session):
+    srv = await server(FakeScript(text=" x", token_delay=0.05), max_concurrent_requests=2, max_queued_requests=2)
+    url = srv.url("/v1/completions")
+    holder = asyncio.ensure_future(session.post(url, json={"prompt": "a", "max_tokens": 10}))
+    assert await wait_until(lambda: srv.engine.num_running == 1, 5.0)
+    batch = asyncio.ensure_future(session.post(url, json={"prompt": ["a", "b"], "max_tokens": 1}))
+    assert await wait_until(lambda: srv.state.admission.queued == 2, 5.0)
+    assert srv.engine.num_running == 1  # one slot was free, but the batch needs two: nothing of it runs yet
+    assert (await holder).status == 200
+    resp = await batch
+    assert resp.status == 200 and [c["index"] for c in (await resp.json())["choices"]] == [0, 1]
+    assert srv.state.admission.active == 0 and srv.state.admission.queued == 0

@@ -388,8 +388,11 @@ def test_list_of_token_id_lists():
     assert _prompts(b'{"prompt":[[1,2],[3]]}') == [[1, 2], [3]]
 
 
-def test_empty_string_prompt_is_one_prompt():
-    assert _prompts(b'{"prompt":""}') == [""]
+@pytest.mark.parametrize("body", [b'{"prompt":""}', b'{"prompt":["a",""]}', b'{"prompt":[[1],[]]}'])
+def test_an_empty_prompt_is_rejected_also_inside_a_batch(body):
+    with pytest.raises(InvalidRequest) as info:
+        _prompts(body)
+    assert info.value.param == "prompt" and "empty" in info.value.message
 
 
 @pytest.mark.parametrize("body", [b'{"prompt":[]}', b'{"prompt":["a",1]}', b'{"prompt":[1,[2]]}', b'{"prompt":["a",[1]]}'])

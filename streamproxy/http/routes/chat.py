@@ -3,7 +3,9 @@
 `core.prepare` builds prompt, params and the per-choice filter chain; the
 same chain runs in the stream encoder and in the non-stream accumulator, so
 both answers agree. The thinking goes out as `reasoning`, and as
-`reasoning_content` too unless --no-reasoning-content-field.
+`reasoning_content` too unless --no-reasoning-content-field. vLLM's
+`prompt_logprobs` (non-stream) are read from the engine request's stream
+and sent beside the choices, in vLLM's shape.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any, TypedDict
 import msgspec
 from aiohttp import web
 
-from engine_adapter.base import Engine, GenerationParams
 from streamproxy.core.accumulate import ChoiceAccumulator
-from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries
+from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries, vllm_prompt_logprobs
 from streamproxy.core.prepare import prepare
 from streamproxy.core.stream import ChatStreamEncoder
 from streamproxy.http.routes import generation
@@ -56,17 +57,15 @@ def _message(acc: ChoiceAccumulator, i: int, reasoning_content: bool) -> Respons
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
     # Everything is planned in a plain function and handed straight to
-    # generation.run: this coroutine's frame lives as long as the stream, and
+    # generation.run_work: this coroutine's frame lives as long as the stream, and
     # so keeps neither the decoded body, its messages, nor the prompt's ids.
-    return await generation.run(request, state, **_plan(request, state, await decode_body(request, decode_request)))
+    return await generation.run_work(request, state, **_plan(request, state, await decode_body(request, decode_request)))
 
 
 class _RunArgs(TypedDict):
-    """generation.run's keyword arguments (a plain dict at run time; mypy checks them against `run`)."""
+    """generation.run_work's keyword arguments (a plain dict at run time; mypy checks them against `run_work`)."""
 
-    engine: Engine
-    prompt_ids: list[int]
-    params: GenerationParams
+    gen: generation.Generation
     stream: bool
     encoder: Callable[[], ChatStreamEncoder]
     render: Callable[[ChoiceAccumulator], bytes]
@@ -78,6 +77,8 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
     engine = state.require_engine(req.model)
     prep = prepare(state.settings, engine, req)
     options = req.stream_options
+    # Claimed last: nothing between here and run_work (which releases it) can fail.
+    gen = generation.Generation(engine, state.claim_engine_id(request["request_id"]), prep.prompt_ids, prep.params)
     out = _ChatOutput(
         response_id="chatcmpl-" + request["request_id"],
         created=int(time.time()),
@@ -89,11 +90,10 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
         logprobs=prep.params.logprobs is not None,
         forced_call=prep.forced_call,
         reasoning_content=state.settings.reasoning_content_field,
+        gen=gen if prep.params.prompt_logprobs is not None else None,
     )
     return {
-        "engine": engine,
-        "prompt_ids": prep.prompt_ids,
-        "params": prep.params,
+        "gen": gen,
         "stream": bool(req.stream),
         "encoder": out.encoder,
         "render": out.render,
@@ -119,6 +119,7 @@ class _ChatOutput:
     logprobs: bool
     forced_call: bool
     reasoning_content: bool
+    gen: generation.Generation | None  # when the prompt's logprobs were asked for: where they come from
 
     def encoder(self) -> ChatStreamEncoder:
         enc = ChatStreamEncoder(
@@ -149,8 +150,10 @@ class _ChatOutput:
                 ChatChoice(index=i, message=_message(acc, i, self.reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
             )
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
-        return _encode(
-            ChatCompletion(
-                id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
-            )
+        answer = ChatCompletion(
+            id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
         )
+        if self.gen is not None:
+            prompt = self.gen.prompt_logprobs()
+            answer.prompt_logprobs = None if prompt is None else vllm_prompt_logprobs(prompt)
+        return _encode(answer)

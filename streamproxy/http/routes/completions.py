@@ -1,29 +1,38 @@
 """POST /v1/completions: the legacy text endpoint (`vllm bench serve`'s default).
 
+`core.completion.plan` turns the request into prompts and params. One
+prompt without echo is one engine request (`generation.run`, the common
+path); a batch of prompts, or echo, is a `generation.Batch`: one engine
+request per prompt (ids suffixed `-<i>` in a batch, as vLLM does), each
+prompt's choices numbered from prompt × n, merged into one stream that the
+usual encoder, writer and accumulator take as if it were one request with
+prompts × n choices. Usage is summed over the prompts.
+
 `logprobs: N` gives the legacy logprobs shape (see `logprobs.py`);
 `response_format` and vLLM's structured-output fields constrain the text
-as on chat (`structured.constraint`).
+as on chat (`structured.constraint`). vLLM's `prompt_logprobs` (non-stream)
+ride on each choice in vLLM's shape.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
 
-from streamproxy.core import params as P
-from streamproxy.core import structured as S
+from engine_adapter.base import Engine, TokenLogprob
+from streamproxy.core import completion as C
 from streamproxy.core.accumulate import ChoiceAccumulator
-from streamproxy.core.logprobs import CompletionLogprobs
+from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.state import SYSTEM_FINGERPRINT, app_state
+from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
 from streamproxy.protocol.common import usage
-from streamproxy.protocol.openai_completions import Completion, CompletionChoice, decode_request
+from streamproxy.protocol.openai_completions import Completion, CompletionChoice, CompletionRequest, decode_request
 
 _encode = msgspec.json.Encoder().encode
 
@@ -32,74 +41,95 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state = app_state(request)
     req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
-    prompts = P.completion_prompts(req.prompt)
-    if len(prompts) != 1:
-        raise InvalidRequest("send one prompt per request (batched prompts are not supported)", param="prompt")
-    if req.echo or req.suffix:
-        raise InvalidRequest("'echo' and 'suffix' are not supported", param="echo" if req.echo else "suffix")
-    if req.best_of is not None and req.best_of != P.choices(req):
-        raise InvalidRequest("'best_of' is not supported", param="best_of")
-    prompt = prompts[0]
-    if isinstance(prompt, str):
-        prompt_ids = engine.encode(prompt)
+    plan = C.plan(engine, req, max_n=state.settings.max_n)
+    limit = state.settings.max_concurrent_requests
+    if limit > 0 and len(plan.prompts) > limit:
+        raise InvalidRequest(
+            f"'prompt' holds {len(plan.prompts)} prompts, but this server generates at most {limit} at once "
+            "(--max-concurrent-requests); send fewer per request",
+            param="prompt",
+        )
+    out = _Output(req, engine.info.name, request["request_id"], plan)
+    work: generation.Generation | generation.Batch
+    if len(plan.prompts) == 1 and plan.texts is None:
+        work = generation.Generation(engine, state.claim_engine_id(request["request_id"]), plan.prompts[0], plan.params[0])
     else:
-        prompt_ids = list(prompt)
-        vocab = engine.info.vocab_size
-        if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt_ids):
-            raise InvalidRequest("prompt token ids must be within the vocabulary", param="prompt")
-    if not prompt_ids:
-        raise InvalidRequest("the prompt is empty", param="prompt")
-    params = P.sampling_params(
-        req,
-        prompt_len=len(prompt_ids),
-        max_model_len=engine.info.max_model_len,
-        requested_max_tokens=req.max_tokens,
-        max_n=state.settings.max_n,
-        vocab_size=engine.info.vocab_size,
-        logprobs=P.completion_logprobs(req),
+        work = _batch(state, request["request_id"], engine, plan)
+    out.prompt_logprobs_of = work.prompt_logprobs
+    del plan, req  # `work` holds what the engine needs; this frame lives as long as the stream
+    return await generation.run_work(
+        request, state, work, stream=out.stream, encoder=out.encoder, render=out.render, accumulator=out.accumulator
     )
-    params.structured = S.constraint(req)
-    want_logprobs = params.logprobs is not None
-    response_id = "cmpl-" + request["request_id"]
-    created = int(time.time())
-    model = req.model or engine.info.name
-    options = req.stream_options
 
-    def encoder() -> CompletionStreamEncoder:
+
+def _batch(state: AppState, request_id: str, engine: Engine, plan: C.CompletionPlan) -> generation.Batch:
+    many = len(plan.prompts) > 1
+    parts = [
+        generation.Generation(engine, state.claim_engine_id(f"{request_id}-{i}" if many else request_id), ids, params)
+        for i, (ids, params) in enumerate(zip(plan.prompts, plan.params))
+    ]
+    return generation.Batch(parts, plan.n, [plan.echo(i) for i in range(len(parts))])
+
+
+def _none(i: int) -> None:
+    return None
+
+
+class _Output:
+    """What shapes one request's answer: the stream encoder, or the accumulator and JSON body."""
+
+    __slots__ = (
+        "response_id", "created", "model", "n", "choices", "stream", "include_usage", "continuous_usage", "logprobs",
+        "prompt_logprobs", "prompt_logprobs_of",
+    )
+
+    def __init__(self, req: CompletionRequest, served: str, request_id: str, plan: C.CompletionPlan) -> None:
+        self.response_id = "cmpl-" + request_id
+        self.created = int(time.time())
+        self.model = req.model or served
+        self.n = plan.n
+        self.choices = plan.choices
+        self.stream = bool(req.stream)
+        options = req.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous_usage = bool(options and options.continuous_usage_stats)
+        self.logprobs = plan.logprobs
+        self.prompt_logprobs = plan.prompt_logprobs
+        # Prompt number -> its prompt logprobs, from the work (set by the handler).
+        self.prompt_logprobs_of: Callable[[int], list[TokenLogprob] | None] = _none
+
+    def encoder(self) -> CompletionStreamEncoder:
         return CompletionStreamEncoder(
-            response_id=response_id,
-            created=created,
-            model=model,
-            n=params.n,
-            include_usage=bool(options and options.include_usage),
-            continuous_usage=bool(options and options.continuous_usage_stats),
+            response_id=self.response_id,
+            created=self.created,
+            model=self.model,
+            n=self.choices,
+            include_usage=self.include_usage,
+            continuous_usage=self.continuous_usage,
             system_fingerprint=SYSTEM_FINGERPRINT,
-            logprobs=want_logprobs,
+            logprobs=self.logprobs,
         )
 
-    def accumulator() -> ChoiceAccumulator:
-        return ChoiceAccumulator(params.n, logprobs=want_logprobs)
+    def accumulator(self) -> ChoiceAccumulator:
+        return ChoiceAccumulator(self.choices, logprobs=self.logprobs)
 
-    def logprobs(acc: ChoiceAccumulator, i: int) -> Any:
-        tokens = acc.logprobs(i)
-        return None if tokens is None else CompletionLogprobs().add(tokens)
-
-    def render(acc: ChoiceAccumulator) -> bytes:
-        choices = [
-            CompletionChoice(index=i, text=acc.text(i), logprobs=logprobs(acc, i), finish_reason=acc.finish_reasons[i])
-            for i in range(params.n)
-        ]
+    def render(self, acc: ChoiceAccumulator) -> bytes:
+        choices = []
+        for i in range(self.choices):
+            tokens = acc.logprobs(i)
+            choice = CompletionChoice(
+                index=i,
+                text=acc.text(i),
+                logprobs=None if tokens is None else CompletionLogprobs().add(tokens),
+                finish_reason=acc.finish_reasons[i],
+            )
+            if self.prompt_logprobs:
+                prompt = self.prompt_logprobs_of(i // self.n)
+                choice.prompt_logprobs = None if prompt is None else vllm_prompt_logprobs(prompt)
+            choices.append(choice)
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
-        return _encode(Completion(id=response_id, created=created, model=model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT))
-
-    return await generation.run(
-        request,
-        state,
-        engine,
-        prompt_ids=prompt_ids,
-        params=params,
-        stream=bool(req.stream),
-        encoder=encoder,
-        render=render,
-        accumulator=accumulator,
-    )
+        return _encode(
+            Completion(
+                id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
+            )
+        )

@@ -14,6 +14,10 @@ there this module runs the same life cycle for all of them:
               timeout, write stall, drain) -> abort
 
 so there is exactly one place where an engine request can be left behind.
+What is submitted is a `Work`: one engine request (`Generation`), or a
+`Batch` of them (a completions request with several prompts, or with echo:
+one engine request per prompt, merged into one stream by `merge.py`; its
+ticket counts one slot per prompt, and an abort reaches every one of them).
 Each request runs inside a `Lifetime` (drain.py): a drain deadline ends a
 stream with an in-band `server_shutting_down` event, a request timeout ends
 a non-streaming request with `generation_timeout`. Whatever happened goes
@@ -24,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
-from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream
+from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
 from streamproxy.core.prepare import Prepared
@@ -38,6 +42,7 @@ from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http.accesslog import Record, record
 from streamproxy.http.admission import Ticket
+from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import AppState, engine_dead
@@ -59,10 +64,30 @@ log = logging.getLogger("streamproxy.generation")
 A = TypeVar("A", bound=Accumulator)
 
 
+class Work(Protocol):
+    """What `run_work` submits and, if it is left unfinished, aborts."""
+
+    @property
+    def weight(self) -> int:
+        """Admission slots it takes: one per engine request."""
+        ...
+
+    @property
+    def engine_ids(self) -> list[str]:
+        """Its engine request ids (claimed from the state; released when the request ends)."""
+        ...
+
+    async def submit(self) -> OutputStream: ...
+
+    async def abort_if_running(self) -> None: ...
+
+
 class Generation:
     """One engine request: submit it, and abort it if it is left unfinished."""
 
     __slots__ = ("engine", "request_id", "prompt_ids", "params", "out")
+
+    weight = 1
 
     def __init__(self, engine: Engine, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
         self.engine = engine
@@ -70,6 +95,15 @@ class Generation:
         self.prompt_ids: list[int] | None = prompt_ids
         self.params = params
         self.out: OutputStream | None = None
+
+    @property
+    def engine_ids(self) -> list[str]:
+        return [self.request_id]
+
+    def prompt_logprobs(self, i: int = 0) -> list[TokenLogprob] | None:
+        """The prompt's logprobs, once the engine has sent them (when asked for); `i` is
+        the prompt's number, always 0 here (the signature `Batch.prompt_logprobs` has)."""
+        return None if self.out is None else self.out.prompt_logprobs
 
     async def submit(self) -> OutputStream:
         prompt_ids, self.prompt_ids = self.prompt_ids, None  # the engine's now: not kept for the stream's life
@@ -97,6 +131,44 @@ class Generation:
             log.debug("abort of %s failed", self.request_id, exc_info=True)
 
 
+class Batch:
+    """Several engine requests answered as one: submitted in order, merged, aborted together.
+
+    Part i's choices are numbered from i × n; `transforms[i]` (e.g. echo) is
+    applied to its Deltas first.
+    """
+
+    __slots__ = ("parts", "n", "transforms", "merged")
+
+    def __init__(self, parts: list[Generation], n: int, transforms: Sequence[Transform | None]) -> None:
+        self.parts = parts
+        self.n = n
+        self.transforms = transforms
+        self.merged: MergedStream | None = None
+
+    @property
+    def weight(self) -> int:
+        return len(self.parts)
+
+    @property
+    def engine_ids(self) -> list[str]:
+        return [part.request_id for part in self.parts]
+
+    def prompt_logprobs(self, i: int) -> list[TokenLogprob] | None:
+        return self.parts[i].prompt_logprobs()
+
+    async def submit(self) -> OutputStream:
+        streams = [await part.submit() for part in self.parts]  # a refusal aborts those before it (abort_if_running)
+        self.merged = MergedStream([Part(out, i * self.n, t) for i, (out, t) in enumerate(zip(streams, self.transforms))])
+        return self.merged
+
+    async def abort_if_running(self) -> None:
+        if self.merged is not None:
+            self.merged.close()
+        for part in self.parts:
+            await part.abort_if_running()
+
+
 async def run(
     request: web.Request,
     state: AppState,
@@ -109,14 +181,30 @@ async def run(
     render: Callable[[A], bytes],
     accumulator: Callable[[], A],
 ) -> web.StreamResponse:
+    gen = Generation(engine, state.claim_engine_id(request["request_id"]), prompt_ids, params)
+    del prompt_ids  # `gen` hands them to the engine; this frame lives as long as the stream
+    return await run_work(request, state, gen, stream=stream, encoder=encoder, render=render, accumulator=accumulator)
+
+
+async def run_work(
+    request: web.Request,
+    state: AppState,
+    gen: Work,
+    *,
+    stream: bool,
+    encoder: Callable[[], StreamEncoder],
+    render: Callable[[A], bytes],
+    accumulator: Callable[[], A],
+) -> web.StreamResponse:
+    """`run` for work the route built itself (a `Batch`, or a `Generation` its answer reads from);
+    its engine ids are released here."""
     rec = record(request)
     rec.generation = True
     rec.stream = stream
-    gen = Generation(engine, state.claim_engine_id(request["request_id"]), prompt_ids, params)
-    del prompt_ids  # `gen` hands them to the engine; this frame lives as long as the stream
-    ticket = state.admission.enter()
+    ticket: Ticket | None = None
     work: asyncio.Task[bytes] | None = None
     try:
+        ticket = state.admission.enter(gen.weight)
         if stream:
             return await _stream(request, state, gen, ticket, encoder(), rec)
         settings = state.settings
@@ -130,11 +218,13 @@ async def run(
     finally:
         if work is not None and not work.done():
             work.cancel()
-        ticket.release()
+        if ticket is not None:
+            ticket.release()
         try:
             await gen.abort_if_running()
         finally:
-            state.release_engine_id(gen.request_id)
+            for engine_id in gen.engine_ids:
+                state.release_engine_id(engine_id)
 
 
 B = TypeVar("B", bound=BlockEncoder)
@@ -154,7 +244,7 @@ async def run_blocks(
 # The non-streaming path's pieces are module functions, not closures in `run`:
 # a closure's cells would be made for every request, a stream's included, and
 # kept as long as it runs.
-async def _finish(gen: Generation, ticket: Ticket, acc: A, rec: Record, render: Callable[[A], bytes]) -> bytes:
+async def _finish(gen: Work, ticket: Ticket, acc: A, rec: Record, render: Callable[[A], bytes]) -> bytes:
     await ticket.wait()
     out = await gen.submit()
     await collect(out, acc, rec)
@@ -169,7 +259,7 @@ def _timed_out(ticket: Ticket, timeout: float) -> APIError:
 
 
 async def _stream(
-    request: web.Request, state: AppState, gen: Generation, ticket: Ticket, encoder: StreamEncoder, rec: Record
+    request: web.Request, state: AppState, gen: Work, ticket: Ticket, encoder: StreamEncoder, rec: Record
 ) -> web.StreamResponse:
     settings = state.settings
     heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
@@ -220,7 +310,7 @@ async def _stream(
 async def _wait_for_slot(
     response: web.StreamResponse,
     transport: asyncio.Transport | None,
-    gen: Generation,
+    gen: Work,
     ticket: Ticket,
     outcome: StreamOutcome,
     limit: float,
