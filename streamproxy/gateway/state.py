@@ -24,6 +24,7 @@ from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
 from streamproxy.gateway.wire import Upstreams
+from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
 
@@ -106,7 +107,7 @@ class GatewayState:
             if presented is None:
                 raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
             raise AuthenticationError("incorrect API key provided")
-        request["record"].key_id = found[0].id
+        request[RECORD].key_id = found[0].id
         return found
 
     def authorize(self, found: tuple[ApiKey, KeyLimiter] | None, deployment: Deployment) -> KeyLimiter | None:

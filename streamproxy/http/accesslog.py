@@ -89,13 +89,18 @@ class Record:
             self.finish_reason = first if all(r == first for r in finish_reasons) else list(finish_reasons)
 
 
+# What each request carries for the whole app (aiohttp's typed request storage).
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
+RECORD: web.RequestKey[Record] = web.RequestKey("record", Record)
+
+
 def record(request: web.Request) -> Record:
-    return request["record"]
+    return request[RECORD]
 
 
 def note_body(request: web.Request, body: Any) -> None:
     """The decoded request body: what the log line may say about it (never the prompt)."""
-    rec = request.get("record")
+    rec = request.get(RECORD)
     if rec is None:
         return
     model = getattr(body, "model", None)
@@ -116,8 +121,8 @@ async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
     if not (rid and _REQUEST_ID_OK.fullmatch(rid)):
         rid = uuid.uuid4().hex
     rec = Record(rid, perf_counter())
-    request["request_id"] = rid
-    request["record"] = rec
+    request[REQUEST_ID] = rid
+    request[RECORD] = rec
     response: web.StreamResponse | None = None
     try:
         response = await handler(request)
@@ -131,7 +136,7 @@ async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """Response headers are going out: the time to first byte, and the status really sent."""
-    rec = request.get("record")
+    rec = request.get(RECORD)
     if rec is not None and rec.sent_status is None:
         rec.sent_status = response.status
         rec.ttfb = perf_counter() - rec.start

@@ -28,6 +28,7 @@ from streamproxy.config import Settings
 from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
 from streamproxy.filters.detect import AUTO, resolve
 from streamproxy.http import accesslog
+from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
@@ -57,7 +58,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
 
 
 def _error(request: web.Request, exc: APIError) -> web.Response:
-    rec = request.get("record")
+    rec = request.get(RECORD)
     if rec is not None:
         rec.error_code = exc.code
     return error_response(request, exc)
@@ -79,7 +80,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
-        log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request["request_id"])
+        log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request[REQUEST_ID])
         return _error(request, InternalError("the server failed to handle this request"))
 
 

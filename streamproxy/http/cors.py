@@ -25,6 +25,7 @@ from streamproxy.errors import InvalidRequest
 ALL_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 EXPOSE = "X-Request-Id, Retry-After, x-should-retry, Deprecation"
 MAX_AGE = "600"
+_PREFLIGHT: web.RequestKey[bool] = web.RequestKey("cors_preflight", bool)
 
 
 class Cors:
@@ -69,7 +70,7 @@ class Cors:
         response = web.Response(status=200, text="OK")
         headers = response.headers
         # Marked so on_prepare does not add the actual-request headers again.
-        request["cors_preflight"] = True
+        request[_PREFLIGHT] = True
         self._origin_headers(origin, headers)
         headers["Access-Control-Allow-Methods"] = ", ".join(self.methods)
         if self.any_header:
@@ -82,7 +83,7 @@ class Cors:
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         origin = request.headers.get("Origin")
-        if origin is None or request.get("cors_preflight") or not self.allows(origin):
+        if origin is None or request.get(_PREFLIGHT) or not self.allows(origin):
             return
         self._origin_headers(origin, response.headers)
         response.headers["Access-Control-Expose-Headers"] = EXPOSE

@@ -21,6 +21,7 @@ import msgspec
 from aiohttp import web
 
 _NO_DEFAULT = object()
+_DEPRECATION: web.RequestKey[str] = web.RequestKey("deprecation", str)  # the field that made this request deprecated
 
 
 def _header_value(date: str | None, started: float) -> str:
@@ -70,11 +71,11 @@ class Deprecations:
                 continue
             default = _default(type(body), field)
             if default is _NO_DEFAULT or used != default:
-                request["deprecation"] = value
+                request[_DEPRECATION] = value
                 return
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
-        value = request.get("deprecation") or self.routes.get(_canonical(request))
+        value = request.get(_DEPRECATION) or self.routes.get(_canonical(request))
         if value is not None:
             response.headers["Deprecation"] = value
             if self.link:

@@ -42,6 +42,7 @@ from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
+from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
@@ -98,8 +99,8 @@ class Replica:
             assert await wait_until(lambda: self.engine.state == "ready", timeout=5.0), self.engine.state
 
     async def _saw(self, request: web.Request, response: web.StreamResponse) -> None:
-        rec = request.get("record")
-        self.seen.append(Seen(request.method, request.path, dict(request.headers), rec.model if rec else None, request["request_id"]))
+        rec = request.get(RECORD)
+        self.seen.append(Seen(request.method, request.path, dict(request.headers), rec.model if rec else None, request[REQUEST_ID]))
 
     async def stop(self) -> None:
         """Gone at once, as a crashed replica: the port refuses, every open connection is dropped."""

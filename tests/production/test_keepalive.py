@@ -203,7 +203,6 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
         encoder = HoldBack(response_id="r", created=0, model="m", n=1)
         outcome = await pump_sse(request, response, out, encoder, heartbeat=0.1, stall_timeout=1.0)
         await producer
-        request["beats"] = outcome.heartbeats
         await response.write_eof(outcome.tail)  # the usage/[DONE] frames ride with the last chunk
         return response
 

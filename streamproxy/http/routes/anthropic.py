@@ -25,6 +25,7 @@ from streamproxy.apis.anthropic import convert as C
 from streamproxy.apis.anthropic.protocol import TokenCount, decode_count_request, decode_request, encode
 from streamproxy.apis.anthropic.stream import AnthropicEncoder
 from streamproxy.core.prepare import prepare, prompt, renamed
+from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
@@ -37,7 +38,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat, cap_to_context=True)
-    message_id = "msg_" + request["request_id"]
+    message_id = "msg_" + request[REQUEST_ID]
     model = req.model or engine.info.name
     filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped
 

@@ -22,6 +22,7 @@ from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries, vllm_prompt_logprobs
 from streamproxy.core.prepare import prepare
 from streamproxy.core.stream import ChatStreamEncoder
+from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
@@ -78,9 +79,9 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
     prep = prepare(state.settings, engine, req)
     options = req.stream_options
     # Claimed last: nothing between here and run_work (which releases it) can fail.
-    gen = generation.Generation(engine, state.claim_engine_id(request["request_id"]), prep.prompt_ids, prep.params)
+    gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)
     out = _ChatOutput(
-        response_id="chatcmpl-" + request["request_id"],
+        response_id="chatcmpl-" + request[REQUEST_ID],
         created=int(time.time()),
         model=req.model or engine.info.name,
         n=prep.params.n,

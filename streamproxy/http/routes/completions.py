@@ -28,6 +28,7 @@ from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
 from streamproxy.errors import InvalidRequest
+from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
@@ -49,12 +50,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "(--max-concurrent-requests); send fewer per request",
             param="prompt",
         )
-    out = _Output(req, engine.info.name, request["request_id"], plan)
+    out = _Output(req, engine.info.name, request[REQUEST_ID], plan)
     work: generation.Generation | generation.Batch
     if len(plan.prompts) == 1 and plan.texts is None:
-        work = generation.Generation(engine, state.claim_engine_id(request["request_id"]), plan.prompts[0], plan.params[0])
+        work = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), plan.prompts[0], plan.params[0])
     else:
-        work = _batch(state, request["request_id"], engine, plan)
+        work = _batch(state, request[REQUEST_ID], engine, plan)
     out.prompt_logprobs_of = work.prompt_logprobs
     del plan, req  # `work` holds what the engine needs; this frame lives as long as the stream
     return await generation.run_work(

@@ -40,7 +40,7 @@ from streamproxy.core.blockstream import BlockEncoder
 from streamproxy.core.prepare import Prepared
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
-from streamproxy.http.accesslog import Record, record
+from streamproxy.http.accesslog import REQUEST_ID, Record, record
 from streamproxy.http.admission import Ticket
 from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
@@ -181,7 +181,7 @@ async def run(
     render: Callable[[A], bytes],
     accumulator: Callable[[], A],
 ) -> web.StreamResponse:
-    gen = Generation(engine, state.claim_engine_id(request["request_id"]), prompt_ids, params)
+    gen = Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prompt_ids, params)
     del prompt_ids  # `gen` hands them to the engine; this frame lives as long as the stream
     return await run_work(request, state, gen, stream=stream, encoder=encoder, render=render, accumulator=accumulator)
 

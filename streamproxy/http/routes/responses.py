@@ -18,6 +18,7 @@ from streamproxy.apis.responses import convert as C
 from streamproxy.apis.responses.protocol import ReasoningEcho, Response, ResponsesRequest, TextEcho, TextFormat, decode_request
 from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import prepare, renamed
+from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
@@ -53,7 +54,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat)
-    shell = _shell(req, "resp_" + request["request_id"], req.model or engine.info.name)
+    shell = _shell(req, "resp_" + request[REQUEST_ID], req.model or engine.info.name)
     filters = prep.filters
 
     def encoder(emit: bool) -> ResponsesEncoder:
