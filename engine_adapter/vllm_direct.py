@@ -37,9 +37,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prometheus_client import Counter
+
 from .base import Delta, DeltaQueue, EngineFailure, GenerationParams
 
 log = logging.getLogger("streamproxy.engine.vllm")
+
+# Which route a request took shows nowhere else (vLLM's series count both alike).
+DIRECT_REQUESTS = Counter(
+    "streamproxy_direct_requests",
+    "Requests whose outputs took the direct route from vLLM's engine core; the rest took vLLM's OutputProcessor",
+)
 
 # The vLLM releases whose AsyncLLM internals this module was checked against
 # (tests/engine/test_direct_vllm.py and the end-to-end test in test_real_engine.py).
@@ -159,6 +167,7 @@ class DirectRoute:
             req = DirectRequest(stream, decoder, external_id, params, None, *extra)
         self.requests[request.request_id] = req
         self.internal_ids[external_id] = request.request_id
+        DIRECT_REQUESTS.inc()
         return stream
 
     def discard(self, external_id: str) -> str | None:

@@ -29,6 +29,7 @@ OUR_FAMILIES = {
     "streamproxy_inter_token_latency_seconds": "histogram",
     "streamproxy_active_streams": "gauge",
     "streamproxy_responses": "counter",
+    "streamproxy_direct_requests": "counter",
 }
 
 
@@ -187,6 +188,8 @@ def test_vllm_request_series_count_every_route(engine_server, model_name):
         "vllm:request_prompt_tokens_sum": prompt,
         # One token per engine step (no speculative decoding): a gap per token after each choice's first.
         "vllm:inter_token_latency_seconds_count": completion - finished,
+        # The kinds named "direct" took the direct route, the others vLLM's OutputProcessor.
+        "streamproxy_direct_requests_total": sum("direct" in kind for kind in jobs),
     }
     got = {}
     for key in expected:
