@@ -16,9 +16,20 @@ core through `reqs_to_abort`, as vLLM's processor does. Every other request
 still takes vLLM's path; both share one engine-core client and output task.
 
 Same text as vLLM's path, token for token (tests/engine/test_direct_vllm.py).
-What direct requests give up: vLLM's per-request stats (e2e / TTFT /
-inter-token histograms, finished-request counters; `streamproxy_*` cover
-them). The token counters and the engine core's scheduler metrics are kept.
+
+Same `vllm:*` metrics too: vLLM's output handler makes one `IterationStats`
+per engine-core batch, hands it to `process_outputs` and then to its stat
+loggers (Prometheus among them); each direct request keeps vLLM's
+`RequestStateStats` and fills that same object as vLLM's processor does
+(`IterationStats.update_from_output` on a request's first output and on any
+output with engine-core events, `update_from_finished_request` and
+`ParentRequest.observe_finished_request` at its end). A decode output without
+events, the per-token case, gets the same three updates inline (token counts,
+one inter-token latency, the last token's time) instead of the method call.
+A request we abort (client gone) is not a finished request, as in vLLM
+(`OutputProcessor.abort_requests` records none); an abort the engine core
+reports (`FinishReason.ABORT`) is. Not mirrored: vLLM's tracing spans and
+its admission count of unfinished requests (`check_admission`).
 """
 
 from __future__ import annotations
@@ -26,9 +37,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prometheus_client import Counter
+
 from .base import Delta, DeltaQueue, EngineFailure, GenerationParams
 
 log = logging.getLogger("streamproxy.engine.vllm")
+
+# Which route a request took shows nowhere else (vLLM's series count both alike).
+DIRECT_REQUESTS = Counter(
+    "streamproxy_direct_requests",
+    "Requests whose outputs took the direct route from vLLM's engine core; the rest took vLLM's OutputProcessor",
+)
 
 # The vLLM releases whose AsyncLLM internals this module was checked against
 # (tests/engine/test_direct_vllm.py and the end-to-end test in test_real_engine.py).
@@ -72,12 +91,14 @@ def eligible(params: GenerationParams) -> bool:
 
 
 class DirectRequest:
-    """One direct request: its stream, its decoder, and what the first output sets."""
+    """One direct request: its stream, its decoder, what the first output sets, and vLLM's stats."""
 
-    __slots__ = ("stream", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop", "skip_special")
+    __slots__ = ("stream", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop", "skip_special",
+                 "stats", "max_tokens", "lora_name")
 
     def __init__(self, stream: DeltaQueue, decoder: Any, external_id: str, params: GenerationParams,
-                 stop_detokenizer: Any = None) -> None:
+                 stop_detokenizer: Any = None, stats: Any = None, max_tokens: int | None = None,
+                 lora_name: str | None = None) -> None:
         self.stream = stream
         self.decoder = decoder  # a DecodeStream; None with stop strings
         self.stop_detokenizer = stop_detokenizer  # vLLM's incremental detokenizer, with stop strings
@@ -85,6 +106,9 @@ class DirectRequest:
         self.prefilling = True
         self.include_stop = params.include_stop_str_in_output
         self.skip_special = params.skip_special_tokens
+        self.stats = stats  # vLLM's RequestStateStats (None when vLLM logs no stats)
+        self.max_tokens = max_tokens  # the request's SamplingParams.max_tokens, for vLLM's histogram
+        self.lora_name = lora_name
 
 
 class DirectRoute:
@@ -92,12 +116,23 @@ class DirectRoute:
 
     def __init__(self, output_processor: Any, tokenizer: Any) -> None:
         import tokenizers
+        from vllm import envs
         from vllm.v1.engine import FinishReason
         from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
         from vllm.v1.engine.output_processor import OutputProcessorOutput
+        from vllm.v1.engine.parallel_sampling import ParentRequest
+        from vllm.v1.metrics.stats import LoRARequestStates, RequestStateStats
 
         assert tuple(str(FinishReason(i)) for i in range(len(_FINISH))) == _FINISH, "vLLM's FinishReason changed"
+        self._reasons = tuple(FinishReason(i) for i in range(len(_FINISH)))
         self._processor = output_processor
+        # vLLM's per-request stats, kept as its OutputProcessor keeps them (see the module's comment).
+        self._log_stats = bool(getattr(output_processor, "log_stats", False))
+        self._request_stats = RequestStateStats
+        self._lora_states = getattr(output_processor, "lora_states", None) or LoRARequestStates(False)
+        self._observe_finished = ParentRequest.observe_finished_request
+        # With NaN counting on, every output takes vLLM's own update (it checks each one).
+        self._all_outputs_by_vllm = bool(envs.VLLM_COMPUTE_NANS_IN_LOGITS)
         self._tokenizer = tokenizer
         self._stop_detokenizer = FastIncrementalDetokenizer
         self._rust_tokenizer = tokenizer._tokenizer
@@ -123,13 +158,17 @@ class DirectRoute:
         """Register an `EngineCoreRequest` (before it is sent to the engine core)."""
         stream = DeltaQueue()
         stream.prompt_tokens = len(request.prompt_token_ids)
+        stats = self._request_stats(arrival_time=request.arrival_time) if self._log_stats else None
+        lora = request.lora_request
+        extra = (stats, request.sampling_params.max_tokens, lora.lora_name if lora is not None else None)
         if params.stop:
-            req = DirectRequest(stream, None, external_id, params, self._stop_detokenizer(self._tokenizer, request))
+            req = DirectRequest(stream, None, external_id, params, self._stop_detokenizer(self._tokenizer, request), *extra)
         else:
             decoder = self._decode_stream(ids=request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
-            req = DirectRequest(stream, decoder, external_id, params)
+            req = DirectRequest(stream, decoder, external_id, params, None, *extra)
         self.requests[request.request_id] = req
         self.internal_ids[external_id] = request.request_id
+        DIRECT_REQUESTS.inc()
         return stream
 
     def discard(self, external_id: str) -> str | None:
@@ -138,6 +177,7 @@ class DirectRoute:
         if internal is not None:
             req = self.requests.pop(internal, None)
             if req is not None:
+                self._lora_states.request_finished(internal, req.lora_name)  # as vLLM's abort_requests
                 req.stream.close()
         return internal
 
@@ -159,17 +199,25 @@ class DirectRoute:
             return self._vllm_process_outputs(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version=weight_version)
         rest = []
         aborts: list[str] = []  # stopped on a stop string while the engine core goes on
+        # vLLM's stats for this batch (the handler makes them only when vLLM logs stats), filled per output.
+        stats = iteration_stats if self._log_stats else None
+        timestamp = 0.0 if engine_core_timestamp is None else engine_core_timestamp
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
                 rest.append(output)
                 continue
             try:
-                self._count(req, output, iteration_stats)
+                if stats is not None:
+                    self._count(req, output, timestamp, stats)
+                elif req.prefilling:
+                    self._first_output(req, output)
                 if req.stop_detokenizer is None:
                     text, ids, reason = self._text(req, output)
                 else:
                     text, ids, reason = self._text_with_stop_strings(req, output, aborts)
+                if reason is not None and stats is not None:
+                    self._count_finished(req, output.request_id, reason, stats)
                 self._emit(req, output.request_id, text, ids, reason)
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
@@ -188,17 +236,41 @@ class DirectRoute:
         self.internal_ids.pop(req.external_id, None)
 
     @staticmethod
-    def _count(req: DirectRequest, output: Any, stats: Any) -> None:
-        """vLLM's iteration token counters, and the cached prompt tokens from the first output."""
-        if stats is not None:
-            stats.num_generation_tokens += len(output.new_token_ids)
-        if req.prefilling:
-            req.prefilling = False
-            prefill = output.prefill_stats
-            if prefill is not None:
-                req.stream.cached_tokens = prefill.num_cached_tokens
-                if stats is not None:
-                    stats.prompt_token_stats.update_from_output(prefill)
+    def _first_output(req: DirectRequest, output: Any) -> None:
+        """The cached prompt tokens, from the first output."""
+        req.prefilling = False
+        prefill = output.prefill_stats
+        if prefill is not None:
+            req.stream.cached_tokens = prefill.num_cached_tokens
+
+    def _count(self, req: DirectRequest, output: Any, timestamp: float, stats: Any) -> None:
+        """One output into vLLM's IterationStats and the request's RequestStateStats, as vLLM's processor."""
+        rs = req.stats
+        if req.prefilling or output.events is not None or self._all_outputs_by_vllm:
+            stats.update_from_output(output, timestamp, req.prefilling, rs, self._lora_states, req.lora_name)
+            if req.prefilling:
+                self._first_output(req, output)
+            return
+        # A decode step without events: what update_from_output does for it.
+        n = len(output.new_token_ids)
+        stats.num_generation_tokens += n
+        rs.num_generation_tokens += n
+        stats.inter_token_latencies_iter.append(timestamp - rs.last_token_ts)
+        rs.last_token_ts = timestamp
+
+    def _count_finished(self, req: DirectRequest, internal_id: str, reason: int, stats: Any) -> None:
+        """The finished request into vLLM's IterationStats, as OutputProcessor._update_stats_from_finished."""
+        rs = req.stats
+        stats.update_from_finished_request(
+            finish_reason=self._reasons[reason],
+            request_id=req.external_id,
+            num_prompt_tokens=req.stream.prompt_tokens,
+            max_tokens_param=req.max_tokens,
+            req_stats=rs,
+            num_cached_tokens=req.stream.cached_tokens,
+        )
+        self._lora_states.request_finished(internal_id, req.lora_name)
+        self._observe_finished(None, stats, rs.num_generation_tokens)  # one choice: n = 1
 
     def _text(self, req: DirectRequest, output: Any) -> tuple[str, list[int], int | None]:
         """The step's text by the bare DecodeStream; its token ids and finish reason as they came."""

@@ -282,3 +282,126 @@ def test_a_failing_last_output_ends_its_stream_and_nothing_escapes(tokenizer):
     with pytest.raises(EngineFailure, match="AttributeError"):
         stream.get_nowait()
     assert len(route) == 0 and route.internal_ids == {}
+
+
+# vLLM's per-request stats: the route fills vLLM's IterationStats as vLLM's OutputProcessor does.
+# Both run on one real OutputProcessor (log_stats on) with the route installed, fed the same batches.
+ARRIVAL = 1000.0  # wall clock, as the frontend's arrival_time
+ITERATION = 1003.0  # each batch's IterationStats.iteration_timestamp, pinned (vLLM takes time.time())
+
+
+def _stats_batches(tokenizer, end: str):
+    """(engine-core timestamp, [(token ids, finish, events, prefill_stats)]) per batch of one request;
+    the first output carries QUEUED/SCHEDULED and the prefill stats, a later one a preemption."""
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, FinishReason
+    from vllm.v1.metrics.stats import PrefillStats
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    prefill = PrefillStats()
+    prefill.set(num_prompt_tokens=5, num_local_cached_tokens=2, num_external_cached_tokens=0)
+    queued = [EngineCoreEvent(EngineCoreEventType.QUEUED, 10.0), EngineCoreEvent(EngineCoreEventType.SCHEDULED, 10.5)]
+    last = {"length": (ids[6:7], FinishReason.LENGTH), "eos": ([tokenizer.eos_token_id], FinishReason.STOP),
+            "engine abort": ([], FinishReason.ABORT), "stop string": (ids[6:7], None)}[end]
+    return [
+        (11.0, [(ids[0:1], None, queued, prefill)]),
+        (11.25, [(ids[1:2], None, None, None)]),
+        (11.75, [(ids[2:4], None, None, None)]),
+        (12.5, [(ids[4:5], None, [EngineCoreEvent(EngineCoreEventType.PREEMPTED, 12.0)], None)]),
+        (13.0, [(ids[5:6], None, None, None)]),
+        (14.0, [(last[0], last[1], None, None)]),
+    ]
+
+
+def _run_stats(tokenizer, route_ids: dict[str, str], batches, direct_ids: set[str], stop: list[str] | None = None) -> list[dict]:
+    """Feed `batches` to every request in `route_ids` (internal -> external id); the ones in
+    `direct_ids` take the route, the rest vLLM's processor. The IterationStats of each batch, as dicts."""
+    import copy
+
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.metrics.stats import IterationStats
+
+    processor = OutputProcessor(tokenizer, log_stats=True)
+    route = DirectRoute(processor, tokenizer)
+    prompt = [1, 2, 3, 4, 5]
+    sampling = dict(max_tokens=16, stop=stop)
+    for internal, external in route_ids.items():
+        request = _request(internal, prompt, external, output_kind=RequestOutputKind.DELTA, **sampling)
+        request.arrival_time = ARRIVAL
+        if internal in direct_ids:
+            route.add(request, external, GenerationParams(max_tokens=16, stop=stop or []))
+        else:
+            processor.add_request(request, None)
+    got = []
+    for timestamp, outputs in batches:
+        stats = IterationStats()
+        stats.iteration_timestamp = ITERATION
+        batch = [EngineCoreOutput(request_id=internal, new_token_ids=list(ids), finish_reason=finish,
+                                  events=copy.deepcopy(events), prefill_stats=copy.deepcopy(prefill))
+                 for internal in route_ids for ids, finish, events, prefill in outputs]
+        route.process_outputs(batch, timestamp, stats)
+        got.append({k: v for k, v in vars(stats).items()})
+    assert not processor.request_states and len(route) == 0
+    return got
+
+
+@pytest.mark.parametrize("end", ["length", "eos", "engine abort", "stop string"])
+def test_stats_as_vllms_output_processor(tokenizer, end):
+    from vllm.v1.engine import FinishReason
+
+    batches = _stats_batches(tokenizer, end)
+    stop = None
+    if end == "stop string":  # found in the last batch (TEXT's 7th token ends "wörld"); the engine core would go on
+        stop = ["ld"]
+        assert "ld" not in tokenizer.decode([t for _, outs in batches[:-1] for t in outs[0][0]])
+    vllm_side = _run_stats(tokenizer, {"v-1": "r"}, batches, set(), stop)
+    direct = _run_stats(tokenizer, {"d-1": "r"}, batches, {"d-1"}, stop)
+    assert direct == vllm_side
+    # The oracle is not vacuous: every kind of entry is there.
+    first, last = vllm_side[0], vllm_side[-1]
+    assert first["time_to_first_tokens_iter"] == [ITERATION - ARRIVAL] and first["prompt_token_stats"].total == 5
+    assert vllm_side[1]["inter_token_latencies_iter"] == [0.25] and vllm_side[3]["num_preempted_reqs"] == 1
+    [finished] = last["finished_requests"]
+    reason = {"length": FinishReason.LENGTH, "eos": FinishReason.STOP, "engine abort": FinishReason.ABORT,
+              "stop string": FinishReason.STOP}[end]
+    assert finished.finish_reason == reason and finished.request_id == "r"
+    assert (finished.queued_time, finished.prefill_time, finished.e2e_latency) == (0.5, 0.5, ITERATION - ARRIVAL)
+    assert finished.num_prompt_tokens == 5 and finished.num_cached_tokens == 2 and finished.max_tokens_param == 16
+    assert finished.num_preemptions == 1 and finished.decode_time == 3.0
+    assert last["n_params_iter"] == [1] and last["max_num_generation_tokens_iter"] == [finished.num_generation_tokens]
+    assert finished.num_generation_tokens == 6 + (0 if end == "engine abort" else 1)
+
+
+def test_stats_mixed_batches_count_each_request_once(tokenizer):
+    """Direct and vLLM-path requests in the same batches: each counted once, none twice."""
+    batches = _stats_batches(tokenizer, "length")
+    alone = _run_stats(tokenizer, {"v-1": "a"}, batches, set())
+    mixed = _run_stats(tokenizer, {"v-1": "a", "d-1": "b", "v-2": "c", "d-2": "d"}, batches, {"d-1", "d-2"})
+    for one, four in zip(alone, mixed, strict=True):
+        assert four["num_generation_tokens"] == 4 * one["num_generation_tokens"]
+        assert four["prompt_token_stats"].total == 4 * one["prompt_token_stats"].total
+        for key in ("time_to_first_tokens_iter", "inter_token_latencies_iter", "n_params_iter",
+                    "max_num_generation_tokens_iter"):
+            assert four[key] == one[key] * 4, key
+        assert sorted(f.request_id for f in four["finished_requests"]) == (["a", "b", "c", "d"] if one["finished_requests"] else [])
+
+
+def test_a_client_abort_is_no_finished_request(tokenizer):
+    """Aborted by us (client gone), as vLLM's abort_requests: the tokens and TTFT seen count, no finish."""
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.metrics.stats import IterationStats
+
+    processor = OutputProcessor(tokenizer, log_stats=True)
+    route = DirectRoute(processor, tokenizer)
+    request = _request("d-1", [1, 2, 3], "d", max_tokens=8)
+    request.arrival_time = ARRIVAL
+    route.add(request, "d", GenerationParams(max_tokens=8))
+    stats = IterationStats()
+    route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[7])], 11.0, stats)
+    assert stats.num_generation_tokens == 1 and len(stats.time_to_first_tokens_iter) == 1
+    assert route.discard("d") == "d-1"
+    stats = IterationStats()
+    route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[8])], 11.5, stats)  # already in flight
+    assert stats.finished_requests == [] and stats.num_generation_tokens == 0 and stats.n_params_iter == []

@@ -208,9 +208,10 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
     logprobs goes through vLLM's OutputProcessor. Greedy, they must say the same, token
     for token, streamed and not, with the same usage and finish reason, whatever the model
     says. Then once more with a stop string, on a forced answer (FORCED), so that the stop
-    string is known to stand after some text on every machine. Only vLLM's path feeds
-    vLLM's per-request histograms; both feed its token counters."""
+    string is known to stand after some text on every machine. Both routes feed vLLM's
+    per-request histograms and token counters; streamproxy_direct_requests tells them apart."""
     finished, generated = "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total"
+    direct_count = "streamproxy_direct_requests_total"
     messages = [{"role": "user", "content": "Write a short poem about the sea, with an emoji or two: 🌊"}]
     rounds = [(True, {}), (False, {}), (True, {"stop": [STOP_WORD], **FORCED}), (False, {"stop": [STOP_WORD], **FORCED})]
     for stream, shape in rounds:
@@ -219,7 +220,7 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
             body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **shape, **extra}
             if stream:
                 body["stream_options"] = {"include_usage": True}
-            before = _metric(engine_server, finished), _metric(engine_server, generated)
+            before = _metric(engine_server, finished), _metric(engine_server, generated), _metric(engine_server, direct_count)
             r = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
             if stream:
@@ -234,11 +235,10 @@ def test_direct_route_text_equals_vllms_path(engine_server, model_name):
             # every token of the answer is counted (then its last step, finish included, is).
             tokens = results[-1][2]["completion_tokens"]
             assert wait_until_sync(lambda: _metric(engine_server, generated) - before[1] >= tokens, 30, interval=0.1)
-            if extra:
-                assert wait_until_sync(lambda: _metric(engine_server, finished) - before[0] >= 1, 30, interval=0.1)
-            after = _metric(engine_server, finished), _metric(engine_server, generated)
-            assert after[0] - before[0] == (1 if extra else 0), "the request took the wrong route"
-            assert after[1] - before[1] > 0
+            assert wait_until_sync(lambda: _metric(engine_server, finished) - before[0] >= 1, 30, interval=0.1)
+            after = _metric(engine_server, finished), _metric(engine_server, generated), _metric(engine_server, direct_count)
+            assert after[2] - before[2] == (0 if extra else 1), "the request took the wrong route"
+            assert after[0] - before[0] == 1 and after[1] - before[1] > 0
         direct, vllm_path = results
         assert direct == vllm_path
         assert direct[2]["completion_tokens"] >= 1
