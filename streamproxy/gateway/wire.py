@@ -127,8 +127,13 @@ class _Connection(asyncio.Protocol):
 
     def start(self, request: bytes, read_timeout: float | None, reused: bool, head_only: bool) -> Exchange:
         exchange = self.exchange = Exchange(self, read_timeout, reused, head_only)
-        assert self.transport is not None
-        self.transport.write(request)
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            # Closed since it was opened or pooled (a replica over its connection cap closes new
+            # ones at once): nothing will ever come back on it, so the exchange fails now.
+            exchange.lost(None)
+            return exchange
+        transport.write(request)
         return exchange
 
     def data_received(self, data: bytes) -> None:
@@ -322,6 +327,8 @@ class Exchange:
 
     def _check_silence(self) -> None:
         self._timer = None
+        if self.parser.complete:
+            return  # answered in full: waiting for its caller to finish it is not silence
         timeout = self._timeout
         assert timeout
         now = self._loop.time()

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from streamproxy.gateway.upstream import ask
-from streamproxy.gateway.wire import UpstreamClosed, Upstreams
+from streamproxy.gateway.wire import Origin, UpstreamClosed, Upstreams, _Connection
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -217,3 +217,26 @@ async def test_at_most_keepalive_idle_connections_are_kept_per_replica(replica):
     third.finish(reuse=True)
     assert r.connections == 2  # the first, kept, carried the third request
     upstreams.close()
+
+
+async def test_a_connection_closed_before_its_request_fails_the_request_at_once():
+    """A replica over its connection cap accepts and closes at once; when the close lands between
+    the connect and the request, nothing will ever come back: the exchange fails now, not after
+    the read timeout."""
+    conn = _Connection(Origin("http://127.0.0.1:9", keepalive=1))
+    conn.connection_made(_ClosedTransport())
+    conn.connection_lost(None)
+    exchange = conn.start(b"POST / HTTP/1.1\r\n\r\n", read_timeout=30, reused=False, head_only=False)
+    with pytest.raises(UpstreamClosed, match="closed the connection"):
+        await asyncio.wait_for(exchange.head(), 1)
+
+
+class _ClosedTransport:
+    def is_closing(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> None:
+        raise AssertionError("nothing is written on a closed connection")
+
+    def close(self) -> None:
+        pass
