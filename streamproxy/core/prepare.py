@@ -69,12 +69,20 @@ def render_prompt(
         raise
 
 
+# Auto tool choice is on but no parser: `--tool-call-parser auto` found no syntax it knows in the template.
+_NO_PARSER = (
+    "\"auto\" tool choice is not available for this model: the server's --tool-call-parser auto found no "
+    "tool-call syntax it knows in the model's chat template (start it with --tool-call-parser NAME); "
+    "send tool_choice \"required\", a named function or \"none\" instead"
+)
+
+
 def prompt(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, counting: bool = False) -> tuple[S.ToolPlan | None, list[int]]:
     """The tool plan and the prompt's token ids, as the chat template renders them.
 
     `counting`: tokens are only counted (count_tokens), so "auto" needs no parser."""
     auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
-    plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None))
+    plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None), no_parser=_NO_PARSER if settings.enable_auto_tool_choice else None)
     kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
     ids = render_prompt(engine, P.chat_messages(req.messages), req, plan.tools if plan is not None else None, kwargs)
     return plan, ids

@@ -64,7 +64,7 @@ def _check_schema(schema: Any, param: str) -> None:
         raise InvalidRequest(f"invalid JSON Schema: {exc}", param=param) from None
 
 
-def tool_plan(req: ChatCompletionRequest, *, auto_parser: str | None) -> ToolPlan | None:
+def tool_plan(req: ChatCompletionRequest, *, auto_parser: str | None, no_parser: str | None = None) -> ToolPlan | None:
     tools = req.tools or []
     choice = req.tool_choice
     if not tools:
@@ -104,7 +104,8 @@ def tool_plan(req: ChatCompletionRequest, *, auto_parser: str | None) -> ToolPla
     if choice == "auto":
         if auto_parser is None:
             raise InvalidRequest(
-                "\"auto\" tool choice requires the server to be started with --enable-auto-tool-choice "
+                no_parser
+                or "\"auto\" tool choice requires the server to be started with --enable-auto-tool-choice "
                 "and --tool-call-parser NAME (or auto, for a model whose chat template shows its tool-call syntax); "
                 "send tool_choice \"required\", a named function or \"none\" instead",
                 param="tool_choice",
