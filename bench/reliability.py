@@ -51,7 +51,9 @@ GROWTH_BOUND = 0.05
 GRACE = 2.0
 STORMS_SERVE = ["tests/production/test_client_gone.py", "tests/production/test_limits.py", "tests/production/test_engine_death.py"]
 _METRIC = re.compile(rb"^(streamproxy_engine_requests|streamproxy_active_streams) (\S+)$", re.M)
-_HYPOTHESIS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
+# Hypothesis's statistics, old ("12 passing examples, 0 failing examples, 3 invalid examples") and
+# new ("1500 passing, 0 failing, and 115 invalid test cases") wording.
+_HYPOTHESIS = re.compile(r"(\d+) passing(?: examples?)?, (\d+) failing(?: examples?)?, (?:and )?(\d+) invalid (?:examples?|test cases)")
 
 
 # -- pytest phases -------------------------------------------------------------------------------
