@@ -3,9 +3,10 @@
 Phases, in this order (`--skip` leaves some out):
 
 1. storms: the serve edge's storm tests (tests/production: test_client_gone,
-   test_limits, test_engine_death: a thousand disconnects, clients vanishing
-   at any point or never reading, engine-error storms, each ending back at
-   its baseline; the fake engine dying under load) and the gateway's
+   test_limits, test_engine_death, test_client_timeouts: a thousand
+   disconnects, clients vanishing at any point or never reading, engine-error
+   storms, slowloris and stalled bodies, each ending back at its baseline;
+   the fake engine dying under load) and the gateway's
    (`tests/gateway -m storm`), through pytest;
 2. fuzz: `STREAMPROXY_FUZZ=long pytest tests/fuzz` when that folder exists
    (inputs tried: the tests' `inputs` properties, or Hypothesis's statistics);
@@ -49,7 +50,10 @@ from .soak import Soak, Tally, server_args
 
 GROWTH_BOUND = 0.05
 GRACE = 2.0
-STORMS_SERVE = ["tests/production/test_client_gone.py", "tests/production/test_limits.py", "tests/production/test_engine_death.py"]
+STORMS_SERVE = [
+    "tests/production/test_client_gone.py", "tests/production/test_limits.py", "tests/production/test_engine_death.py",
+    "tests/production/test_client_timeouts.py",  # slowloris, stalled bodies, idle keep-alives, the connection cap
+]
 _METRIC = re.compile(rb"^(streamproxy_engine_requests|streamproxy_active_streams) (\S+)$", re.M)
 # Hypothesis's statistics, old ("12 passing examples, 0 failing examples, 3 invalid examples") and
 # new ("1500 passing, 0 failing, and 115 invalid test cases") wording.
