@@ -9,7 +9,9 @@ Five verbs, nothing more:
     await engine.close()
 
 plus `info` (model names, context length), `state` ("loading", "ready",
-"dead"), `decode`, `tokenizer`, `embed` (pooling models) and `num_running`.
+"dead"), `decode`, `tokenizer`, `embed` (pooling models), `load_adapter`
+(LoRA adapters, chosen per request by `GenerationParams.adapter`) and
+`num_running`.
 `GenerationParams` is engine-neutral: each adapter maps it to its engine's
 own sampling parameters. `Engine` and `OutputStream` are `typing.Protocol`s:
 an engine satisfies them by shape (mypy checks it), with no base class.
@@ -47,6 +49,20 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 EngineState = Literal["loading", "ready", "dead"]
 
 
+class Adapter(msgspec.Struct, frozen=True, kw_only=True):
+    """A LoRA adapter served beside the base model, chosen per request by its name.
+
+    `id` is unique per adapter for the engine's life (vLLM's `lora_int_id`, >= 1;
+    a reload in place keeps it); `path` is its folder (or hub id); `parent` the
+    served base model name it belongs to (`/v1/models` shows it).
+    """
+
+    name: str
+    id: int
+    path: str
+    parent: str
+
+
 class GenerationParams(msgspec.Struct, kw_only=True):
     max_tokens: int
     n: int = 1
@@ -75,6 +91,8 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     # The chat template kwargs the prompt was rendered with: an engine-side reasoning
     # parser reads them (e.g. enable_thinking) to know when a constraint starts to apply.
     template_kwargs: dict[str, Any] | None = None
+    # The LoRA adapter to run the request with (None: the base model alone).
+    adapter: Adapter | None = None
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -378,6 +396,12 @@ class Engine(Protocol):
 
     async def embed(self, request_id: str, prompt_ids: list[int], dimensions: int | None = None) -> list[float]:
         """Pooling models only (info.runner == "pooling")."""
+        ...
+
+    async def load_adapter(self, adapter: Adapter, *, replace: bool = False) -> None:
+        """Load a LoRA adapter's weights now, so a request may name it (`replace`: reload one
+        loaded before under the same id). Raises `EngineRejected` when it cannot be loaded (no
+        adapter at its path, not one for this model, adapters not enabled)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import re
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from .base import (
+    Adapter,
     Delta,
     DeltaQueue,
     EngineFailure,
@@ -150,6 +152,7 @@ class FakeEngine:
         # render_chat's last (messages, tools), bounded: a benchmark renders millions.
         self.rendered: deque[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = deque(maxlen=64)
         self.template_kwargs: deque[dict[str, Any] | None] = deque(maxlen=64)
+        self.adapters: dict[str, Adapter] = {}  # what load_adapter loaded, by name
         self.submitted_embeddings: list[tuple[str, list[int]]] | deque[tuple[str, list[int]]] = (
             [] if record else deque(maxlen=0)
         )
@@ -253,6 +256,14 @@ class FakeEngine:
         raw = [float(sum(prompt_ids[i::dim]) % 97 + 1) for i in range(dim)]
         norm = sum(x * x for x in raw) ** 0.5
         return [x / norm for x in raw]
+
+    async def load_adapter(self, adapter: Adapter, *, replace: bool = False) -> None:
+        """An adapter is "loaded" when its path is an existing folder (as vLLM's adapters are)."""
+        if self._state != "ready":
+            raise EngineFailure(f"engine is {self._state}")
+        if not os.path.isdir(adapter.path):
+            raise EngineRejected(f"Loading lora {adapter.name} failed: No adapter found for {adapter.path}", "lora_path")
+        self.adapters[adapter.name] = adapter
 
     async def abort(self, request_id: str) -> None:
         run = self._running.pop(request_id, None)

@@ -20,6 +20,12 @@ not checked against).
 constraint vLLM's grammar backend cannot compile is refused at add_request
 and comes back as `EngineRejected` (a 400 that quotes the compiler).
 
+A request's LoRA adapter (`GenerationParams.adapter`) goes in as vLLM's
+`LoRARequest` on both paths (`load_adapter` is `AsyncLLM.add_lora`; the engine
+needs `--enable-lora`). The direct route serves adapter requests as any
+other: the adapter changes the weights the engine core runs, not its outputs'
+shape, and vLLM decodes with the base tokenizer on its own path too.
+
 `close()` leaves no process behind: the processes the engine started (its
 engine core, and that one's workers) are noted once it is up, and whatever
 of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans
@@ -36,6 +42,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import (
+    Adapter,
     DeltaQueue,
     EngineFailure,
     EngineRejected,
@@ -89,6 +96,13 @@ def _sampling_params(params: GenerationParams) -> Any:
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _lora_request(adapter: Adapter, *, replace: bool = False) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.id, lora_path=adapter.path,
+                       base_model_name=adapter.parent, load_inplace=replace)
 
 
 def _children() -> dict[int, float]:
@@ -258,7 +272,9 @@ class VllmEngine:
             sampling = _sampling_params(params)
             # With --reasoning-parser, vLLM's structured outputs wait for the thinking to end;
             # its parser must know the request's template switch (enable_thinking), as in vllm serve.
-            extra = {}
+            extra: dict[str, Any] = {}
+            if params.adapter is not None:
+                extra["lora_request"] = _lora_request(params.adapter)
             if params.structured is not None and params.template_kwargs is not None:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
             if self._direct is not None and eligible(params):
@@ -284,7 +300,8 @@ class VllmEngine:
         llm, direct = self._llm, self._direct
         assert direct is not None
         processor = llm.input_processor
-        request = processor.process_inputs(request_id, prompt, sampling, supported_tasks=self._supported_tasks)
+        request = processor.process_inputs(request_id, prompt, sampling, supported_tasks=self._supported_tasks,
+                                           lora_request=extra.get("lora_request"))
         if "reasoning_parser_kwargs" in extra:
             request.reasoning_parser_kwargs = extra["reasoning_parser_kwargs"]
         processor.assign_request_id(request)  # vLLM's internal id: ours plus a random suffix
@@ -316,6 +333,20 @@ class VllmEngine:
         if final is None:
             raise EngineFailure("the engine returned no embedding")
         return final.outputs.data.tolist()
+
+    async def load_adapter(self, adapter: Adapter, *, replace: bool = False) -> None:
+        """vLLM's `add_lora`: the engine core loads (and checks) the weights now, as `vllm serve` does."""
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineFailure("the engine is not running")
+        if llm.vllm_config.lora_config is None:
+            raise EngineRejected("LoRA adapters are not enabled: start the server with --enable-lora", "lora_path")
+        try:
+            await llm.add_lora(_lora_request(adapter, replace=replace))
+        except Exception as exc:
+            if llm.errored:
+                raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc
+            raise EngineRejected(f"{type(exc).__name__}: {exc}", "lora_path") from exc
 
     async def abort(self, request_id: str) -> None:
         llm = self._llm

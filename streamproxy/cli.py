@@ -53,6 +53,7 @@ def build(argv: list[str]) -> tuple[Settings, Engine]:
         settings = settings_from_namespace(ns)
         _check_tool_flags(settings, vllm_parsers=False)
         _check_reasoning_flag(settings, vllm_parsers=False)
+        _check_lora_modules(settings, lora_enabled=True)
         return settings, _fake_engine(settings)
     if known.engine != "vllm":
         raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
@@ -62,6 +63,7 @@ def build(argv: list[str]) -> tuple[Settings, Engine]:
     settings = settings_from_namespace(ns)
     _check_tool_flags(settings, vllm_parsers=True)
     _check_reasoning_flag(settings, vllm_parsers=True)
+    _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))
     engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
@@ -86,6 +88,18 @@ def _check_reasoning_flag(settings: Settings, *, vllm_parsers: bool) -> None:
     if name and not known_reasoning_parser(name, vllm_available=vllm_parsers):
         where = "ours: " + ", ".join(sorted(OWN_REASONING)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
         raise SystemExit(f"unknown --reasoning-parser {name!r} ({where})")
+
+
+def _check_lora_modules(settings: Settings, *, lora_enabled: bool) -> None:
+    """--lora-modules reads (both of vLLM's forms), before the engine loads for minutes."""
+    from streamproxy.core.adapters import parse_lora_modules
+
+    try:
+        modules = parse_lora_modules(settings.lora_modules)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if modules and not lora_enabled:
+        raise SystemExit("--lora-modules needs --enable-lora (the engine loads adapters only with it)")
 
 
 def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:

@@ -69,6 +69,8 @@ class Settings(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None
     reasoning_content_field: bool = True
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # LoRA adapters served beside the model (as in vLLM): `name=path` or JSON objects (streamproxy/core/adapters.py).
+    lora_modules: list[str] = []
     # Fake engine knobs (--engine fake).
     fake_ttft: float = 0.0
     fake_token_delay: float = 0.0
@@ -133,6 +135,10 @@ _FLAG_HELP: dict[str, str] = {
     "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
     "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "
     "'{\"enable_thinking\": false}'); a request's own chat_template_kwargs win",
+    "lora_modules": "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "
+    "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several per flag, or the flag repeated "
+    "(vLLM engine: needs --enable-lora; VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 adds POST /v1/load_lora_adapter "
+    "and /v1/unload_lora_adapter)",
     "fake_ttft": "fake engine: seconds before the first token",
     "fake_token_delay": "fake engine: seconds between tokens",
     "fake_text": "fake engine: text repeated until max_tokens",
@@ -158,6 +164,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
         env_default = os.environ.get("STREAMPROXY_" + name.upper())
         if name == "api_key":
             parser.add_argument(flag, action="append", default=None, help=help_text)
+            continue
+        if name == "lora_modules":  # vLLM's form: several values per flag, each kept whole (JSON has commas)
+            parser.add_argument(flag, nargs="+", action="append", default=None, help=help_text)
             continue
         if isinstance(default, list):
             # Repeatable; None means "not given" (the Settings default applies).

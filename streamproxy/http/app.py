@@ -37,6 +37,7 @@ from streamproxy.http.engine_watch import watch
 from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
 from streamproxy.http.routes import add_routes
+from streamproxy.http.routes.lora import load_static
 from streamproxy.http.state import STATE_KEY, AppState
 
 log = logging.getLogger("streamproxy")
@@ -92,6 +93,7 @@ async def _start_engine(app: web.Application) -> None:
         try:
             async with asyncio.timeout(limit):
                 await state.engine.start()
+                await load_static(state)  # --lora-modules; one that cannot be loaded stops the server, as in vLLM
             log.info("engine ready: serving %s", ", ".join(state.engine.info.served_names))
             _resolve_auto_parsers(state.settings, state.engine)
         except Exception as exc:

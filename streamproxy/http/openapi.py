@@ -30,7 +30,7 @@ from streamproxy.apis.anthropic import protocol as anthropic
 from streamproxy.apis.responses import protocol as responses
 from streamproxy.errors import ErrorEnvelope
 from streamproxy.http.state import VERSION
-from streamproxy.protocol import embeddings, openai_chat, openai_completions, tokenize
+from streamproxy.protocol import embeddings, lora, openai_chat, openai_completions, tokenize
 from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, VersionInfo
 
 SSE = "text/event-stream"
@@ -85,9 +85,16 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/metrics", "Prometheus metrics (vLLM's and the server's)", media=METRICS, tag="Server"),
     Operation("get", "/openapi.json", "This document", media="application/json", tag="Server"),
 )
+# Only with VLLM_ALLOW_RUNTIME_LORA_UPDATING (routes/lora.py), as in vLLM.
+LORA_OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/v1/load_lora_adapter", "Load a LoRA adapter, served as a model of its own (vLLM)",
+              lora.LoadLoRAAdapterRequest, media="text/plain", tag="vLLM"),
+    Operation("post", "/v1/unload_lora_adapter", "Stop serving a LoRA adapter (vLLM)", lora.UnloadLoRAAdapterRequest,
+              media="text/plain", tag="vLLM"),
+)
 
 _TYPES = sorted(
-    {t for op in OPERATIONS for t in (op.request, op.response, op.errors) if t is not None},
+    {t for op in OPERATIONS + LORA_OPERATIONS for t in (op.request, op.response, op.errors) if t is not None},
     key=lambda t: (t.__module__, t.__qualname__),
 )
 
@@ -119,12 +126,13 @@ def _operation(op: Operation, refs: dict[type, dict[str, Any]]) -> dict[str, Any
     return out
 
 
-def build() -> dict[str, Any]:
+def build(lora_routes: bool = False) -> dict[str, Any]:
     """The OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
-    schemas, components = msgspec.json.schema_components(_TYPES, ref_template=REF)
-    refs = dict(zip(_TYPES, schemas))
+    types = _TYPES if lora_routes else [t for t in _TYPES if t.__module__ != lora.__name__]
+    schemas, components = msgspec.json.schema_components(types, ref_template=REF)
+    refs = dict(zip(types, schemas))
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
+    for op in OPERATIONS + (LORA_OPERATIONS if lora_routes else ()):
         paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
     return {
         "openapi": "3.1.0",
@@ -147,9 +155,13 @@ def build() -> dict[str, Any]:
 
 
 @cache
-def document() -> bytes:
-    return msgspec.json.encode(build())
+def document(lora_routes: bool = False) -> bytes:
+    return msgspec.json.encode(build(lora_routes))
+
+
+# Set by routes.add_routes when it adds the run-time LoRA routes.
+LORA_ROUTES_KEY: web.AppKey[bool] = web.AppKey("lora_routes", bool)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.Response(body=document(), content_type="application/json")
+    return web.Response(body=document(request.app.get(LORA_ROUTES_KEY, False)), content_type="application/json")

@@ -3,7 +3,8 @@
 `AppState.require_engine(model)` is the one check before any generation:
 it answers 503 while the engine loads, after it died (`engine_dead`, also
 during a drain: the more useful answer) or while the server drains, and 404
-for a model name that is not served. `inflight` bounds the
+for a model name that is not served (a LoRA adapter's name is served, see
+`adapters`, except where `adapters=False`: embeddings). `inflight` bounds the
 life of every generating request (request timeout, drain; see drain.py).
 """
 
@@ -15,8 +16,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from engine_adapter.base import Engine
+from engine_adapter.base import Adapter, Engine
 from streamproxy.config import Settings
+from streamproxy.core.adapters import AdapterRegistry
 from streamproxy.errors import EngineDead, EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
 from streamproxy.http.admission import Admission
 from streamproxy.http.drain import InFlight
@@ -37,6 +39,10 @@ class AppState:
         # Called when the engine cannot start, or after it died (the server then exits non-zero).
         self.on_engine_failure: list[Callable[[], None]] = []
         self.death_watch: asyncio.Task[None] | None = None  # engine_watch.watch, once the engine is up
+        # LoRA adapters served beside the model (--lora-modules, POST /v1/load_lora_adapter);
+        # loads and unloads take the lock one at a time (vLLM: a lock per name).
+        self.adapters = AdapterRegistry(engine.info.served_names)
+        self.adapter_lock = asyncio.Lock()
 
     def claim_engine_id(self, request_id: str) -> str:
         """The engine request id for a request: its X-Request-Id, made unique
@@ -56,7 +62,11 @@ class AppState:
     def ready(self) -> bool:
         return self.engine.state == "ready"
 
-    def require_engine(self, model: str | None) -> Engine:
+    def adapter(self, model: str | None) -> Adapter | None:
+        """The LoRA adapter a request's `model` names (None: the base model)."""
+        return self.adapters.get(model)
+
+    def require_engine(self, model: str | None, *, adapters: bool = True) -> Engine:
         engine = self.engine
         state = engine.state
         if state == "dead":
@@ -67,7 +77,7 @@ class AppState:
             raise EngineLoading("the model is still loading; retry shortly", retry_after=10)
         if state != "ready":  # not in the contract's states
             raise ServiceUnavailable("the inference engine is not available (it stopped or failed); retry shortly")
-        if model is not None and model not in engine.info.served_names:
+        if model is not None and model not in engine.info.served_names and not (adapters and model in self.adapters):
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return engine
 

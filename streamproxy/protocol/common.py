@@ -100,6 +100,8 @@ class ModelCard(msgspec.Struct):
     root: str | None = None
     max_model_len: int | None = None
     object: str = "model"
+    # A LoRA adapter's card names the base model it runs on (vLLM's field; null for a base model).
+    parent: str | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from engine_adapter.base import Delta, EngineFailure, GenerationParams, ModelInfo, OutputStream, TokenLogprob
+from engine_adapter.base import Adapter, Delta, EngineFailure, EngineRejected, GenerationParams, ModelInfo, OutputStream, TokenLogprob
 from engine_adapter.fake import FakeEngine, FakeScript
 from tests.support.waiting import wait_until
 
@@ -301,6 +301,15 @@ def test_abort_of_an_unknown_request_is_a_no_op(subject):
 
 
 # -- close: the last test of the module (the engine is shared) ----------------------------------------
+
+
+def test_an_adapter_that_cannot_be_loaded_is_rejected(subject, tmp_path):
+    # vLLM here runs without --enable-lora (refused for that); with it, a missing folder is refused
+    # too (tests/engine/test_lora_engine.py).
+    adapter = Adapter(name="nowhere", id=1, path=str(tmp_path / "missing"), parent=subject.engine.info.name)
+    with pytest.raises(EngineRejected):
+        subject.run(subject.engine.load_adapter(adapter))
+    assert subject.engine.state == "ready"
 
 
 def test_close_fails_what_runs_and_leaves_the_engine_dead(subject):

@@ -38,6 +38,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat, cap_to_context=True)
+    prep.params.adapter = state.adapter(req.model)
     message_id = "msg_" + request[REQUEST_ID]
     model = req.model or engine.info.name
     filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped

@@ -77,6 +77,7 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
     """generation.run's arguments for one decoded chat request."""
     engine = state.require_engine(req.model)
     prep = prepare(state.settings, engine, req)
+    prep.params.adapter = state.adapter(req.model)
     options = req.stream_options
     # Claimed last: nothing between here and run_work (which releases it) can fail.
     gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)

@@ -43,6 +43,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
     plan = C.plan(engine, req, max_n=state.settings.max_n)
+    adapter = state.adapter(req.model)
+    for params in plan.params:
+        params.adapter = adapter
     limit = state.settings.max_concurrent_requests
     if limit > 0 and len(plan.prompts) > limit:
         raise InvalidRequest(

@@ -31,7 +31,7 @@ def _b64(vector: list[float]) -> str:
 async def embeddings(request: web.Request) -> web.Response:
     state = app_state(request)
     req = await decode_body(request, decode_request)
-    engine = state.require_engine(req.model)
+    engine = state.require_engine(req.model, adapters=False)
     if engine.info.runner != "pooling":
         raise InvalidRequest(
             f"the served model '{engine.info.name}' is a generative model and cannot make embeddings; "

@@ -1,4 +1,8 @@
-"""GET /v1/models, /v1/models/{id}, /health, /version: small, no engine call."""
+"""GET /v1/models, /v1/models/{id}, /health, /version: small, no engine call.
+
+The model list is the base model's served names, then one card per LoRA
+adapter (`root` its path, `parent` its base model), as `vllm serve` lists them.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,14 @@ from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, Vers
 
 
 def _cards(request: web.Request) -> list[ModelCard]:
-    info = app_state(request).engine.info
-    return [ModelCard(id=name, created=info.created, root=info.root, max_model_len=info.max_model_len) for name in info.served_names]
+    state = app_state(request)
+    info = state.engine.info
+    cards = [ModelCard(id=name, created=info.created, root=info.root, max_model_len=info.max_model_len) for name in info.served_names]
+    cards += [
+        ModelCard(id=a.name, created=info.created, root=a.path, max_model_len=info.max_model_len, parent=a.parent)
+        for a in state.adapters
+    ]
+    return cards
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -54,6 +54,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     with renamed(C.CHAT_NAMES):
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat)
+    prep.params.adapter = state.adapter(req.model)
     shell = _shell(req, "resp_" + request[REQUEST_ID], req.model or engine.info.name)
     filters = prep.filters
 
