@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .vllm_engine import _children, _reap, _started_since
+
 log = logging.getLogger("streamproxy.engine.vllm")
 
 
@@ -36,19 +38,19 @@ class SharedCores:
         self._manager: Any = None
         self._coordinator: Any = None
         self._listeners: list[Any] = []
+        self._processes: list[Any] = []  # psutil handles of the engine's processes (vllm_engine._reap)
 
     def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
         from vllm.v1.executor import Executor
-        from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
 
-        setup_multiprocess_prometheus()  # a no-op: the parent set PROMETHEUS_MULTIPROC_DIR already
         args = self._args
         args._api_process_count = count
         args._api_process_rank = -1
         vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         executor_class = Executor.get_class(vllm_config)
+        before = _children()
         listeners = bind_engine_zmq_listeners(vllm_config, count)
         self._listeners = [*listeners.inputs, *listeners.outputs]
         with launch_core_engines(vllm_config, executor_class, not args.disable_log_stats,
@@ -74,6 +76,8 @@ class SharedCores:
                     listener.close()  # the workers hold them now (vLLM's APIServerProcessManager does the same)
             # A worker that dies while the engine cores start aborts the start (vLLM's startup barrier).
             launch.watched_frontend_processes = procs
+        workers = {proc.pid for proc in procs}
+        self._processes = [p for p in _started_since(before) if p.pid not in workers and p.ppid() not in workers]
         log.info("engine core(s) ready for %d API servers", count)
 
     def watch(self, on_death: Callable[[], None]) -> None:
@@ -97,3 +101,7 @@ class SharedCores:
             self._coordinator.shutdown(timeout=timeout)
         for listener in self._listeners:
             listener.cleanup()  # unlinks the ipc:// paths
+        # A SIGTERMed engine core can leave its model worker spinning as an orphan (vllm_engine.py).
+        processes, self._processes = self._processes, []
+        if processes:
+            _reap(processes, timeout)
