@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             isrv.stop(10)
     md = markdown(meta, rows, idle)
-    md += "\n".join(api_markdown(api_rows, args.api_token_delay))
+    md += "\n" + "\n".join(api_markdown(api_rows, args.api_token_delay))
     if prof:
         md += f"\n\nProfile at {args.profile} streams ({prof['speedscope']}):\n\n```\n{prof['summary']}\n```\n"
     (RESULTS / f"fake-capacity-{stamp}.md").write_text(md + "\n")

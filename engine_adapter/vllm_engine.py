@@ -26,6 +26,11 @@ needs `--enable-lora`). The direct route serves adapter requests as any
 other: the adapter changes the weights the engine core runs, not its outputs'
 shape, and vLLM decodes with the base tokenizer on its own path too.
 
+With `client=(index, count, config)` (`--api-server-count N`) the engine
+core(s) belong to the parent (vllm_shared.py) and `start` builds this
+process's AsyncLLM as client `index` of `count`, as vLLM's API servers do;
+`kill()` is how the parent's news of their death reaches it.
+
 `close()` leaves no process behind: the processes the engine started (its
 engine core, and that one's workers) are noted once it is up, and whatever
 of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans

@@ -37,6 +37,8 @@ exits 1, as `vllm serve` does. Otherwise it exits 0 once all have drained.
 Limits are per worker with the totals right (`worker_settings`):
 `--max-concurrent-requests`, `--max-queued-requests` and an explicit
 `--max-connections` are split over the workers, so the sum is what was asked.
+Run-time LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is refused with
+N > 1, as vLLM refuses it: a load would reach one worker of N.
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ def check(settings: Settings) -> None:
     count = settings.api_server_count
     if count < 1:
         raise SystemExit("--api-server-count must be at least 1")
+    if count > 1 and os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"):
+        # A load or unload would reach one process of N (vLLM refuses the same).
+        raise SystemExit("VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with --api-server-count > 1")
     for name in ("max_concurrent_requests", "max_connections"):
         value = getattr(settings, name) or 0
         if 0 < value < count:

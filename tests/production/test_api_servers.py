@@ -62,6 +62,13 @@ def test_limits_split_so_the_totals_are_what_was_asked() -> None:
         check(Settings(api_server_count=3, max_concurrent_requests=2))  # a worker with 0 slots would have no limit
 
 
+def test_runtime_lora_updates_are_refused_with_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    with pytest.raises(SystemExit, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        check(Settings(api_server_count=2))
+    check(Settings(api_server_count=1))
+
+
 def test_the_port_is_bound_once_for_every_worker_and_nothing_listens_yet() -> None:
     socks = bind("127.0.0.1", 0, 3)
     try:
