@@ -139,15 +139,6 @@ async def _idle_memory(srv: Server, n: int, endpoint: str) -> dict:
             "kib_per_stream_growth_2nd_cycle": (rss3 - rss2) / 1024 / n}
 
 
-def _wait_workers(srv: Server, count: int, timeout: float = 120.0) -> None:
-    """Until every API server listens (its log line): /health answers as soon as the first one does."""
-    deadline = time.monotonic() + timeout
-    while srv.log_tail(10**7).count("streamproxy.server: listening on") < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not every API server listens after {timeout:.0f} s; log {srv.log_path}")
-        time.sleep(0.2)
-
-
 def markdown(meta: dict, levels: list[dict], idle: dict | None) -> str:
     lines = [f"# streamproxy fake-engine capacity ({meta['when']})", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "when"]
@@ -312,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         asrv.start()
         try:
             asrv.wait_ready(120)
-            _wait_workers(asrv, count)
+            if count > 1:
+                asrv.wait_workers(count)
             for conc in [int(x) for x in args.api_levels.split(",") if x]:
                 r = uvloop.run(_level(asrv, conc, args.api_seconds or args.seconds, args.endpoint, args.max_tokens))
                 r["api_servers"] = count

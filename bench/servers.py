@@ -95,6 +95,16 @@ class Server:
                                    + self.log_tail())
             time.sleep(1.0)
 
+    def wait_workers(self, count: int, timeout: float = 300.0) -> None:
+        """With `--api-server-count N`: until all N API servers listen (their log lines); /health
+        answers as soon as the first one does, and the port serves only those that listen."""
+        deadline = time.monotonic() + timeout
+        while self.log_tail(10**8).count("streamproxy.server: listening on") < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: not all {count} API servers listen after {timeout:.0f} s; "
+                                   f"log {self.log_path}")
+            time.sleep(0.5)
+
     def log_tail(self, n: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n:]
