@@ -239,6 +239,7 @@ class Parent:
                     continue
                 proc = alive.pop(item)
                 _mark_dead(proc.pid)
+                log.info("API server %s (pid %s) exited with %s", proc.name, proc.pid, proc.exitcode)
                 if not stopping and not self.engine_dead:
                     log.error("API server %s (pid %s) exited with %s: stopping the others", proc.name, proc.pid,
                               proc.exitcode)

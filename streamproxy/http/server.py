@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
@@ -134,17 +135,13 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     # An engine that died before the stop (a signal during engine_watch's grace) still makes the exit 1.
     dead_at_stop = False
 
-    def note_stop(waited: asyncio.Future[Any]) -> None:
+    def note_stop() -> None:
         nonlocal dead_at_stop
-        if not waited.cancelled():
-            dead_at_stop = engine.state == "dead"
+        dead_at_stop = engine.state == "dead"
 
-    stopped = asyncio.ensure_future(stop.wait())
-    stopped.add_done_callback(note_stop)
     try:
-        await run_app(app, settings, stop=stop, ready=ready, sock=sock)
+        await run_app(app, settings, stop=stop, ready=ready, sock=sock, on_stop=note_stop)
     finally:
-        stopped.cancel()
         if listener is not None:
             listener.stop()
     return 1 if engine_failed or dead_at_stop or app[STATE_KEY].engine_died else 0
@@ -161,7 +158,7 @@ def _exit_later(seconds: float) -> None:
 
 
 async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None,
-                  sock: socket.socket | None = None) -> None:
+                  sock: socket.socket | None = None, on_stop: Callable[[], None] | None = None) -> None:
     """Listen until the first SIGTERM/SIGINT (or `stop`), then drain and clean up.
 
     As a worker (`sock` given) SIGINT is left to the parent, and SIGUSR1 means the engine
@@ -203,6 +200,8 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
         ready.set()
     try:
         await stop.wait()
+        if on_stop is not None:
+            on_stop()
         await drain(runner, app, settings.drain_timeout)
     finally:
         freezer.cancel()

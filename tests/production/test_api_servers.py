@@ -141,7 +141,7 @@ def test_sigterm_drains_every_worker() -> None:
             assert events[-1] == {"done": True}
             finish = [e["choices"][0]["finish_reason"] for e in events[:-1] if e.get("choices")]
             assert finish[-1] == "length"  # finished in full, not ended by the drain
-        assert srv.server.proc.wait(60) == 0
+        assert srv.server.proc.wait(60) == 0, srv.server.log()[-4000:]
         served = {d["pid"] for d in srv.log_lines() if d["path"] == CHAT}
         assert len(served) == 2  # both workers had streams to drain
         assert "draining: " in srv.server.log() and srv.server.log().count("] streamproxy.server: stopped") == 2
@@ -164,7 +164,7 @@ def test_an_engine_death_ends_every_worker_with_exit_1() -> None:
         workers = srv.pids()
         victim = min(workers)
         os.kill(victim, signal.SIGUSR1)  # what the parent sends when the shared engine core dies
-        assert srv.server.proc.wait(60) == 1
+        assert srv.server.proc.wait(60) == 1, srv.server.log()[-4000:]
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers)
         log = srv.server.log()
         assert "the inference engine died" in log and f"pid {victim}) exited with 1" in log
@@ -185,4 +185,4 @@ def test_a_crash_in_one_workers_engine_answers_503_then_ends_all() -> None:
         assert answers == {200, 503}
         assert {d["pid"] for d in srv.log_lines() if d["path"] == "/health" and d["status"] == 503} == {dead}
         srv.server.proc.send_signal(signal.SIGTERM)
-        assert srv.server.proc.wait(60) == 1
+        assert srv.server.proc.wait(60) == 1, srv.server.log()[-4000:]
