@@ -236,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-seconds", type=float, default=15.0)
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
-    ap.add_argument("--api-server-count", default="", metavar="N,N",
-                    help="also measure `--api-server-count N` for each N (e.g. 1,2) at --api-levels streams")
+    ap.add_argument("--api-server-count", default="1,2", metavar="N,N",
+                    help="also measure `--api-server-count N` for each N at --api-levels streams (default 1,2; "
+                         "'' skips it)")
     ap.add_argument("--api-levels", default="1024", help="streams for the --api-server-count runs (default 1024)")
     ap.add_argument("--api-token-delay", type=float, default=0.0,
                     help="fake engine step interval for the --api-server-count runs (default 0: as fast as it can)")

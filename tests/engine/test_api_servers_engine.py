@@ -4,7 +4,9 @@ Kept cheap: the 1-layer tiny model (float32, -O0), a few tokens per request.
 Two API servers share one engine core through vLLM's own multi-client
 machinery (engine_adapter/vllm_shared.py): both serve (the access log's
 `pid`), and a client that goes away mid-stream is aborted in the engine core
-(streamproxy's abort counter, and no request left held). With
+(streamproxy's abort counter, and no request left held); when the engine
+core is killed, the parent ends them all and exits 1, leaving no engine
+process behind. With
 `--data-parallel-size 2` vLLM's AsyncLLM starts two engine cores and a DP
 coordinator itself and balances requests between them: both engines generate
 (`vllm:generation_tokens_total{engine=...}`).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import psutil
 import pytest
 import requests
 
@@ -34,6 +37,13 @@ def _complete(base: str, max_tokens: int = 4) -> dict:
     return resp.json()
 
 
+def _health(base: str) -> int:
+    try:
+        return requests.get(base + "/health", timeout=5).status_code
+    except requests.RequestException:
+        return 0  # gone: not 200 either
+
+
 def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None:
     engine = ("--model", str(build_tiny_model(progress=False)), *TINY)
     with api_servers(2, engine=engine, timeout=600) as srv:
@@ -52,6 +62,18 @@ def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None
         assert wait_until_sync(lambda: srv.metric("streamproxy_engine_requests") == 0, 60)
         assert srv.metric("streamproxy_client_disconnects_total") == 1
         assert _complete(srv.base)["usage"]["completion_tokens"] == 4  # the engine core serves on
+
+        # The shared engine core dies: the parent sees it (vLLM's liveness monitor), every API server
+        # answers 503 engine_dead and exits, the parent exits 1, and no engine process is left behind.
+        parent = psutil.Process(srv.server.proc.pid)
+        engine_procs = [p for p in parent.children(recursive=True) if "VLLM::" in " ".join(p.cmdline())]
+        core = next(p for p in engine_procs if "EngineCore" in " ".join(p.cmdline()))
+        core.kill()
+        assert wait_until_sync(lambda: _health(srv.base) != 200, 60)
+        assert srv.server.proc.wait(120) == 1, srv.server.log()[-4000:]
+        assert "the shared engine died" in srv.server.log()
+        _, alive = psutil.wait_procs(engine_procs, timeout=30)
+        assert not alive, alive
 
 
 def test_data_parallel_two_engine_cores_in_one_process() -> None:
