@@ -5,7 +5,8 @@
         srv.log_lines()       # the access log, parsed: each line has "pid"
         srv.metric("streamproxy_responses_total", status="200")   # the sum over the workers, as /metrics says
 
-Ready means every worker listens: the parent's port is served only by
+Ready means every worker listens (a spawned worker imports everything anew: on a machine
+busy with others' benchmarks that took over a minute, hence the generous bound): the parent's port is served only by
 listening workers (SO_REUSEPORT), so /health answering is not enough; the
 workers' "listening on" lines are counted in the log first.
 """
@@ -71,7 +72,7 @@ class ApiServers:
 
 
 @contextmanager
-def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), timeout: float = 60.0,
+def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), timeout: float = 240.0,
                 log_dir: Path | None = None) -> Iterator[ApiServers]:
     """A parent with `count` ready workers for the `with` block; SIGTERM after it (the caller may stop it first)."""
     with tempfile.TemporaryDirectory(prefix="streamproxy-workers-") as tmp:
