@@ -20,7 +20,6 @@ runs on the machine). Results: bench/results/compare-<time>.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import shlex
@@ -54,16 +53,16 @@ def model_label(name: str) -> str:
     return {"default": "smollm2"}.get(name, name.rstrip("/").split("/")[-1])
 
 
-async def _round(srv: Server, peer: Server | None, conc: int, n_requests: int, raw: bytes) -> dict:
-    fe = srv.pid
+async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, raw: bytes) -> dict:
+    fe = srv.frontend_pids()  # with --api-server-count N: the parent and its N API servers
     eng = srv.engine_pids()
     core = [p for p in eng if "EngineCore" in procstat.name(p)]
-    peer_pids = ([peer.pid] + peer.engine_pids()) if peer else []
+    peer_pids = [p for peer in peers for p in (peer.pid, *procstat.descendants(peer.pid))]
     conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=True)
     snap: dict[str, float] = {}
 
     def sample() -> dict[str, float]:
-        return {"fe": procstat.cpu_seconds(fe), "eng": procstat.tree_cpu_seconds(eng),
+        return {"fe": procstat.tree_cpu_seconds(fe), "eng": procstat.tree_cpu_seconds(eng),
                 "core": procstat.tree_cpu_seconds(core),
                 "peer": procstat.tree_cpu_seconds(peer_pids), "sys": procstat.system_busy_seconds()}
 
@@ -92,10 +91,10 @@ async def _round(srv: Server, peer: Server | None, conc: int, n_requests: int, r
     return s
 
 
-def run_round(srv: Server, peer: Server | None, conc: int, n_requests: int, raw: bytes) -> dict:
+def run_round(srv: Server, peers: list[Server], conc: int, n_requests: int, raw: bytes) -> dict:
     import uvloop
 
-    return uvloop.run(_round(srv, peer, conc, n_requests, raw))
+    return uvloop.run(_round(srv, peers, conc, n_requests, raw))
 
 
 def warm_up(srv: Server, conc: int, endpoint: str, model: str) -> None:
@@ -137,6 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"added for the tiny model only (default {DEFAULT_TINY_ARGS!r})")
     ap.add_argument("--kv-cache-gib", default="2", help="VLLM_CPU_KVCACHE_SPACE for both (default 2)")
     ap.add_argument("--servers", default="vllm,streamproxy", help="which to run (default both)")
+    ap.add_argument("--api-server-count", default="1", metavar="N,N",
+                    help="streamproxy with `--api-server-count N` for each N (default 1); N > 1 is labelled "
+                         "streamproxy-nN and measured in the same alternating rounds")
     ap.add_argument("--quick", action="store_true",
                     help="tiny model, c=64 and 256, 2 rounds, 1 request per stream")
     given = set()
@@ -185,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         if "vllm" in which:
             srvs.append(vllm_server(path, margs, f"{stamp}-{label}", env))
         if "streamproxy" in which:
-            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env))
+            for count in [int(x) for x in args.api_server_count.split(",") if x]:
+                extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
+                srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env, extra, label=tag))
         try:
             for srv in srvs:  # one at a time: no racing compile caches, cleaner start-up
                 print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.log_path})", flush=True)
                 srv.start()
                 srv.wait_ready()
+                if srv.label.startswith("streamproxy-n"):
+                    srv.wait_workers(int(srv.label.removeprefix("streamproxy-n")))
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
                 warm_up(srv, 4, args.endpoint, srv.model_id())
@@ -200,12 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 for srv in srvs:
                     warm_up(srv, conc, args.endpoint, model_ids[srv.label])
                 for rnd in range(args.rounds):
-                    for i, srv in enumerate(srvs):
-                        peer = srvs[1 - i] if len(srvs) == 2 else None
+                    for srv in srvs:
+                        peers = [other for other in srvs if other is not srv]
                         raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(args.endpoint),
                                                     loadgen.request_body(args.endpoint, model_ids[srv.label],
                                                                          args.max_tokens))
-                        r = run_round(srv, peer, conc, n_requests, raw)
+                        r = run_round(srv, peers, conc, n_requests, raw)
                         r.update(model=label, concurrency=conc, server=srv.label, round=rnd + 1)
                         rows.append(r)
                         save()

@@ -16,7 +16,15 @@ the server; its CPU is reported next to the server's to show it.
 2. Memory per idle stream: a second server with a fake TTFT of an hour;
    `--idle-streams` requests are opened and left waiting; RSS delta / streams;
    then they are closed and the RSS after release is shown too.
-3. Profile (`--profile C`): py-spy records the server for `--profile-seconds`
+3. API servers (`--api-server-count 1,2`): the same server with
+   `--api-server-count N` for each N, at `--api-levels` streams (default
+   1,024), with the fake engine stepping as fast as it can
+   (`--api-token-delay`, default 0: the load is CPU-bound, so chunks/s is
+   capacity). Each worker has its own fake engine. Server CPU is the
+   parent's and the workers' together; the client (this process) runs on
+   the same cores, and its share is reported. Issue 17's target: N=2 at
+   least 1.5x the chunks/s of N=1, per-chunk CPU within 10%.
+4. Profile (`--profile C`): py-spy records the server for `--profile-seconds`
    under the C-stream load (speedscope JSON for https://www.speedscope.app,
    plus a text summary of the top functions by self and total time).
 
@@ -55,6 +63,8 @@ async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_toke
                  model: str | None = None, warm: bool = True) -> dict:
     if model is None:
         model = await asyncio.to_thread(srv.model_id)
+    # The server's processes: with --api-server-count N, the parent and its N workers.
+    pids = [srv.pid, *procstat.descendants(srv.pid)]
     conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=False)
     try:
         if warm:  # at this concurrency (short requests), on the same connections
@@ -62,14 +72,14 @@ async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_toke
         snap: dict[str, float] = {}
 
         def on_start() -> None:
-            snap.update(cpu=procstat.cpu_seconds(srv.pid), ns=procstat.cpu_ns(srv.pid),
-                        sys=procstat.system_busy_seconds(), stime=procstat.cpu_user_sys(srv.pid)[1])
+            snap.update(cpu=procstat.tree_cpu_seconds(pids), ns=procstat.tree_cpu_ns(pids),
+                        sys=procstat.system_busy_seconds(), stime=procstat.tree_user_sys(pids)[1])
 
         res = await loadgen.run_load(srv.url, _raw(srv, endpoint, max_tokens, model), conc, duration=seconds,
                                      parse=False, conns=conns, on_start=on_start)
-        cpu, ns, busy = (procstat.cpu_seconds(srv.pid), procstat.cpu_ns(srv.pid),
+        cpu, ns, busy = (procstat.tree_cpu_seconds(pids), procstat.tree_cpu_ns(pids),
                          procstat.system_busy_seconds())
-        stime = procstat.cpu_user_sys(srv.pid)[1]
+        stime = procstat.tree_user_sys(pids)[1]
     finally:
         loadgen.close_all(conns)
     ok = res.ok
@@ -164,6 +174,37 @@ TARGET_US_PER_CHUNK = (256, 6.0)
 TARGET_KIB_PER_IDLE_STREAM = 16.0
 
 
+def api_markdown(rows: list[dict], token_delay: float) -> list[str]:
+    """The --api-server-count table and issue 17's target (N=2 vs N=1 at the same streams)."""
+    if not rows:
+        return []
+    lines = ["", f"## API servers (`--api-server-count N`, fake engine step every {token_delay:g} s: CPU-bound)", "",
+             "| N | streams | chunks/s | µs CPU/chunk (schedstat) | µs CPU/chunk (stat) | server cores | client cores "
+             "| client share of busy CPU | other cores | requests | errors |", "|" + "---|" * 11]
+    for r in rows:
+        busy = r["server_cores"] + r["client_cores"] + r["other_cores"]
+        lines.append(f"| {r['api_servers']} | {r['concurrency']} | {r['chunks_per_s']:.0f} | {r['us_per_chunk']:.2f} | "
+                     f"{r['us_per_chunk_stat']:.2f} | {r['server_cores']:.2f} | {r['client_cores']:.2f} | "
+                     f"{r['client_cores'] / busy * 100 if busy else 0:.0f}% | {r['other_cores']:.2f} | "
+                     f"{r['requests']} | {r['errors']} |")
+    targets = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        by_n = {r["api_servers"]: r for r in rows if r["concurrency"] == conc}
+        if 1 in by_n and 2 in by_n:
+            one, two = by_n[1], by_n[2]
+            speedup = two["chunks_per_s"] / one["chunks_per_s"]
+            cpu = two["us_per_chunk"] / one["us_per_chunk"]
+            targets.append(f"| N=2 at least 1.5x the chunks/s of N=1 at {conc} streams | {speedup:.2f}x "
+                           f"({two['chunks_per_s']:.0f} vs {one['chunks_per_s']:.0f}) | "
+                           f"{'yes' if speedup >= 1.5 else '**no**'} |")
+            targets.append(f"| N=2 per-chunk CPU within 10% of N=1 at {conc} streams | {cpu:.2f}x "
+                           f"({two['us_per_chunk']:.2f} vs {one['us_per_chunk']:.2f} µs) | "
+                           f"{'yes' if cpu <= 1.10 else '**no**'} |")
+    if targets:
+        lines += ["", "| target (issue 17) | measured | met |", "|---|---|---|", *targets]
+    return lines
+
+
 def _targets(levels: list[dict], idle: dict | None) -> list[str]:
     lines = []
     conc, bound = TARGET_US_PER_CHUNK
@@ -195,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-seconds", type=float, default=15.0)
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    ap.add_argument("--api-server-count", default="1,2", metavar="N,N",
+                    help="also measure `--api-server-count N` for each N at --api-levels streams (default 1,2; "
+                         "'' skips it)")
+    ap.add_argument("--api-levels", default="1024", help="streams for the --api-server-count runs (default 1024)")
+    ap.add_argument("--api-token-delay", type=float, default=0.0,
+                    help="fake engine step interval for the --api-server-count runs (default 0: as fast as it can)")
+    ap.add_argument("--api-seconds", type=float, default=0.0, help="load per run (default: --seconds)")
     ap.add_argument("--server-args", default="", help="extra flags for `streamproxy serve --engine fake`")
     ap.add_argument("--quick", action="store_true", help="3 s per level, 300 idle streams")
     ap.add_argument("--only-idle", action="store_true", help="skip the CPU levels: only the idle-memory test")
@@ -220,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                    "CPU / (finished requests x max_tokens), request handling included"}
     rows: list[dict] = []
     idle = prof = None
-    if not args.only_idle:
+    if not args.only_idle and levels:
         srv = fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp)
         srv.start()
         try:
@@ -249,6 +297,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\nprofile at {args.profile} streams: {prof['speedscope']}\n{prof['summary']}\n", flush=True)
         finally:
             srv.stop(10)
+    api_rows: list[dict] = []
+    for count in [int(x) for x in args.api_server_count.split(",") if x]:
+        asrv = fake_server(["--fake-token-delay", str(args.api_token_delay), "--api-server-count", str(count),
+                            "--access-log", "off", *extra], f"{stamp}-api{count}")
+        asrv.start()
+        try:
+            asrv.wait_ready(120)
+            if count > 1:
+                asrv.wait_workers(count)
+            for conc in [int(x) for x in args.api_levels.split(",") if x]:
+                r = uvloop.run(_level(asrv, conc, args.api_seconds or args.seconds, args.endpoint, args.max_tokens))
+                r["api_servers"] = count
+                api_rows.append(r)
+                print(f"N={count} c={conc:5d}: {r['chunks_per_s']:8.0f} chunks/s  {r['us_per_chunk']:6.2f} µs/chunk "
+                      f"(stat {r['us_per_chunk_stat']:6.2f})  server {r['server_cores']:.2f} cores  client "
+                      f"{r['client_cores']:.2f}  other {r['other_cores']:.2f}  errors {r['errors']}", flush=True)
+        finally:
+            asrv.stop(30)
     if args.idle_streams:
         isrv = fake_server(["--fake-ttft", "3600", "--fake-token-delay", str(args.token_delay), *extra],
                            stamp + "-idle")
@@ -262,11 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             isrv.stop(10)
     md = markdown(meta, rows, idle)
+    md += "\n" + "\n".join(api_markdown(api_rows, args.api_token_delay))
     if prof:
         md += f"\n\nProfile at {args.profile} streams ({prof['speedscope']}):\n\n```\n{prof['summary']}\n```\n"
     (RESULTS / f"fake-capacity-{stamp}.md").write_text(md + "\n")
     (RESULTS / f"fake-capacity-{stamp}.json").write_text(
-        json.dumps({"meta": meta, "levels": rows, "idle": idle, "profile": prof}, indent=1))
+        json.dumps({"meta": meta, "levels": rows, "api_servers": api_rows, "idle": idle, "profile": prof}, indent=1))
     print("\n" + md)
     print(f"\nwrote {RESULTS / f'fake-capacity-{stamp}.md'}")
     return 0

@@ -49,6 +49,28 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+def tree_cpu_ns(pids: list[int]) -> int:
+    """`cpu_ns` summed over processes (e.g. the workers of `--api-server-count N` and their parent)."""
+    total = 0
+    for p in pids:
+        try:
+            total += cpu_ns(p)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def tree_user_sys(pids: list[int]) -> tuple[float, float]:
+    user = system = 0.0
+    for p in pids:
+        try:
+            u, s = cpu_user_sys(p)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        user, system = user + u, system + s
+    return user, system
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * PAGE

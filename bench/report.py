@@ -73,20 +73,51 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for model in models:
         lines += [f"## {model}", "", head, "|" + "---|" * (len(METRICS) + 5)]
         for conc in sorted({r["concurrency"] for r in rows if r["model"] == model}):
-            cells = {s: med.get((model, conc, s)) for s in SERVERS}
-            for s in SERVERS:
+            labels = _labels(rows)
+            cells = {s: med.get((model, conc, s)) for s in labels}
+            for s in labels:
                 m = cells[s]
                 if m is None:
                     continue
                 lines.append(f"| {model} | {conc} | {s} | " + " | ".join(_fmt(f, m[k]) for k, _, f in METRICS)
                              + f" | {m['rounds']} | {m['errors']} |")
-            if all(cells[s] for s in SERVERS):
+            if all(cells.get(s) for s in SERVERS):
                 a, b = cells["streamproxy"], cells["vllm"]
                 lines.append(f"| {model} | {conc} | **ratio** | "
                              + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
+            for s in labels:
+                if s.startswith("streamproxy-n") and cells.get(s) and cells.get("streamproxy"):
+                    a, b = cells[s], cells["streamproxy"]
+                    lines.append(f"| {model} | {conc} | **{s.removeprefix('streamproxy-')} / n1** | "
+                                 + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
         lines.append("")
     lines += targets(med)
+    lines += api_targets(med)
     return "\n".join(lines)
+
+
+def _labels(rows: list[dict]) -> list[str]:
+    """vllm, streamproxy, then streamproxy-nN (--api-server-count N) in the order they ran."""
+    seen = list(dict.fromkeys(r["server"] for r in rows))
+    return [s for s in SERVERS if s in seen] + [s for s in seen if s not in SERVERS]
+
+
+def api_targets(med: dict) -> list[str]:
+    """Issue 17: with --api-server-count 2, tok/s and TTFT p50 no worse than with 1 (tiny model, 256 streams)."""
+    lines = []
+    for (model, conc, server), two in sorted(med.items()):
+        if server != "streamproxy-n2" or (model, conc, "streamproxy") not in med:
+            continue
+        one = med[(model, conc, "streamproxy")]
+        for key, kind in (("tok_per_s", "min"), ("ttft_p50_ms", "max")):
+            r = ratio(two[key], one[key])
+            ok = r >= 1.0 if kind == "min" else r <= 1.0
+            met = "yes" if ok else (f"tie (within ±{TIE:.0%})" if abs(r - 1.0) <= TIE else "**no**")
+            lines.append(f"| {model} | {conc} | {key}: N=2 no worse than N=1 | {r:.2f} | {met} |")
+    if not lines:
+        return []
+    return ["", "## Targets (issue 17: --api-server-count)", "", "| model | conc | target | N=2 / N=1 | met |",
+            "|---|---|---|---|---|", *lines]
 
 
 # Issue 7's targets, checked on the medians: (model, concurrency, metric, bound, what).
@@ -144,23 +175,25 @@ def chart(rows: list[dict], path: Path) -> None:
               ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
     fig, axes = plt.subplots(len(models), len(panels), figsize=(4.2 * len(panels), 3.4 * len(models)),
                              squeeze=False)
-    colors = {"vllm": "#8c8c8c", "streamproxy": "#1f77b4"}
+    colors = {"vllm": "#8c8c8c", "streamproxy": "#1f77b4", "streamproxy-n2": "#ff7f0e", "streamproxy-n4": "#2ca02c"}
+    servers = _labels(rows)
     for i, model in enumerate(models):
         concs = sorted({r["concurrency"] for r in rows if r["model"] == model})
         for j, (key, title) in enumerate(panels):
             ax = axes[i][j]
-            width = 0.38
-            for k, s in enumerate(SERVERS):
+            width = 0.76 / max(len(servers), 1)
+            for k, s in enumerate(servers):
                 xs, ys = [], []
                 for x, c in enumerate(concs):
                     m = med.get((model, c, s))
                     if m is None:
                         continue
-                    xs.append(x + (k - 0.5) * width)
+                    offset = (k - (len(servers) - 1) / 2) * width
+                    xs.append(x + offset)
                     ys.append(m[key])
                     vals = [v for v in m["values"][key] if v is not None]
-                    ax.scatter([x + (k - 0.5) * width] * len(vals), vals, s=8, color="black", zorder=3)
-                ax.bar(xs, ys, width, label=s, color=colors[s])
+                    ax.scatter([x + offset] * len(vals), vals, s=8, color="black", zorder=3)
+                ax.bar(xs, ys, width, label=s, color=colors.get(s, "#9467bd"))
             ax.set_xticks(range(len(concs)), [f"c={c}" for c in concs])
             ax.set_title(f"{model}: {title}", fontsize=9)
             ax.grid(axis="y", alpha=0.3)

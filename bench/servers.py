@@ -95,6 +95,16 @@ class Server:
                                    + self.log_tail())
             time.sleep(1.0)
 
+    def wait_workers(self, count: int, timeout: float = 300.0) -> None:
+        """With `--api-server-count N`: until all N API servers listen (their log lines); /health
+        answers as soon as the first one does, and the port serves only those that listen."""
+        deadline = time.monotonic() + timeout
+        while self.log_tail(10**8).count("streamproxy.server: listening on") < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: not all {count} API servers listen after {timeout:.0f} s; "
+                                   f"log {self.log_path}")
+            time.sleep(0.5)
+
     def log_tail(self, n: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n:]
@@ -105,8 +115,17 @@ class Server:
         with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:
             return json.load(r)["data"][0]["id"]
 
+    def frontend_pids(self) -> list[int]:
+        """The API-server processes: this one, and with `--api-server-count N` its N workers
+        (spawned children that are not vLLM's retitled engine processes nor a resource tracker)."""
+        workers = [p for p in procstat.descendants(self.pid)
+                   if procstat.ppid(p) == self.pid and "spawn_main" in procstat.name(p)]
+        return [self.pid, *workers]
+
     def engine_pids(self) -> list[int]:
-        return procstat.descendants(self.pid)
+        """Everything below the front end: the engine core(s), their workers (and the DP coordinator)."""
+        front = set(self.frontend_pids())
+        return [p for p in procstat.descendants(self.pid) if p not in front]
 
     def engine_core_pid(self) -> int | None:
         for p in self.engine_pids():
@@ -152,11 +171,11 @@ def vllm_server(model: str, engine_args: list[str], tag: str, env: dict[str, str
 
 
 def streamproxy_server(model: str, engine_args: list[str], tag: str, env: dict[str, str],
-                       extra: list[str] | None = None) -> Server:
+                       extra: list[str] | None = None, label: str = "streamproxy") -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port),
            *engine_cmd_args(model, engine_args), *(extra or [])]
-    return Server("streamproxy", cmd, port, RESULTS / "logs" / f"{tag}-streamproxy.log", env)
+    return Server(label, cmd, port, RESULTS / "logs" / f"{tag}-{label}.log", env)
 
 
 def fake_server(args: list[str], tag: str) -> Server:

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from engine_adapter.vllm_engine import VllmEngine
 
@@ -37,8 +38,9 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     return p
 
 
-def engine(ns: argparse.Namespace, *, direct_outputs: bool) -> VllmEngine:
-    """The engine the parsed flags describe; `ns.model` and `ns.served_model_name` are filled in."""
+def engine(ns: argparse.Namespace, *, direct_outputs: bool, client: tuple[int, int, Any] | None = None) -> VllmEngine:
+    """The engine the parsed flags describe; `ns.model` and `ns.served_model_name` are filled in.
+    `client`: (index, count, client config) of an API server sharing engine cores (vllm_shared.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
@@ -59,7 +61,8 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool) -> VllmEngine:
     ns.model = model
     ns.served_model_name = ns.served_model_name or [model]
     _default_cpu_kv_cache(ns)
-    return VllmEngine(AsyncEngineArgs.from_cli_args(ns), ns.served_model_name, root=model, direct_outputs=direct_outputs)
+    return VllmEngine(AsyncEngineArgs.from_cli_args(ns), ns.served_model_name, root=model, direct_outputs=direct_outputs,
+                      client=client)
 
 
 def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:

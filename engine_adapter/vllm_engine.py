@@ -26,6 +26,11 @@ needs `--enable-lora`). The direct route serves adapter requests as any
 other: the adapter changes the weights the engine core runs, not its outputs'
 shape, and vLLM decodes with the base tokenizer on its own path too.
 
+With `client=(index, count, config)` (`--api-server-count N`) the engine
+core(s) belong to the parent (vllm_shared.py) and `start` builds this
+process's AsyncLLM as client `index` of `count`, as vLLM's API servers do;
+`kill()` is how the parent's news of their death reaches it.
+
 `close()` leaves no process behind: the processes the engine started (its
 engine core, and that one's workers) are noted once it is up, and whatever
 of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans
@@ -151,8 +156,12 @@ def _reap(processes: list[Any], timeout: float) -> None:
 
 
 class VllmEngine:
-    def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True) -> None:
+    def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
+                 client: tuple[int, int, dict[str, Any]] | None = None) -> None:
         self._args = engine_args
+        # (index, count, client config): one of `count` API servers sharing engine cores started by
+        # the parent (vllm_shared.py), as vLLM's own API servers do; None: this process starts its own.
+        self._client = client
         self._llm: Any = None
         # Plain requests' outputs straight from the engine core (vllm_direct.py), when possible.
         self._want_direct = direct_outputs
@@ -176,7 +185,10 @@ class VllmEngine:
 
         before = _children()
         try:
-            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self._args)
+            if self._client is None:
+                self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self._args)
+            else:
+                self._llm = await asyncio.to_thread(self._connect, AsyncLLM)
         except BaseException:
             self._state = "dead"
             raise
@@ -203,22 +215,59 @@ class VllmEngine:
                 log.warning("direct outputs off (every request takes vLLM's output path): %s", reason)
         self._state = "ready"
 
+    @property
+    def engine_args(self) -> Any:
+        return self._args
+
+    def _connect(self, async_llm: Any) -> Any:
+        """An AsyncLLM that is client `index` of `count` of engine cores started elsewhere (vLLM's
+        `build_async_engine_client_from_engine_args` with a client config)."""
+        from vllm.usage.usage_lib import UsageContext
+
+        assert self._client is not None
+        index, count, config = self._client
+        args = self._args
+        args._api_process_count, args._api_process_rank = count, index
+        vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        return async_llm.from_vllm_config(
+            vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+            enable_log_requests=args.enable_log_requests, aggregate_engine_logging=args.aggregate_engine_logging,
+            disable_log_stats=args.disable_log_stats, client_addresses=dict(config), client_count=count,
+            client_index=index,
+        )
+
+    def kill(self, reason: str = "the engine died") -> None:
+        """The engine died where this process cannot see it (the parent saw the shared engine cores
+        go): state "dead" at once, and every request in flight ends with an error."""
+        llm = self._llm
+        if llm is None:
+            self._state = "dead"
+            return
+        llm.engine_core.resources.engine_dead = True
+        self._fail_all(llm, EngineFailure(reason))
+
+    def _fail_all(self, llm: Any, error: EngineFailure) -> None:
+        if self._direct is not None:
+            self._direct.fail_all(error)
+        # Requests on vLLM's own output path too: their collectors would never hear another word.
+        processor = getattr(llm, "output_processor", None)
+        states = getattr(processor, "request_states", None)
+        if states:
+            for state in list(states.values()):
+                if state.queue is not None:
+                    state.queue.put(error)
+
     async def close(self) -> None:
         llm, self._llm = self._llm, None
         died = llm is not None and llm.errored  # its engine core is gone: what is left is orphaned
         self._state = "dead"
         gone = EngineFailure("the engine was shut down")
-        if self._direct is not None:
-            self._direct.fail_all(gone)
-        if llm is not None:
-            # Requests on vLLM's own output path end too: shutdown() cancels the output
-            # handler, after which their collectors would never hear another word.
-            processor = getattr(llm, "output_processor", None)
-            states = getattr(processor, "request_states", None)
-            if states:
-                for state in list(states.values()):
-                    if state.queue is not None:
-                        state.queue.put(gone)
+        if llm is None:
+            if self._direct is not None:
+                self._direct.fail_all(gone)
+        else:
+            # shutdown() cancels the output handler: every request still in flight ends now.
+            self._fail_all(llm, gone)
             llm.shutdown()
         processes, self._processes = self._processes, []
         if processes:

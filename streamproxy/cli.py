@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamproxy.gateway.config import GatewayConfig
@@ -41,7 +42,9 @@ def _fake_engine(settings: Settings) -> Engine:
     )
 
 
-def build(argv: list[str]) -> tuple[Settings, Engine]:
+def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[Settings, Engine]:
+    """Settings and engine from the command line; `client` (index, count, vLLM client config or None):
+    this process is one of `count` API servers (workers.py)."""
     argv = expand_config_file(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--engine", default=Settings().engine)
@@ -64,7 +67,8 @@ def build(argv: list[str]) -> tuple[Settings, Engine]:
     _check_tool_flags(settings, vllm_parsers=True)
     _check_reasoning_flag(settings, vllm_parsers=True)
     _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))
-    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs)
+    shared = client if client is not None and client[2] is not None else None
+    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
 
@@ -150,9 +154,43 @@ def main(argv: list[str] | None = None) -> None:
         return
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())
+    if settings.api_server_count != 1:
+        code = serve_workers(settings, engine, rest)
+        if code:
+            raise SystemExit(code)
+        return
     from streamproxy.http.server import run
 
     run(settings, engine)
+
+
+def serve_workers(settings: Settings, engine: Engine, argv: list[str]) -> int:
+    """`--api-server-count N`: this process supervises N API servers (workers.py); with vLLM it
+    starts the engine core(s) they share (engine_adapter/vllm_shared.py), else each has its own engine."""
+    from streamproxy.workers import EngineHost, NoSharedEngine, run_workers
+
+    host: EngineHost = NoSharedEngine()
+    if settings.engine == "vllm":
+        from engine_adapter.vllm_engine import VllmEngine
+        from engine_adapter.vllm_shared import SharedCores
+
+        assert isinstance(engine, VllmEngine)
+        host = SharedCores(engine.engine_args)
+    return run_workers(settings, argv, run_worker, host)
+
+
+def run_worker(index: int, count: int, argv: list[str], sock: socket.socket, client: Any) -> None:
+    """One API server of `count` (a spawned process): the port's socket `sock` from the parent, and
+    with vLLM the client config of the engine cores the parent started."""
+    from streamproxy.workers import become_worker, worker_settings
+
+    become_worker()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [api{index}] %(name)s: %(message)s")
+    settings, engine = build(argv, (index, count, client))
+    logging.getLogger().setLevel(settings.log_level.upper())
+    from streamproxy.http.server import run
+
+    run(worker_settings(settings, index, count), engine, sock=sock)
 
 
 if __name__ == "__main__":

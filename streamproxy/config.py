@@ -22,6 +22,8 @@ class Settings(msgspec.Struct, kw_only=True):
     host: str = "0.0.0.0"
     port: int = 8000
     engine: str = "vllm"  # "vllm" or "fake"
+    # Front-end processes on the one port (vLLM's --api-server-count): streamproxy/workers.py.
+    api_server_count: int = 1
     model: str | None = None
     served_model_name: list[str] | None = None
     api_key: list[str] = []
@@ -90,6 +92,9 @@ _FLAG_HELP: dict[str, str] = {
     "host": "address to listen on",
     "port": "port to listen on",
     "engine": "vllm (embedded vLLM AsyncLLM) or fake (scripted, for tests/benchmarks)",
+    "api_server_count": "front-end processes serving the one port (as vllm serve's flag): with vLLM they share "
+    "the engine core(s), with --engine fake each has its own fake engine; limits are split between them "
+    "(see README: when to raise it)",
     "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
     "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",

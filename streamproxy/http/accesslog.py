@@ -169,6 +169,10 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
+# One of --api-server-count workers: which process served the request (server.py sets it).
+PID: int | None = None
+
+
 def line(request: web.Request, rec: Record, status: int, duration: float) -> str:
     fields = {
         "ts": round(time.time(), 3),
@@ -190,6 +194,8 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
         "client_disconnected": rec.disconnected,
         "remote": request.remote,
     }
+    if PID is not None:
+        fields["pid"] = PID
     if rec.deployment is not None:
         fields.update(
             deployment=rec.deployment, upstream=rec.upstream, key_id=rec.key_id,

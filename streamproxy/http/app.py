@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -28,6 +29,7 @@ from streamproxy.config import Settings
 from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
 from streamproxy.filters.detect import AUTO, resolve
 from streamproxy.http import accesslog
+from streamproxy.http import metrics as metrics_module
 from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
@@ -134,6 +136,14 @@ async def _stop_engine(app: web.Application) -> None:
     await app[STATE_KEY].engine.close()
 
 
+async def _publish_metrics(app: web.Application) -> AsyncIterator[None]:
+    """--api-server-count: this worker's own values into the shared metric files (metrics.publish)."""
+    task = asyncio.create_task(metrics_module.publish(), name="metrics-publish")
+    yield
+    task.cancel()
+    metrics_module.publish_now()
+
+
 def create_app(settings: Settings, engine: Engine) -> web.Application:
     middlewares: list[Middleware] = [accesslog.observe, error_middleware]
     cors = None
@@ -163,5 +173,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         app.on_response_prepare.append(deprecations.on_prepare)
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
+    if metrics_module.MULTIPROCESS:
+        app.cleanup_ctx.append(_publish_metrics)
     add_routes(app)
     return app

@@ -22,13 +22,20 @@ this one, in three steps:
 Polling `state` (a property read, five times a second) is the one way that
 works for every engine: vLLM learns of its engine core's death in a monitor
 thread and offers no callback.
+
+With `--api-server-count N` and vLLM, the engine cores belong to the parent,
+and an API server learns of their death from it (SIGUSR1, server.py):
+`engine_lost` kills the engine's client side (`Killable`), its state turns
+"dead", and the same three steps follow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol, runtime_checkable
 
+from engine_adapter.base import Engine
 from streamproxy.http.state import AppState, engine_dead
 
 log = logging.getLogger("streamproxy.engine")
@@ -43,6 +50,7 @@ async def watch(state: AppState, interval: float = INTERVAL) -> None:
     engine = state.engine
     while engine.state != "dead":
         await asyncio.sleep(interval)
+    state.engine_died = True  # the server's exit code is 1 now, even if a signal ends it first
     grace = max(state.settings.engine_death_grace, 0.0)
     inflight = state.inflight
     log.error(
@@ -55,3 +63,16 @@ async def watch(state: AppState, interval: float = INTERVAL) -> None:
         log.error("%d request(s) still in flight after the engine died: leaving them", len(inflight))
     for callback in state.on_engine_failure:
         callback()
+
+
+@runtime_checkable
+class Killable(Protocol):
+    def kill(self, reason: str = ...) -> None:
+        """State "dead" at once; requests in flight end with an error."""
+
+
+def engine_lost(engine: Engine, reason: str) -> None:
+    """The engine died where only someone else could see it (the parent of the API servers)."""
+    log.error("%s", reason)
+    if isinstance(engine, Killable):
+        engine.kill(reason)

@@ -10,10 +10,24 @@ tokens it carries), everything else once per request or per event. The
 per-write histogram is a `FastHistogram`: one `bisect` and two additions on
 the event loop's thread, instead of prometheus_client's two locks and a
 Python walk over the buckets, exposed in the same text format.
+
+With `--api-server-count N` (streamproxy/workers.py) the parent sets
+`PROMETHEUS_MULTIPROC_DIR` before the workers start, as `vllm serve` does:
+prometheus_client then keeps every value in a per-process file and
+`/metrics`, whichever worker answers, reads them all (`MultiProcessCollector`):
+counters and histograms add up, gauges are `livesum` (the workers alive now).
+Two things of ours live outside those files and are published by `publish`,
+a task that runs once a second in each worker: the `FastHistogram` (its
+counts since the last flush are added to a file-backed twin, so the hot path
+stays as cheap; /metrics can lag it by up to a second) and
+`streamproxy_engine_requests` (a gauge read from the engine in a single
+process, set from it in each worker).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 import weakref
 from bisect import bisect_left
@@ -21,17 +35,23 @@ from collections.abc import Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from engine_adapter.base import Engine
 
+# Set by the parent of --api-server-count workers before they start (prometheus_client reads it at import).
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+# Seconds between two `publish` passes in a worker.
+PUBLISH_INTERVAL = 1.0
+
 
 class FastHistogram:
     """A label-less histogram for one thread's hot path; same exposition as `Histogram`."""
 
-    __slots__ = ("name", "documentation", "_bounds", "_counts", "_sum", "_created")
+    __slots__ = ("name", "documentation", "_bounds", "_counts", "_sum", "_created", "_twin", "_flushed")
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry = REGISTRY) -> None:
         self.name = name
@@ -40,8 +60,27 @@ class FastHistogram:
         self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
         self._sum = 0.0
         self._created = time.time()
-        if registry is not None:
+        # Multiprocess mode: a file-backed Histogram that `flush` brings up to date.
+        self._twin: Histogram | None = None
+        self._flushed = ([0] * len(self._counts), 0.0)
+        if MULTIPROCESS:
+            self._twin = Histogram(name, documentation, buckets=self._bounds, registry=None)
+        elif registry is not None:
             registry.register(self)
+
+    def flush(self) -> None:
+        """Add what was observed since the last flush to the file-backed twin (multiprocess mode)."""
+        twin = self._twin
+        if twin is None:
+            return
+        counts, total = list(self._counts), self._sum
+        before, before_sum = self._flushed
+        for i, (now, then) in enumerate(zip(counts, before)):
+            if now != then:
+                twin._buckets[i].inc(now - then)
+        if total != before_sum:
+            twin._sum.inc(total - before_sum)
+        self._flushed = (counts, total)
 
     def observe(self, amount: float) -> None:
         self._counts[bisect_left(self._bounds, amount)] += 1
@@ -88,9 +127,9 @@ REQUEST_DURATION = Histogram(
     "From request received to the end of the response (generation routes)",
     buckets=_DURATION_BUCKETS,
 )
-ACTIVE_STREAMS = Gauge("streamproxy_active_streams", "Streaming responses being written right now")
-REQUESTS_RUNNING = Gauge("streamproxy_requests_running", "Requests holding a generation slot (admission)")
-REQUESTS_QUEUED = Gauge("streamproxy_requests_queued", "Requests waiting for a generation slot (admission)")
+ACTIVE_STREAMS = Gauge("streamproxy_active_streams", "Streaming responses being written right now", multiprocess_mode="livesum")
+REQUESTS_RUNNING = Gauge("streamproxy_requests_running", "Requests holding a generation slot (admission)", multiprocess_mode="livesum")
+REQUESTS_QUEUED = Gauge("streamproxy_requests_queued", "Requests waiting for a generation slot (admission)", multiprocess_mode="livesum")
 RESPONSES = Counter(
     "streamproxy_responses",
     "Responses by route, HTTP status and error code (in-band stream errors keep status 200 and carry their code)",
@@ -102,7 +141,7 @@ SSE_HEARTBEATS = HEARTBEATS.labels("sse")
 NONSTREAM_HEARTBEATS = HEARTBEATS.labels("nonstream")
 WRITE_STALLS = Counter("streamproxy_write_stalls", "Streams ended because the client stopped reading (--write-stall-timeout)")
 ADMISSION_REJECTIONS = Counter("streamproxy_admission_rejections", "Requests answered 429 at once: no slot and no room to wait")
-OPEN_CONNECTIONS = Gauge("streamproxy_open_connections", "Client connections open right now (those over --max-connections not counted)")
+OPEN_CONNECTIONS = Gauge("streamproxy_open_connections", "Client connections open right now (those over --max-connections not counted)", multiprocess_mode="livesum")
 CONNECTIONS_CLOSED = Counter(
     "streamproxy_connections_closed",
     "Client connections the server closed on its own: header_timeout, body_timeout, keepalive_timeout (idle), "
@@ -116,6 +155,7 @@ CLOSED_OVER_LIMIT = CONNECTIONS_CLOSED.labels("over_limit")
 ENGINE_REQUESTS = Gauge(
     "streamproxy_engine_requests",
     "Requests the engine holds for this server (in vLLM's output path or the direct route): 0 when idle, or requests leak",
+    multiprocess_mode="livesum",
 )
 ENGINE_ABORTS = Counter(
     "streamproxy_engine_aborts",
@@ -124,15 +164,44 @@ ENGINE_ABORTS = Counter(
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def exposition() -> bytes:
+    """This process's registry; in multiprocess mode the sum over every worker's files (as vLLM's /metrics)."""
+    if not MULTIPROCESS:
+        return generate_latest(REGISTRY)
+    publish_now()
+    registry = CollectorRegistry()
+    prometheus_multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
+
+
+_engine_ref: weakref.ref[Engine] | None = None
 
 
 def watch_engine(engine: Engine) -> None:
     """`streamproxy_engine_requests` reads this engine's `num_running` (weakly: an old app's engine can go)."""
-    ref = weakref.ref(engine)
+    global _engine_ref
+    ref = _engine_ref = weakref.ref(engine)
 
     def held() -> float:
         current = ref()
         return float(current.num_running) if current is not None else 0.0
 
-    ENGINE_REQUESTS.set_function(held)
+    if not MULTIPROCESS:
+        ENGINE_REQUESTS.set_function(held)
+
+
+def publish_now() -> None:
+    """Multiprocess mode: this worker's values that live outside prometheus_client's files, into them."""
+    INTER_TOKEN_LATENCY.flush()
+    engine = _engine_ref() if _engine_ref is not None else None
+    ENGINE_REQUESTS.set(float(engine.num_running) if engine is not None else 0.0)
+
+
+async def publish(interval: float = PUBLISH_INTERVAL) -> None:
+    """Multiprocess mode: `publish_now` every `interval` s (a task per worker, app.py)."""
+    while True:
+        publish_now()
+        await asyncio.sleep(interval)

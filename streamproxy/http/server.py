@@ -39,7 +39,9 @@ import gc
 import logging
 import os
 import signal
+import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
@@ -52,6 +54,7 @@ from streamproxy.http import accesslog
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
 from streamproxy.http.connection import ConnectionServer, Limits
 from streamproxy.http.drain import INFLIGHT_KEY
+from streamproxy.http.engine_watch import engine_lost
 from streamproxy.http.state import STATE_KEY
 
 log = logging.getLogger("streamproxy.server")
@@ -107,11 +110,15 @@ async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> 
     return ended
 
 
-async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None, hard_exit: bool = False) -> int:
+async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | None = None, hard_exit: bool = False,
+                sock: socket.socket | None = None) -> int:
     """Serve until a signal (exit code 0), or until the engine fails to start or dies (1).
     `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
-    engine failure hangs."""
+    engine failure hangs. `sock`: a listening socket from the parent (one of --api-server-count
+    workers, streamproxy/workers.py) instead of binding host:port."""
     listener = accesslog.configure(settings.access_log)
+    if sock is not None:
+        accesslog.PID = os.getpid()  # the log says which of the workers served each request
     app = create_app(settings, engine)
     stop = asyncio.Event()
     engine_failed = False
@@ -125,12 +132,19 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
             _exit_later(FAILURE_EXIT_LIMIT)
 
     app[STATE_KEY].on_engine_failure.append(on_engine_failure)
+    # An engine that died before the stop (a signal during engine_watch's grace) still makes the exit 1.
+    dead_at_stop = False
+
+    def note_stop() -> None:
+        nonlocal dead_at_stop
+        dead_at_stop = engine.state == "dead"
+
     try:
-        await run_app(app, settings, stop=stop, ready=ready)
+        await run_app(app, settings, stop=stop, ready=ready, sock=sock, on_stop=note_stop)
     finally:
         if listener is not None:
             listener.stop()
-    return 1 if engine_failed else 0
+    return 1 if engine_failed or dead_at_stop or app[STATE_KEY].engine_died else 0
 
 
 def _exit_later(seconds: float) -> None:
@@ -143,13 +157,21 @@ def _exit_later(seconds: float) -> None:
     timer.start()
 
 
-async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
-    """Listen until the first SIGTERM/SIGINT (or `stop`), then drain and clean up."""
+async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None,
+                  sock: socket.socket | None = None, on_stop: Callable[[], None] | None = None) -> None:
+    """Listen until the first SIGTERM/SIGINT (or `stop`), then drain and clean up.
+
+    As a worker (`sock` given) SIGINT is left to the parent, and SIGUSR1 means the engine
+    the workers share died (the parent saw it): the engine's death path (engine_watch.py)."""
     runner = make_runner(app, settings)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
+    site: web.BaseSite
+    if sock is None:
+        site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
+    else:
+        site = web.SockSite(runner, sock, backlog=2048)
     await site.start()
-    log.info("listening on http://%s:%d", settings.host, settings.port)
+    log.info("listening on %s (pid %d)", site.name, os.getpid())
     limits = runner.limits
     log.info(
         "client timeouts: headers %g s, body %g s between reads, keep-alive %g s; at most %s connections",
@@ -169,17 +191,22 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
             log.info("%s again: ending in-flight requests now", sig.name)
             app[INFLIGHT_KEY].begin_drain(loop.time())
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    handled = (signal.SIGTERM, signal.SIGINT) if sock is None else (signal.SIGTERM,)
+    for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
+    if sock is not None:
+        loop.add_signal_handler(signal.SIGUSR1, engine_lost, app[STATE_KEY].engine, "the shared engine core died")
     if ready is not None:
         ready.set()
     try:
         await stop.wait()
+        if on_stop is not None:
+            on_stop()
         await drain(runner, app, settings.drain_timeout)
     finally:
         freezer.cancel()
         await runner.cleanup()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (*handled, *((signal.SIGUSR1,) if sock is not None else ())):
             loop.remove_signal_handler(sig)
         log.info("stopped")
 
@@ -203,7 +230,7 @@ async def _freeze_after_start(app: web.Application) -> None:
     log.debug("gc: %d objects frozen", gc.get_freeze_count())
 
 
-def run(settings: Settings, engine: Engine) -> None:
-    code = uvloop.run(serve(settings, engine, hard_exit=True))
+def run(settings: Settings, engine: Engine, *, sock: socket.socket | None = None) -> None:
+    code = uvloop.run(serve(settings, engine, hard_exit=True, sock=sock))
     if code:
         raise SystemExit(code)

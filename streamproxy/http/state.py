@@ -33,6 +33,7 @@ class AppState:
         self.engine = engine
         self.started = int(time.time())
         self.engine_error: str | None = None
+        self.engine_died = False  # engine_watch saw it die
         self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
         self.inflight = InFlight()
         self._engine_ids: set[str] = set()

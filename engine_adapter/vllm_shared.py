@@ -1,0 +1,107 @@
+"""vLLM's engine core(s) shared by N API-server processes: `streamproxy serve --api-server-count N`.
+
+This is the engine half of vLLM's `run_multi_api_server`
+(vllm/entrypoints/cli/serve.py), called, not copied: the parent binds the
+front-end ZMQ listeners (`bind_engine_zmq_listeners(vllm_config, N)`),
+starts the engine core(s) and, with data parallelism, the DP coordinator
+(`launch_core_engines`), and hands each API server the client config
+vLLM's `APIServerProcessManager` builds (input/output address and listener,
+client_count, client_index, the coordinator's stats address). Each worker's
+`VllmEngine` then builds its `AsyncLLM` with `client_addresses`,
+`client_count` and `client_index` (vllm_engine.py), as vLLM's API servers do:
+the engine core serves every client, and routes each one's outputs back to it.
+
+The engine cores' liveness is watched with vLLM's own
+`monitor_engine_liveness` (in a thread); their death is reported to the
+parent (streamproxy/workers.py), which tells the workers. vLLM is imported
+lazily: only the parent of a vLLM server with N > 1 comes here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from .vllm_engine import _children, _reap, _started_since
+
+log = logging.getLogger("streamproxy.engine.vllm")
+
+
+class SharedCores:
+    """The engine cores the workers share (satisfies `streamproxy.workers.EngineHost`)."""
+
+    def __init__(self, engine_args: Any) -> None:
+        self._args = engine_args
+        self._manager: Any = None
+        self._coordinator: Any = None
+        self._listeners: list[Any] = []
+        self._processes: list[Any] = []  # psutil handles of the engine's processes (vllm_engine._reap)
+
+    def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+        from vllm.v1.executor import Executor
+
+        args = self._args
+        args._api_process_count = count
+        args._api_process_rank = -1
+        vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        executor_class = Executor.get_class(vllm_config)
+        before = _children()
+        listeners = bind_engine_zmq_listeners(vllm_config, count)
+        self._listeners = [*listeners.inputs, *listeners.outputs]
+        with launch_core_engines(vllm_config, executor_class, not args.disable_log_stats,
+                                 listeners.addresses) as launch:
+            self._manager, self._coordinator = launch.engine_manager, launch.coordinator
+            stats = self._coordinator.get_stats_publish_address() if self._coordinator else None
+            configs = []
+            for index, (inputs, outputs) in enumerate(zip(listeners.inputs, listeners.outputs, strict=True)):
+                config: dict[str, Any] = {
+                    "input_address": inputs.address, "output_address": outputs.address,
+                    "input_listener": inputs.socket, "output_listener": outputs.socket,
+                    "client_count": count, "client_index": index,
+                }
+                if stats is not None:
+                    config["stats_update_address"] = stats
+                if launch.tensor_queue is not None:
+                    config["tensor_queue"] = launch.tensor_queue
+                configs.append(config)
+            try:
+                procs = start(configs)
+            finally:
+                for listener in (*listeners.inputs, *listeners.outputs):
+                    listener.close()  # the workers hold them now (vLLM's APIServerProcessManager does the same)
+            # A worker that dies while the engine cores start aborts the start (vLLM's startup barrier).
+            launch.watched_frontend_processes = procs
+        workers = {proc.pid for proc in procs}
+        self._processes = [p for p in _started_since(before) if p.pid not in workers and p.ppid() not in workers]
+        log.info("engine core(s) ready for %d API servers", count)
+
+    def watch(self, on_death: Callable[[], None]) -> None:
+        manager = self._manager
+        if manager is None:
+            return
+
+        def monitor() -> None:
+            try:
+                manager.monitor_engine_liveness()
+            finally:
+                if getattr(manager, "failed_proc_name", None) is not None:
+                    on_death()
+
+        threading.Thread(target=monitor, name="engine-core-liveness", daemon=True).start()
+
+    def shutdown(self, timeout: float) -> None:
+        if self._manager is not None:
+            self._manager.shutdown(timeout=timeout)
+        if self._coordinator is not None:
+            self._coordinator.shutdown(timeout=timeout)
+        for listener in self._listeners:
+            listener.cleanup()  # unlinks the ipc:// paths
+        # A SIGTERMed engine core can leave its model worker spinning as an orphan (vllm_engine.py).
+        processes, self._processes = self._processes, []
+        if processes:
+            _reap(processes, timeout)

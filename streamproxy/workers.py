@@ -1,0 +1,312 @@
+"""`--api-server-count N`: N `serve` processes on one port, the way `vllm serve` runs its API servers.
+
+The parent (`run_workers`) does what vLLM's `run_multi_api_server` does, no
+HTTP of its own:
+
+  1. it sets `PROMETHEUS_MULTIPROC_DIR` (a temporary folder, unless given),
+     so every worker's metrics go to files and any worker's `/metrics`
+     shows the sum over all of them (http/metrics.py);
+  2. it binds the port, once: N sockets with SO_REUSEPORT on the same
+     address, one per worker, all bound here before any worker starts (a
+     taken port fails here, port 0 is resolved once); each worker inherits
+     its own and listens on it when it is up (`bind`). The kernel spreads
+     new connections over the listening workers' accept queues by the
+     4-tuple's hash: even, with no thundering herd, and never to a worker
+     that is still starting. (vLLM hands one inherited listening socket to
+     every API server and, to even the load, has each accept only while it
+     is the least loaded; N sockets leave that to the kernel.);
+  3. its `EngineHost` starts what the workers share: vLLM's engine core(s)
+     through vLLM's own `launch_core_engines`, one client config per worker
+     (engine_adapter/vllm_shared.py); nothing for the fake engine, where
+     every worker has its own;
+  4. it starts the workers (multiprocessing "spawn", like vLLM's
+     APIServerProcessManager), each with its socket, its index and its
+     client config, and waits.
+
+Signals: SIGTERM or SIGINT to the parent closes its copies of the sockets
+and sends SIGTERM to every worker, which drains as a single server does
+(server.py); a second signal is passed on too (end in-flight requests now).
+Workers ignore SIGINT (a Ctrl-C reaches the whole process group; the parent
+decides) and get SIGTERM if the parent dies (PR_SET_PDEATHSIG).
+
+Failures: a worker that exits on its own (its engine died: exit 1), or the
+shared engine's death (the host's watch: the workers get SIGUSR1, answer 503
+`engine_dead` and exit 1, engine_watch.py), ends them all and the parent
+exits 1, as `vllm serve` does. Otherwise it exits 0 once all have drained.
+
+Limits are per worker with the totals right (`worker_settings`):
+`--max-concurrent-requests`, `--max-queued-requests` and an explicit
+`--max-connections` are split over the workers, so the sum is what was asked.
+Run-time LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is refused with
+N > 1, as vLLM refuses it: a load would reach one worker of N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+import msgspec
+
+from streamproxy.config import Settings
+
+log = logging.getLogger("streamproxy.workers")
+
+# Seconds the parent waits past --drain-timeout for its workers before it kills them.
+STOP_GRACE = 15.0
+
+
+class EngineHost(Protocol):
+    """What the parent runs for the engine(s) its workers share."""
+
+    def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
+        """Start the shared engine(s), and the workers through `start` (one picklable client config each)."""
+
+    def watch(self, on_death: Callable[[], None]) -> None:
+        """Call `on_death` (from any thread) once the shared engine is gone."""
+
+    def shutdown(self, timeout: float) -> None: ...
+
+
+class NoSharedEngine:
+    """Every worker builds its own engine (the fake engine)."""
+
+    def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
+        start([None] * count)
+
+    def watch(self, on_death: Callable[[], None]) -> None:
+        pass
+
+    def shutdown(self, timeout: float) -> None:
+        pass
+
+
+def share(total: int, count: int, index: int) -> int:
+    """Worker `index`'s part of `total`: the parts differ by at most one and add up to `total`."""
+    return total // count + (1 if index < total % count else 0)
+
+
+def worker_settings(settings: Settings, index: int, count: int) -> Settings:
+    """The settings of worker `index` of `count`: the limits split so that their sum is the one asked for."""
+    if count <= 1:
+        return settings
+    changes: dict[str, Any] = {}
+    if settings.max_concurrent_requests > 0:
+        changes["max_concurrent_requests"] = share(settings.max_concurrent_requests, count, index)
+    if settings.max_queued_requests > 0:
+        changes["max_queued_requests"] = share(settings.max_queued_requests, count, index)
+    if settings.max_connections:
+        changes["max_connections"] = share(settings.max_connections, count, index)
+    return msgspec.structs.replace(settings, **changes)
+
+
+def check(settings: Settings) -> None:
+    """Refuse what cannot be split: a worker with no slot at all would have no limit (0 means none)."""
+    count = settings.api_server_count
+    if count < 1:
+        raise SystemExit("--api-server-count must be at least 1")
+    if count > 1 and os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"):
+        # A load or unload would reach one process of N (vLLM refuses the same).
+        raise SystemExit("VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with --api-server-count > 1")
+    for name in ("max_concurrent_requests", "max_connections"):
+        value = getattr(settings, name) or 0
+        if 0 < value < count:
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(f"{flag} {value} is split over --api-server-count {count} processes: give at least {count}")
+
+
+def bind(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` sockets bound to one address with SO_REUSEPORT (port 0: the first one's port for all).
+
+    They do not listen yet: each worker's server calls listen() once it serves, so the kernel
+    never queues a connection for a worker still starting (a bound socket that does not listen
+    is not in the port's SO_REUSEPORT group); the port is held from here on all the same."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+@contextlib.contextmanager
+def multiprocess_metrics() -> Iterator[str]:
+    """PROMETHEUS_MULTIPROC_DIR for the workers: a fresh temporary folder unless one is given (as vLLM)."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        log.warning("PROMETHEUS_MULTIPROC_DIR=%s is set: it must be empty, or /metrics adds up old runs", given)
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix="streamproxy-metrics-") as folder:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        try:
+            yield folder
+        finally:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
+WorkerTarget = Callable[[int, int, list[str], socket.socket, Any], None]
+
+
+class Parent:
+    """The workers' supervisor: signals in, exit codes out."""
+
+    def __init__(self, settings: Settings, argv: list[str], target: WorkerTarget, host: EngineHost) -> None:
+        self.settings = settings
+        self.argv = argv
+        self.target = target
+        self.host = host
+        self.count = settings.api_server_count
+        self.procs: list[BaseProcess] = []
+        self.socks: list[socket.socket] = []
+        self.signals = 0
+        self.failed = False
+        self.engine_dead = False
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+
+    def start(self, configs: list[Any]) -> Sequence[BaseProcess]:
+        spawn = multiprocessing.get_context("spawn")
+        for index, (sock, config) in enumerate(zip(self.socks, configs, strict=True)):
+            proc = spawn.Process(target=self.target, name=f"ApiServer_{index}",
+                                 args=(index, self.count, self.argv, sock, config))
+            proc.start()
+            self.procs.append(proc)
+        log.info("started %d API server processes: pids %s", len(self.procs), [p.pid for p in self.procs])
+        return self.procs
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals += 1
+        self._wake_w.send(signum)
+
+    def _on_engine_death(self) -> None:
+        """From the host's watch thread: the workers end as a single server whose engine died does."""
+        log.error("the shared engine died: the API servers answer 503 engine_dead and exit 1")
+        self.engine_dead = True
+        for proc in self.procs:
+            _send(proc, signal.SIGUSR1)
+        self._wake_w.send(0)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.socks = bind(self.settings.host, self.settings.port, self.count)
+        log.info("listening on http://%s:%d with %d processes (SO_REUSEPORT)", self.settings.host,
+                 self.socks[0].getsockname()[1], self.count)
+        try:
+            self.host.launch(self.count, self.start)
+            self.host.watch(self._on_engine_death)
+            self._wait()
+        finally:
+            self._close_sockets()
+            self._stop_all(self.settings.drain_timeout + STOP_GRACE)
+            self.host.shutdown(10.0)
+        return 1 if self.failed or self.engine_dead else 0
+
+    def _wait(self) -> None:
+        """Until every worker has exited. The first signal, or a worker that exits on its own, stops
+        them all; after the shared engine's death they exit by themselves (bounded)."""
+        alive: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in self.procs}
+        stopping = False
+        forwarded = 0
+        give_up: float | None = None
+        while alive:
+            timeout = None if give_up is None else max(give_up - time.monotonic(), 0.0)
+            ready = wait([*alive, self._wake_r], timeout)
+            if not ready and give_up is not None and time.monotonic() >= give_up:
+                return  # `_stop_all` ends the rest
+            for item in ready:
+                if item is self._wake_r:
+                    self._wake_r.recv()
+                    continue
+                proc = alive.pop(item)
+                _mark_dead(proc.pid)
+                log.info("API server %s (pid %s) exited with %s", proc.name, proc.pid, proc.exitcode)
+                if not stopping and not self.engine_dead:
+                    log.error("API server %s (pid %s) exited with %s: stopping the others", proc.name, proc.pid,
+                              proc.exitcode)
+                    self.failed = True
+                elif proc.exitcode != 0 and not self.engine_dead:
+                    self.failed = True
+            if self.engine_dead and give_up is None:
+                give_up = time.monotonic() + self.settings.engine_death_grace + STOP_GRACE
+            fresh, forwarded = self.signals - forwarded, self.signals
+            if fresh or (self.failed and not stopping):
+                if not stopping:
+                    log.info("shutting down: the API servers drain (up to %.0f s)", self.settings.drain_timeout)
+                    self._close_sockets()
+                stopping = True
+                for _ in range(max(fresh, 1)):  # the first drains; another one ends in-flight requests now
+                    for proc in alive.values():
+                        _send(proc, signal.SIGTERM)
+
+    def _close_sockets(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+    def _stop_all(self, timeout: float) -> None:
+        """Every worker gone: SIGTERM to those left, SIGKILL to those still there after `timeout` s."""
+        for proc in self.procs:
+            if proc.exitcode is None:
+                _send(proc, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(deadline - time.monotonic(), 0.1))
+            if proc.exitcode is None:
+                log.error("API server pid %s did not stop: killing it", proc.pid)
+                proc.kill()
+                proc.join(5)
+                self.failed = True
+            _mark_dead(proc.pid)
+
+
+def _send(proc: BaseProcess, sig: int) -> None:
+    if proc.pid is not None and proc.exitcode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+
+
+def _mark_dead(pid: int | None) -> None:
+    """A gone worker's live gauges leave /metrics' sums (prometheus_client's multiprocess files)."""
+    if pid is None or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)
+
+
+def run_workers(settings: Settings, argv: list[str], target: WorkerTarget, host: EngineHost) -> int:
+    """Serve with `settings.api_server_count` worker processes; the exit code."""
+    check(settings)
+    with multiprocess_metrics():
+        return Parent(settings, argv, target, host).run()
+
+
+def become_worker() -> None:
+    """In a worker, first thing: SIGINT is the parent's to decide; the parent's death is a SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)

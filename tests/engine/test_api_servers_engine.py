@@ -1,0 +1,92 @@
+"""The real engine shared by `--api-server-count 2`, and `--data-parallel-size 2` in one process.
+
+Kept cheap: the 1-layer tiny model (float32, -O0), a few tokens per request.
+Two API servers share one engine core through vLLM's own multi-client
+machinery (engine_adapter/vllm_shared.py): both serve (the access log's
+`pid`), and a client that goes away mid-stream is aborted in the engine core
+(streamproxy's abort counter, and no request left held); when the engine
+core is killed, the parent ends them all and exits 1, leaving no engine
+process behind. With
+`--data-parallel-size 2` vLLM's AsyncLLM starts two engine cores and a DP
+coordinator itself and balances requests between them: both engines generate
+(`vllm:generation_tokens_total{engine=...}`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import psutil
+import pytest
+import requests
+
+from engine_adapter.default_model import build_tiny_model
+from tests.support import wait_until_sync
+from tests.support.server import serve_process
+from tests.support.workers import api_servers
+
+pytestmark = pytest.mark.engine
+
+TINY = ("--dtype", "float32", "-O0", "--max-model-len", "512", "--max-num-seqs", "16", "--served-model-name", "tiny")
+
+
+def _complete(base: str, max_tokens: int = 4) -> dict:
+    resp = requests.post(base + "/v1/completions", json={"model": "tiny", "prompt": "Hello there", "max_tokens": max_tokens,
+                                                         "ignore_eos": True}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _health(base: str) -> int:
+    try:
+        return requests.get(base + "/health", timeout=5).status_code
+    except requests.RequestException:
+        return 0  # gone: not 200 either
+
+
+def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None:
+    engine = ("--model", str(build_tiny_model(progress=False)), *TINY)
+    with api_servers(2, engine=engine, timeout=600) as srv:
+        answers = [_complete(srv.base) for _ in range(16)]  # a connection each
+        assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
+        assert len({a["id"] for a in answers}) == 16
+        assert wait_until_sync(lambda: len([d for d in srv.log_lines() if d["path"] == "/v1/completions"]) == 16, 10)
+        assert {d["pid"] for d in srv.log_lines() if d["path"] == "/v1/completions"} == srv.pids()
+
+        resp = requests.post(srv.url("/v1/completions"), json={"model": "tiny", "prompt": "Hello", "max_tokens": 400,
+                                                               "ignore_eos": True, "stream": True}, stream=True, timeout=120)
+        assert resp.status_code == 200
+        assert next(line for line in resp.iter_lines() if line).startswith(b"data: ")
+        resp.close()
+        assert wait_until_sync(lambda: srv.metric("streamproxy_engine_aborts_total") == 1, 60), srv.metrics_text()
+        assert wait_until_sync(lambda: srv.metric("streamproxy_engine_requests") == 0, 60)
+        assert srv.metric("streamproxy_client_disconnects_total") == 1
+        assert _complete(srv.base)["usage"]["completion_tokens"] == 4  # the engine core serves on
+
+        # The shared engine core dies: the parent sees it (vLLM's liveness monitor), every API server
+        # answers 503 engine_dead and exits, the parent exits 1, and no engine process is left behind.
+        parent = psutil.Process(srv.server.proc.pid)
+        engine_procs = [p for p in parent.children(recursive=True) if "VLLM::" in " ".join(p.cmdline())]
+        core = next(p for p in engine_procs if "EngineCore" in " ".join(p.cmdline()))
+        core.kill()
+        assert wait_until_sync(lambda: _health(srv.base) != 200, 60)
+        assert srv.server.proc.wait(120) == 1, srv.server.log()[-4000:]
+        assert "the shared engine died" in srv.server.log()
+        _, alive = psutil.wait_procs(engine_procs, timeout=30)
+        assert not alive, alive
+
+
+def test_data_parallel_two_engine_cores_in_one_process() -> None:
+    args = ["--model", str(build_tiny_model(progress=False)), *TINY, "--data-parallel-size", "2", "--access-log", "off"]
+    with serve_process(args, name="dp2", timeout=600, stop_timeout=60) as srv:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: _complete(srv.base, 32), range(16)))
+        assert all(a["usage"]["completion_tokens"] == 32 for a in answers)
+        text = requests.get(srv.url("/metrics"), timeout=10).text
+        per_engine = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:generation_tokens_total{"):
+                engine = line.split('engine="', 1)[1].split('"', 1)[0]
+                per_engine[engine] = per_engine.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
+        assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values()), per_engine
+        assert sum(per_engine.values()) == 16 * 32

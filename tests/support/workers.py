@@ -1,0 +1,90 @@
+"""`streamproxy serve --api-server-count N` processes for the tests, and what they say about themselves.
+
+    with api_servers(2, "--fake-token-delay", "0.05") as srv:   # fake engine, access log to a file
+        srv.pids()            # the workers' pids (children of the parent, from /proc)
+        srv.log_lines()       # the access log, parsed: each line has "pid"
+        srv.metric("streamproxy_responses_total", status="200")   # the sum over the workers, as /metrics says
+
+Ready means every worker listens (a spawned worker imports everything anew: on a machine
+busy with others' benchmarks that took over a minute, hence the generous bound): the parent's port is served only by
+listening workers (SO_REUSEPORT), so /health answering is not enough; the
+workers' "listening on" lines are counted in the log first.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import requests
+
+from tests.support.server import ServerFailed, ServerProcess
+from tests.support.waiting import wait_until_sync
+
+
+class ApiServers:
+    def __init__(self, server: ServerProcess, count: int, access_log: Path) -> None:
+        self.server = server
+        self.count = count
+        self.access_log = access_log
+        self.base = server.base
+
+    def url(self, path: str) -> str:
+        return self.server.url(path)
+
+    def listening(self) -> int:
+        if self.server.proc.poll() is not None:
+            raise ServerFailed(f"server exited with {self.server.proc.returncode}", self.server.log())
+        return self.server.log().count("streamproxy.server: listening on")
+
+    def pids(self) -> set[int]:
+        try:
+            return {child.pid for child in psutil.Process(self.server.proc.pid).children()
+                    if "spawn_main" in " ".join(child.cmdline())}  # not multiprocessing's resource tracker
+        except psutil.Error:
+            return set()
+
+    def log_lines(self) -> list[dict]:
+        if not self.access_log.exists():
+            return []
+        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line.strip()]
+
+    def metrics_text(self) -> str:
+        return requests.get(self.url("/metrics"), timeout=10).text
+
+    def metric(self, name: str, text: str | None = None, **labels: str) -> float:
+        """The value of one sample (`name` with exactly `labels` among its labels), summed if several match."""
+        total = 0.0
+        for line in (text if text is not None else self.metrics_text()).splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            head, _, value = line.rpartition(" ")
+            sample, _, label_text = head.partition("{")
+            if sample != name:
+                continue
+            if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+                total += float(value)
+        return total
+
+
+@contextmanager
+def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), timeout: float = 240.0,
+                log_dir: Path | None = None) -> Iterator[ApiServers]:
+    """A parent with `count` ready workers for the `with` block; SIGTERM after it (the caller may stop it first)."""
+    with tempfile.TemporaryDirectory(prefix="streamproxy-workers-") as tmp:
+        folder = log_dir or Path(tmp)
+        access = folder / "access.log"
+        server = ServerProcess([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
+                               name="api-servers")
+        srv = ApiServers(server, count, access)
+        try:
+            if not wait_until_sync(lambda: srv.listening() >= count, timeout, 0.05):
+                raise ServerFailed(f"{srv.listening()} of {count} API servers listening after {timeout} s", server.log())
+            server.wait_ready(timeout)
+            yield srv
+        finally:
+            server.stop(30)
