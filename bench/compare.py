@@ -20,7 +20,6 @@ runs on the machine). Results: bench/results/compare-<time>.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import shlex
