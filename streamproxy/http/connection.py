@@ -244,10 +244,10 @@ class Protocol(RequestHandler):
         err = _parse_error(status, exc, message)
         log.debug("rejected a request from %s: %s", request.remote, exc)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.log.isEnabledFor(logging.INFO):
+        if accesslog.enabled():
             rec = accesslog.Record(uuid.uuid4().hex, 0.0)
             rec.error_code = err.code
-            accesslog.log.info(accesslog.line(request, rec, err.status, 0.0))
+            accesslog.write(accesslog.line(request, rec, err.status, 0.0))
         resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
         resp.force_close()
         return resp
