@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +39,8 @@ from .servers import RESULTS, Server, fake_server, stop_on_signals
 RELAYS = ("direct", "gateway", "nginx", "litellm")
 # Not run by default: the gateway with another balancing policy (`--relays direct,gateway,gateway-rr`).
 VARIANTS = {"gateway-rr": {"policy": "round_robin"}, "gateway-lo": {"policy": "least_outstanding"}}
+# With `--baseline DIR`: the gateway of another source tree, in the same rounds (before/after a change).
+BASELINE = "gateway-base"
 
 
 def _raw(port: int, model: str, max_tokens: int) -> bytes:
@@ -89,6 +92,11 @@ async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], co
     return s
 
 
+def _rev(tree: str) -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--affinity", action="store_true",
@@ -105,6 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--public-name", default=None,
                     help="the gateway's and LiteLLM's name for the model (default: the upstreams' own, "
                          "`fake`, so every relay gets the same request; another name makes them rename it)")
+    ap.add_argument("--baseline", metavar="DIR", default=None,
+                    help=f"also run the gateway of the source tree DIR as '{BASELINE}' in the same rounds")
     ap.add_argument("--quick", action="store_true", help="1 round of 4 s per relay and level")
     args, rest = ap.parse_known_args(argv)
     if rest and not args.affinity:
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     levels = [int(x) for x in args.levels.split(",") if x]
-    which = [r for r in args.relays.split(",") if r]
+    which = [r for r in args.relays.split(",") if r] + ([BASELINE] if args.baseline else [])
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -162,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         for label, policy in VARIANTS.items():
             if label in which:
                 servers[label] = relays.gateway_server(urls, tag, tmp, public=public, policy=policy, label=label)
+        if args.baseline:
+            base = relays.gateway_server(urls, tag, tmp, public=public, label=BASELINE)
+            base.cwd, base.env = args.baseline, {**base.env, "PYTHONPATH": args.baseline}
+            servers[BASELINE] = base
+            meta["baseline"] = f"{BASELINE}: the gateway from {args.baseline} ({_rev(args.baseline)})"
         if "nginx" in which:
             servers["nginx"] = relays.nginx_server(urls, tag, tmp)
         if "litellm" in which:
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             srv.wait_ready(180)
             print(f"{srv.label} ready on :{srv.port} in {srv.ready_after:.1f} s (log {srv.log_path})", flush=True)
         meta["relays"] = gateway_report.describe(servers, tmp, public)
-        order = [r for r in (*RELAYS, *VARIANTS) if r in which]
+        order = [r for r in (*RELAYS, *VARIANTS, BASELINE) if r in which]
         for conc in levels:
             for rnd in range(args.rounds):
                 for label in order[rnd % len(order):] + order[:rnd % len(order)]:

@@ -70,9 +70,10 @@ def line(r: dict) -> str:
 def summary(rows: list[dict]) -> dict:
     """{level: {relay: medians, plus added TTFT and the ratio to nginx}}."""
     out: dict = {}
+    labels = [*RELAYS, *sorted({r["relay"] for r in rows} - set(RELAYS))]  # then variants, the baseline
     for conc in sorted({r["concurrency"] for r in rows}):
         cells: dict = {}
-        for relay in RELAYS:
+        for relay in labels:
             rs = [r for r in rows if r["concurrency"] == conc and r["relay"] == relay]
             if rs:
                 m = {k: _median([r.get(k) for r in rs]) for k, _, _ in METRICS}

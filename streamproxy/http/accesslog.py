@@ -9,10 +9,13 @@ the response, once. Nothing here runs per token.
 
 The line has no prompt or completion text and never a header value, so no
 API key can reach it; `path` is the path only (no query string). It goes to
-the `streamproxy.access` logger; `configure()` sends that logger's records
-through a queue to a background thread that writes them to stdout, stderr or
-a file, so a slow log sink never blocks the event loop. aiohttp's own access
-log is off (server.py).
+`configure()`'s `BatchWriter`: a line costs the event loop one list append,
+and one background thread writes the lines to stdout, stderr or a file in
+batches (waking once per batch, at most every `FLUSH_INTERVAL` s), so a slow
+sink never blocks the loop and a busy server does not hand the GIL to a
+logging thread per request. Handlers added to the `streamproxy.access` logger
+(an embedding application's, the tests') get each line as a record too.
+aiohttp's own access log is off (server.py).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import logging.handlers
-import queue
 import re
 import sys
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
@@ -161,8 +165,8 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
         REQUEST_DURATION.observe(duration)
         if rec.ttfb is not None:
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
-    if log.isEnabledFor(logging.INFO):
-        log.info(line(request, rec, status, duration))
+    if enabled():
+        write(line(request, rec, status, duration))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -204,23 +208,87 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
     return orjson.dumps(fields).decode()
 
 
-def configure(target: str) -> logging.handlers.QueueListener | None:
+# The longest a line waits in memory before its batch is written.
+FLUSH_INTERVAL = 0.05
+
+_writer: BatchWriter | None = None
+
+
+def enabled() -> bool:
+    """Whether a line written now goes anywhere (build it only then)."""
+    return _writer is not None or (bool(log.handlers) and log.isEnabledFor(logging.INFO))
+
+
+def write(text: str) -> None:
+    """One access-log line."""
+    if _writer is not None:
+        _writer.add(text)
+    if log.handlers and log.isEnabledFor(logging.INFO):
+        log.info(text)
+
+
+class BatchWriter:
+    """Lines from the event loop, written by one thread in batches to a logging handler's stream.
+
+    `add` appends; the first line of a batch wakes the thread, which waits
+    `FLUSH_INTERVAL` for more, then writes them all in one call. `stop` writes
+    what is left."""
+
+    def __init__(self, sink: logging.StreamHandler) -> None:
+        self._sink = sink
+        self._lines: deque[str] = deque()  # append and popleft are atomic: no lock between the two threads
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
+        self._thread.start()
+
+    def add(self, text: str) -> None:
+        self._lines.append(text)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait()
+            if not self._stopping:
+                time.sleep(FLUSH_INTERVAL)
+            self._wake.clear()  # before taking the lines: one added from now on wakes the thread again
+            self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        pending = self._lines
+        lines = [pending.popleft() for _ in range(len(pending))]
+        if not lines:
+            return
+        sink = self._sink
+        try:
+            if isinstance(sink, logging.handlers.WatchedFileHandler):
+                sink.reopenIfNeeded()  # logrotate moved the file
+            sink.stream.write("\n".join(lines) + "\n")
+            sink.flush()
+        except Exception:  # a full disk or a closed pipe must not end the server
+            sink.handleError(logging.makeLogRecord({"msg": lines[-1]}))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+
+
+def configure(target: str) -> BatchWriter | None:
     """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off")."""
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
+    global _writer
+    if _writer is not None:
+        _writer.stop()
+        _writer = None
     if target.lower() in ("off", "none", "false", ""):
-        log.setLevel(logging.CRITICAL + 1)
         return None
     if target == "stdout":
-        sink: logging.Handler = logging.StreamHandler(sys.stdout)
+        sink: logging.StreamHandler = logging.StreamHandler(sys.stdout)
     elif target == "stderr":
         sink = logging.StreamHandler(sys.stderr)
     else:
         sink = logging.handlers.WatchedFileHandler(target)  # reopens after logrotate moves the file
-    sink.setFormatter(logging.Formatter("%(message)s"))
-    q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    log.addHandler(logging.handlers.QueueHandler(q))
-    log.setLevel(logging.INFO)
-    listener = logging.handlers.QueueListener(q, sink)
-    listener.start()
-    return listener
+    _writer = BatchWriter(sink)
+    return _writer

@@ -23,6 +23,11 @@ Phases change where aiohttp's handler already passes: `data_received` and
 idle until its next bytes. aiohttp's own keep-alive timer is left inert
 (`_process_keepalive`): it would close a connection mid-headers without a word.
 
+On Python 3.11 aiohttp starts each request's handler in a task of its own,
+one more loop turn after the connection's task wakes; under load a turn waits
+behind every other connection's I/O. `_HandlerInline` has the connection's
+task await the handler itself (3.12+ does the same with eager tasks).
+
 `ConnectionServer` counts the connections it serves; one accepted past
 `max_connections` is closed at once, unread, and the others are served. The
 default cap is half the soft RLIMIT_NOFILE (`ulimit -n`), which with the usual
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -110,6 +116,30 @@ def _parse_error(status: int, exc: BaseException | None, message: str | None) ->
     return InvalidRequest("malformed HTTP request", code="bad_request")
 
 
+# Python 3.12+ has eager tasks, and aiohttp starts each handler's task eagerly.
+_INLINE_HANDLERS = sys.version_info < (3, 12)
+
+
+class _HandlerInline:
+    """The event loop as the connection's handler sees it, except that `create_task` hands the
+    coroutine back: aiohttp's `start()` then awaits the request's handler in the connection's
+    own task instead of a new one, and the handler runs in the loop turn that wakes it, not the
+    turn after (Python 3.11 has no eager tasks). Nothing here uses context variables, the one
+    thing aiohttp's separate task is for; cancelling the connection's task (the client gone)
+    reaches the handler the same way. Everything else is the loop's."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        return coro
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
 class Protocol(RequestHandler):
     """aiohttp's connection handler, with the client timeouts and a JSON answer to unparseable requests."""
 
@@ -134,6 +164,8 @@ class Protocol(RequestHandler):
             transport.close()
             return
         super().connection_made(transport)
+        if _INLINE_HANDLERS:
+            self._loop = _HandlerInline(self._loop)  # type: ignore[assignment]  # after start()'s task exists
         self._arm(self._limits.header_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -212,10 +244,10 @@ class Protocol(RequestHandler):
         err = _parse_error(status, exc, message)
         log.debug("rejected a request from %s: %s", request.remote, exc)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.log.isEnabledFor(logging.INFO):
+        if accesslog.enabled():
             rec = accesslog.Record(uuid.uuid4().hex, 0.0)
             rec.error_code = err.code
-            accesslog.log.info(accesslog.line(request, rec, err.status, 0.0))
+            accesslog.write(accesslog.line(request, rec, err.status, 0.0))
         resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
         resp.force_close()
         return resp

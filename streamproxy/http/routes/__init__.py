@@ -19,7 +19,6 @@ from streamproxy.http.routes.models import get_model, health, list_models, versi
 from streamproxy.http.routes.responses import responses
 from streamproxy.http.routes.tokens import detokenize, tokenize
 
-
 log = logging.getLogger("streamproxy")
 
 
