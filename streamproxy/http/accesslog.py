@@ -210,6 +210,9 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
 
 # The longest a line waits in memory before its batch is written.
 FLUSH_INTERVAL = 0.05
+# Bytes per write(2): whole lines, at most PIPE_BUF, so the lines of several processes sharing
+# one stdout pipe or one O_APPEND file (--api-server-count) never interleave inside a line.
+ATOMIC_WRITE = 4096
 
 _writer: BatchWriter | None = None
 
@@ -265,8 +268,9 @@ class BatchWriter:
         try:
             if isinstance(sink, logging.handlers.WatchedFileHandler):
                 sink.reopenIfNeeded()  # logrotate moved the file
-            sink.stream.write("\n".join(lines) + "\n")
-            sink.flush()
+            for chunk in _whole_lines(lines, ATOMIC_WRITE):
+                sink.stream.write(chunk)
+                sink.flush()  # one write(2) per chunk
         except Exception:  # a full disk or a closed pipe must not end the server
             sink.handleError(logging.makeLogRecord({"msg": lines[-1]}))
 
@@ -274,6 +278,24 @@ class BatchWriter:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=5.0)
+
+
+def _whole_lines(lines: list[str], limit: int) -> list[str]:
+    """The lines, newline-terminated, joined into chunks of at most `limit` UTF-8 bytes (a longer
+    line is a chunk of its own)."""
+    chunks: list[str] = []
+    part: list[str] = []
+    size = 0
+    for text in lines:
+        n = len(text.encode()) + 1
+        if part and size + n > limit:
+            chunks.append("\n".join(part) + "\n")
+            part, size = [], 0
+        part.append(text)
+        size += n
+    if part:
+        chunks.append("\n".join(part) + "\n")
+    return chunks
 
 
 def configure(target: str) -> BatchWriter | None:

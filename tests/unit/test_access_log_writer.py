@@ -41,6 +41,30 @@ def test_every_line_in_order_while_the_thread_takes_batches():
     assert out.getvalue() == "\n".join(sent) + "\n"
 
 
+def test_each_write_is_whole_lines_within_pipe_buf():
+    """Several processes share one stdout (--api-server-count): a write(2) of at most PIPE_BUF
+    bytes is atomic, so each write is whole lines of at most that size."""
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def flush(self) -> None:
+            writes.append(self.getvalue())
+            self.seek(0)
+            self.truncate()
+
+    writer = accesslog.BatchWriter(logging.StreamHandler(Recorder()))
+    sent = [("é" * (i % 300)) + str(i) for i in range(3_000)] + ["x" * 10_000]
+    for text in sent:
+        writer.add(text)
+    writer.stop()
+    chunks = [w for w in writes if w]
+    assert "".join(chunks) == "\n".join(sent) + "\n"
+    assert 100 < len(chunks) < len(sent) // 5  # batched: neither one write per line nor one for all
+    for chunk in chunks[:-1]:
+        assert chunk.endswith("\n") and len(chunk.encode()) <= accesslog.ATOMIC_WRITE
+    assert chunks[-1] == "x" * 10_000 + "\n"  # a longer line: a write of its own
+
+
 def test_lines_are_written_without_stop_within_the_flush_interval():
     writer, out = _stream_writer()
     writer.add("one")
