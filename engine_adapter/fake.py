@@ -285,17 +285,21 @@ class FakeEngine:
             await asyncio.sleep(max(0.0, last + delay - time.monotonic()))
             now = last = time.monotonic()
             try:
-                finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+                self.step(now)
             except Exception as exc:  # as vLLM's engine core: a step that raises kills the engine
                 self.kill(f"fake engine step failed: {exc!r}")
                 return
-            for request_id in finished:
-                self._running.pop(request_id, None)
             if self._running and all(now < r.start_at for r in self._running.values()):
                 # Everyone is still in "prefill": nap until the first is due
                 # (in short naps, so a new request is not held up for long).
                 nearest = min(r.start_at for r in self._running.values())
                 await asyncio.sleep(min(0.01, max(0.0, nearest - now - delay)))
+
+    def step(self, now: float) -> None:
+        """One engine step at time `now`: every running request past its TTFT gets its next token."""
+        finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+        for request_id in finished:
+            self._running.pop(request_id, None)
 
     def _advance(self, run: _Running) -> bool:
         """Emit one token per unfinished choice; True when the request is done."""
