@@ -116,6 +116,12 @@ class ChunkEncoder:
     text_open = b""
     text_close = b""
     finish_body = b""  # the choice body of the finish chunk, before the reason
+    # The end of the common chunk after its JSON text (text_close, null logprobs and finish, closing braces).
+    _text_tail = b""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._text_tail = cls.text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def __init__(
         self,
@@ -149,13 +155,12 @@ class ChunkEncoder:
         # The head is kept once, as the start of each choice's opening (see `_head`; n >= 1).
         self._head_len = len(head)
         self._choice_open = [head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
-        self._tail_plain = b'}]}\n\n'
+        self._tail_plain = b'}]}\n\n'  # see `_text_tail`
         # The common chunk (one plain choice's text, no running usage) is a template:
         # opening + JSON string + tail. The openings are made at the first such chunk
         # (an idle stream does not keep them).
         self._plain = filters is None and not logprobs and not self.continuous_usage
         self._text_openings: list[bytes] | None = None
-        self._text_tail = self.text_close + b',"logprobs":null,"finish_reason":null' + self._tail_plain
 
     # -- helpers --------------------------------------------------------
     @property
