@@ -165,14 +165,13 @@ class _Pump:
     calling an instance goes through a slower slot, once per chunk.)
     """
 
-    __slots__ = ("out", "encoder", "transport", "record", "written_at", "last_text_at", "pushed", "loop")
+    __slots__ = ("out", "encoder", "transport", "record", "written_at", "last_text_at", "pushed")
 
     def __init__(self, out: OutputStream, encoder: StreamEncoder, transport: Any, record: Record | None) -> None:
         self.out = out
         self.encoder = encoder
         self.transport = transport
         self.record = record
-        self.loop = asyncio.get_running_loop()
         self.written_at = perf_counter()  # the last write of any kind (heartbeat deadline)
         self.last_text_at: float | None = None  # the last write that carried tokens
         self.pushed = 0  # steps written by the sink (tests, profiles)
@@ -188,12 +187,7 @@ class _Pump:
         if data:
             size = len(data)
             # chunk_frame, inlined (once per token): one join, the size line from the table.
-            frame = b"".join((_SIZE_LINES[size], data, b"\r\n")) if size < _SIZE_LINES_N else chunk_frame(data)
-            batch = _BATCHES.get(self.loop)
-            if batch is None:  # the step's first frame: its writes go out once the step is done
-                batch = _BATCHES[self.loop] = []
-                self.loop.call_soon(_write_batch, self.loop, batch)
-            batch.append((transport, frame))
+            transport.write(b"".join((_SIZE_LINES[size], data, b"\r\n")) if size < _SIZE_LINES_N else chunk_frame(data))
             if len(deltas) == 1:  # `wrote`, inlined for the common step
                 now = self.written_at = perf_counter()
                 tokens = deltas[0].num_tokens
@@ -223,23 +217,6 @@ class _Pump:
             else:
                 INTER_TOKEN_LATENCY.observe((now - last) / tokens)
             self.last_text_at = now
-
-
-# Frames pushed during one engine step, per event loop, until `_write_batch` writes them
-# (a callback the step's first push schedules). Encoding every stream's chunk first and
-# then making the writes back to back keeps the interpreter's and the kernel's working
-# sets apart instead of alternating them per stream. Each transport's frames keep their
-# order, and whatever the handler writes itself (heartbeat, pull, the end) is triggered
-# after the step, so it is scheduled after this callback and never overtakes a frame.
-_BATCHES: dict[asyncio.AbstractEventLoop, list[tuple[Any, bytes]]] = {}
-
-
-def _write_batch(loop: asyncio.AbstractEventLoop, batch: list[tuple[Any, bytes]]) -> None:
-    if _BATCHES.get(loop) is batch:
-        del _BATCHES[loop]
-    for transport, frame in batch:
-        if not transport.is_closing():  # the client went away since the push
-            transport.write(frame)
 
 
 # HTTP/1.1 chunk size lines (`1a2\r\n`) for the usual chunk sizes, made once.
