@@ -108,6 +108,75 @@ def summarize_speedscope(path: Path, top: int = 30, us_per_chunk: float | None =
     return "\n".join(out)
 
 
+# The parts of a streamed chunk's cost, by the sampled stack (`chunk_parts`): first match wins.
+PARTS = ("socket write", "writer (framing, bookkeeping)", "encoder", "DeltaQueue.put", "fake engine step",
+         "request handling", "event loop, timers, other")
+
+
+def _source_line(file: str, line: int) -> str:
+    try:
+        with open(file) as f:
+            for i, text in enumerate(f, 1):
+                if i == line:
+                    return text
+    except OSError:
+        pass
+    return ""
+
+
+def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str, str] | None = None) -> str:
+    leaf = stack[-1]
+    file, name, line = leaf.get("file") or "", leaf["name"], leaf.get("line") or 0
+    if "streamproxy/http/writer.py" in file and (name.startswith("_Pump") or name == "_write_batch"):
+        source = file.replace(*moved) if moved else file
+        src = lines.setdefault((file, line), _source_line(source, line)).strip()
+        # The transport's write (the syscall included: uvloop holds the GIL through it). py-spy
+        # charges some of its samples to the sink's `return True` right after it.
+        if "transport.write(" in src or (src == "return True" and name.startswith("_Pump")):
+            return "socket write"
+        return "writer (framing, bookkeeping)"
+    if name == "FastHistogram.observe" or (name == "chunk_frame" and "writer.py" in file):
+        return "writer (framing, bookkeeping)"
+    names = [f["name"] for f in stack]
+    files = [f.get("file") or "" for f in stack]
+    in_step = any(n in ("FakeEngine._step_loop", "FakeEngine.step") for n in names)
+    if in_step or "_write_batch" in names:
+        if "streamproxy/core/" in file:
+            return "encoder"
+        if name.startswith("DeltaQueue."):
+            return "DeltaQueue.put"
+        if "engine_adapter/fake.py" in file or "engine_adapter/base.py" in file:
+            return "fake engine step"
+        if any("streamproxy/core/" in f for f in files):
+            return "encoder"
+        if any(n.startswith("_Pump") for n in names):
+            return "writer (framing, bookkeeping)"
+        return "event loop, timers, other"
+    if any("aiohttp/" in f or "streamproxy/http/" in f for f in files):
+        return "request handling"
+    return "event loop, timers, other"
+
+
+def chunk_parts(path: Path, us_per_chunk: float, moved: tuple[str, str] | None = None) -> dict[str, float]:
+    """µs per chunk by part (`PARTS`): each part's share of the GIL-held samples x the CPU per chunk.
+
+    The writer's lines are told apart by their source text, read from the profiled files
+    (`moved=(old, new)`: from `new` instead, for a profile of code that has changed since).
+    """
+    data = json.loads(path.read_text())
+    frames = data["shared"]["frames"]
+    counts: Counter[str] = Counter()
+    lines: dict[tuple[str, int], str] = {}
+    total = 0.0
+    for prof in data["profiles"]:
+        weights = prof.get("weights") or [1] * len(prof["samples"])
+        for stack, w in zip(prof["samples"], weights):
+            if stack:
+                counts[_part([frames[i] for i in stack], lines, moved)] += w
+                total += w
+    return {part: counts[part] / total * us_per_chunk for part in PARTS} if total else {}
+
+
 def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, max_tokens: int,
                        out: Path, *, rate: int = 200, native: bool = False, gil: bool = True) -> dict:
     """Load the server at `conc` streams and record it; returns paths, CPU/chunk and the summary."""
@@ -127,9 +196,11 @@ def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, ma
     if not out.exists():
         raise RuntimeError(f"py-spy wrote nothing:\n{log[-2000:]}")
     summary = summarize_speedscope(out, us_per_chunk=level["us_per_chunk"])
+    parts = chunk_parts(out, level["us_per_chunk"])
+    summary += "\n\nµs per chunk by part:\n" + "\n".join(f"  {us:6.2f}  {part}" for part, us in parts.items())
     txt = out.with_name(out.name.replace(".speedscope.json", "-top.txt"))
     txt.write_text(summary + "\n")
-    return {"speedscope": str(out), "summary_file": str(txt), "level": level, "summary": summary}
+    return {"speedscope": str(out), "summary_file": str(txt), "level": level, "summary": summary, "parts": parts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gil", action="store_true", help="sample every thread, not only the GIL holder")
     ap.add_argument("--engine-args", default=compare.DEFAULT_ENGINE_ARGS)
     ap.add_argument("--server-args", default="", help="extra streamproxy flags")
+    ap.add_argument("--parts", type=Path, metavar="SPEEDSCOPE",
+                    help="only break a recorded profile down by part (with --us-per-chunk) and exit")
+    ap.add_argument("--us-per-chunk", type=float, default=1.0, help="the CPU per chunk over the profiled window")
+    ap.add_argument("--moved", default=None, metavar="OLD=NEW",
+                    help="with --parts: read the profiled sources under NEW where the profile says OLD")
     args = ap.parse_args(argv)
+    if args.parts:
+        moved = tuple(args.moved.split("=", 1)) if args.moved else None
+        for part, us in chunk_parts(args.parts, args.us_per_chunk, moved).items():  # type: ignore[arg-type]
+            print(f"{us:6.2f}  {part}")
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)

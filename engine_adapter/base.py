@@ -154,34 +154,24 @@ class TokenLogprob:
         return f"TokenLogprob({self.token_id}, {self.token!r}, {self.logprob})"
 
 
-class Delta:
+class Delta(msgspec.Struct, gc=False, repr_omit_defaults=True):
     """What one choice produced in one engine step.
 
     `text` is normally `str`; an engine may hand over raw UTF-8 `bytes` that
     end in the middle of a character (the server's utf8 carry repairs that).
     `logprobs`, when asked for, is a list of `TokenLogprob`, one per token.
+
+    A msgspec Struct: made once per request per engine step, and built in C
+    (no Python `__init__` frame); `gc=False` keeps it out of the garbage
+    collector's young generation (it holds data only, never a cycle).
     """
 
-    __slots__ = ("index", "text", "num_tokens", "finish_reason", "token_ids", "logprobs")
-
-    def __init__(
-        self,
-        index: int,
-        text: str | bytes,
-        num_tokens: int,
-        finish_reason: str | None = None,
-        token_ids: Sequence[int] | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> None:
-        self.index = index
-        self.text = text
-        self.num_tokens = num_tokens
-        self.finish_reason = finish_reason
-        self.token_ids = token_ids
-        self.logprobs = logprobs
-
-    def __repr__(self) -> str:
-        return f"Delta({self.index}, {self.text!r}, {self.num_tokens}, {self.finish_reason!r})"
+    index: int
+    text: str | bytes
+    num_tokens: int
+    finish_reason: str | None = None
+    token_ids: Sequence[int] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class EngineFailure(Exception):

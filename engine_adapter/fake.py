@@ -285,17 +285,50 @@ class FakeEngine:
             await asyncio.sleep(max(0.0, last + delay - time.monotonic()))
             now = last = time.monotonic()
             try:
-                finished = [r.request_id for r in self._running.values() if now >= r.start_at and self._advance(r)]
+                self.step(now)
             except Exception as exc:  # as vLLM's engine core: a step that raises kills the engine
                 self.kill(f"fake engine step failed: {exc!r}")
                 return
-            for request_id in finished:
-                self._running.pop(request_id, None)
             if self._running and all(now < r.start_at for r in self._running.values()):
                 # Everyone is still in "prefill": nap until the first is due
                 # (in short naps, so a new request is not held up for long).
                 nearest = min(r.start_at for r in self._running.values())
                 await asyncio.sleep(min(0.01, max(0.0, nearest - now - delay)))
+
+    def step(self, now: float) -> None:
+        """One engine step at time `now`: every running request past its TTFT gets its next token.
+
+        One pass over the batch, as a real engine's output processing loops
+        over its requests: the common request (`_Running.plain`) is advanced
+        inline here (what `_advance_plain` does, without a call per request
+        and token); the others go through `_advance`.
+        """
+        finished: list[str] | None = None
+        for run in self._running.values():
+            if now < run.start_at:
+                continue
+            if run.plain:
+                choice = run.choices[0]
+                position = choice.emitted
+                tokens = run.tokens
+                if run.repeat or position < len(tokens):
+                    emitted = choice.emitted = position + 1
+                    if emitted < run.params.max_tokens and (
+                        run.repeat or emitted < len(tokens) or run.params.ignore_eos
+                    ):
+                        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, None, [position])])
+                        continue
+                    choice.emitted = position  # the last token: `_advance_plain` finishes the request
+                if not self._advance_plain(run):
+                    continue
+            elif not self._advance(run):
+                continue
+            if finished is None:
+                finished = []
+            finished.append(run.request_id)
+        if finished is not None:
+            for request_id in finished:
+                self._running.pop(request_id, None)
 
     def _advance(self, run: _Running) -> bool:
         """Emit one token per unfinished choice; True when the request is done."""

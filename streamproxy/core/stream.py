@@ -116,6 +116,12 @@ class ChunkEncoder:
     text_open = b""
     text_close = b""
     finish_body = b""  # the choice body of the finish chunk, before the reason
+    # The end of the common chunk after its JSON text (text_close, null logprobs and finish, closing braces).
+    _text_tail = b""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._text_tail = cls.text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def __init__(
         self,
@@ -149,7 +155,12 @@ class ChunkEncoder:
         # The head is kept once, as the start of each choice's opening (see `_head`; n >= 1).
         self._head_len = len(head)
         self._choice_open = [head + b',"choices":[{"index":' + str(i).encode() + b"," for i in range(n)]
-        self._tail_plain = b'}]}\n\n'
+        self._tail_plain = b'}]}\n\n'  # see `_text_tail`
+        # The common chunk (one plain choice's text, no running usage) is a template:
+        # opening + JSON string + tail. The openings are made at the first such chunk
+        # (an idle stream does not keep them).
+        self._plain = filters is None and not logprobs and not self.continuous_usage
+        self._text_openings: list[bytes] | None = None
 
     # -- helpers --------------------------------------------------------
     @property
@@ -204,7 +215,20 @@ class ChunkEncoder:
 
     def step(self, deltas: Sequence[Delta]) -> bytes:
         if len(deltas) == 1:
-            return self._one(deltas[0])
+            delta = deltas[0]
+            text = delta.text
+            if self._plain and delta.finish_reason is None and type(text) is str:
+                # The common chunk, inlined: `_one_plain` for str text with nothing carried over.
+                choice = self.choices[delta.index]
+                if choice.carry.clean:
+                    choice.tokens += delta.num_tokens
+                    if not text:
+                        return b""
+                    openings = self._text_openings
+                    if openings is None:
+                        openings = self._text_openings = [o + self.text_open for o in self._choice_open]
+                    return b"".join((openings[delta.index], _dumps(text), self._text_tail))
+            return self._one(delta)
         return b"".join([self._one(d) for d in _merge_by_index(deltas)])
 
     def _one_plain(self, delta: Delta) -> bytes:

@@ -19,7 +19,7 @@ written since the last drain; the transport pauses above its 64 KiB
 high-water mark) plus the engine output produced during `stall_timeout`.
 
 Push (the common path): while nothing is pending and the transport's
-buffer is small, the stream is armed with a sink (`_Pump`) and the engine's
+buffer is small, the stream is armed with a sink (`_Pump.push`) and the engine's
 own step calls it synchronously: encode the step, one `transport.write` of
 the chunked-encoding frame (aiohttp sent the headers, chunked; the handler
 ends with `write_eof`, so aiohttp writes the last chunk). No task, future,
@@ -156,11 +156,13 @@ async def wait_with_heartbeat(
 class _Pump:
     """One stream's write state, shared by the push sink and the pull loop.
 
-    Called by the producer (`DeltaQueue.put` or vLLM's collector hook, in the engine's step) while
-    armed: encode the step and hand one chunked-encoding frame to the
-    transport, synchronously. It refuses (False: the writer pulls instead)
-    when the transport holds more than `PUSH_BUFFER_LIMIT` unsent bytes or is
-    closing. The bytes handed over are a fresh object, never touched again.
+    `push` is the sink: called by the producer (`DeltaQueue.put` or vLLM's
+    collector hook, in the engine's step) while armed, it encodes the step
+    and hands one chunked-encoding frame to the transport, synchronously. It
+    refuses (False: the writer pulls instead) when the transport holds more
+    than `PUSH_BUFFER_LIMIT` unsent bytes or is closing. The bytes handed over
+    are a fresh object, never touched again. (A bound method, not `__call__`:
+    calling an instance goes through a slower slot, once per chunk.)
     """
 
     __slots__ = ("out", "encoder", "transport", "record", "written_at", "last_text_at", "pushed")
@@ -174,7 +176,7 @@ class _Pump:
         self.last_text_at: float | None = None  # the last write that carried tokens
         self.pushed = 0  # steps written by the sink (tests, profiles)
 
-    def __call__(self, deltas: list[Delta]) -> bool:
+    def push(self, deltas: list[Delta]) -> bool:
         transport = self.transport
         if transport.get_write_buffer_size() > PUSH_BUFFER_LIMIT or transport.is_closing():
             return False
@@ -183,8 +185,22 @@ class _Pump:
         data = encoder.step(deltas)
         self.pushed += 1
         if data:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # chunk_frame, inlined: once per token
-            self.wrote(deltas)
+            size = len(data)
+            # chunk_frame, inlined (once per token): one join, the size line from the table.
+            transport.write(b"".join((_SIZE_LINES[size], data, b"\r\n")) if size < _SIZE_LINES_N else chunk_frame(data))
+            if len(deltas) == 1:  # `wrote`, inlined for the common step
+                now = self.written_at = perf_counter()
+                tokens = deltas[0].num_tokens
+                if tokens > 0:
+                    last = self.last_text_at
+                    if last is None:
+                        if self.record is not None:
+                            self.record.first_token(now)
+                    else:
+                        INTER_TOKEN_LATENCY.observe((now - last) / tokens)
+                    self.last_text_at = now
+            else:
+                self.wrote(deltas)
         return True
 
     def wrote(self, deltas: list[Delta]) -> None:
@@ -201,6 +217,11 @@ class _Pump:
             else:
                 INTER_TOKEN_LATENCY.observe((now - last) / tokens)
             self.last_text_at = now
+
+
+# HTTP/1.1 chunk size lines (`1a2\r\n`) for the usual chunk sizes, made once.
+_SIZE_LINES_N = 2048
+_SIZE_LINES = [b"%x\r\n" % n for n in range(_SIZE_LINES_N)]
 
 
 def chunk_frame(data: bytes) -> bytes:
@@ -245,7 +266,7 @@ async def pump_sse(
     `outcome` (made here when not given) is filled in as the stream goes, so
     a caller whose lifetime ends the pump early still knows what happened.
     With `push`, whenever nothing is pending and the socket keeps up, the
-    stream is armed with the sink (`_Pump`) and this task sleeps until the
+    stream is armed with the sink (`_Pump.push`) and this task sleeps until the
     end, a fallback, or the heartbeat deadline; otherwise it pulls.
     """
     if outcome is None:
@@ -269,7 +290,7 @@ async def pump_sse(
             deltas = out.get_nowait()
             if deltas is None:
                 if push_to is not None and push_to.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:
-                    out.arm(pump)
+                    out.arm(pump.push)
                 if beat is None:
                     deltas = await out.get()
                 else:

@@ -120,14 +120,14 @@ async def test_client_that_stops_reading_moves_to_pull_and_back_to_push(serve, p
 
 
 async def test_sink_exception_ends_only_that_stream_in_band(serve, monkeypatch):
-    original = writer._Pump.__call__
+    original = writer._Pump.push
 
     def flaky(self: writer._Pump, deltas):  # type: ignore[no-untyped-def]
         if self.record is not None and self.record.request_id == "boom" and self.pushed >= 3:
             raise RuntimeError("injected sink failure")
         return original(self, deltas)
 
-    monkeypatch.setattr(writer._Pump, "__call__", flaky)
+    monkeypatch.setattr(writer._Pump, "push", flaky)
     client, engine = await serve(FakeScript(text=" w", token_delay=0.01))
 
     async def stream(rid: str) -> bytes:
