@@ -56,6 +56,13 @@ def _request(request_id: str, prompt_ids: list[int], external_id: str | None = N
                              external_req_id=external_id)
 
 
+def add(route, request, external_id, params):
+    """DirectRoute.add for one choice: its stream."""
+    stream, sent = route.add(request, external_id, params)
+    assert sent == [request]
+    return stream
+
+
 def _output(request_id: str, ids: list[int], finish=None):
     from vllm.v1.engine import EngineCoreOutput
 
@@ -90,7 +97,7 @@ def test_text_equals_vllms_detokenizer(tokenizer, per_step):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     steps = [ids[i:i + per_step] for i in range(0, len(ids), per_step)]
     route = DirectRoute(StandInProcessor(), tokenizer)
-    stream = route.add(_request("r-1", prompt), "r", GenerationParams(max_tokens=len(ids)))
+    stream = add(route, _request("r-1", prompt), "r", GenerationParams(max_tokens=len(ids)))
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         route.process_outputs([_output("r-1", step, FinishReason.LENGTH if last else None)])
@@ -109,7 +116,7 @@ def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
     ids = tokenizer.encode(" the end", add_special_tokens=False)
     route = DirectRoute(StandInProcessor(), tokenizer)
     params = GenerationParams(max_tokens=9, include_stop_str_in_output=include, skip_special_tokens=False)
-    stream = route.add(_request("s-1", [1, 2]), "s", params)
+    stream = add(route, _request("s-1", [1, 2]), "s", params)
     route.process_outputs([_output("s-1", ids)])
     route.process_outputs([_output("s-1", [eos], FinishReason.STOP)])
     deltas = _drain(stream)
@@ -123,7 +130,7 @@ def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
 def test_mixed_batch_other_requests_reach_vllm(tokenizer):
     vllm_side = StandInProcessor()
     route = DirectRoute(vllm_side, tokenizer)
-    stream = route.add(_request("d-1", [5]), "d", GenerationParams(max_tokens=4))
+    stream = add(route, _request("d-1", [5]), "d", GenerationParams(max_tokens=4))
     ids = tokenizer.encode(" hi", add_special_tokens=False)
     result = route.process_outputs([_output("x-1", [7]), _output("d-1", ids), _output("y-1", [8])])
     assert vllm_side.seen == [["x-1", "y-1"]]  # in order, without the direct one
@@ -145,9 +152,9 @@ def _drain_pending(stream) -> list[Delta]:
 def test_discard_and_errors_end_direct_streams(tokenizer):
     vllm_side = StandInProcessor()
     route = DirectRoute(vllm_side, tokenizer)
-    a = route.add(_request("a-1", [5]), "a", GenerationParams(max_tokens=4))
-    b = route.add(_request("b-1", [5]), "b", GenerationParams(max_tokens=4))
-    assert route.discard("a") == "a-1" and route.discard("a") is None
+    a = add(route, _request("a-1", [5]), "a", GenerationParams(max_tokens=4))
+    b = add(route, _request("b-1", [5]), "b", GenerationParams(max_tokens=4))
+    assert route.discard("a") == ["a-1"] and route.discard("a") is None
     assert a.finished and len(route) == 1
     # An output for a discarded request is vLLM's business (it ignores unknown ids).
     route.process_outputs([_output("a-1", [9])])
@@ -161,9 +168,9 @@ def test_discard_and_errors_end_direct_streams(tokenizer):
 
 def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
     route = DirectRoute(StandInProcessor(), tokenizer)
-    bad = route.add(_request("bad-1", [5]), "bad", GenerationParams(max_tokens=4))
-    good = route.add(_request("good-1", [5]), "good", GenerationParams(max_tokens=4))
-    odd = route.add(_request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
+    bad = add(route, _request("bad-1", [5]), "bad", GenerationParams(max_tokens=4))
+    good = add(route, _request("good-1", [5]), "good", GenerationParams(max_tokens=4))
+    odd = add(route, _request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
     route.requests["bad-1"].decoder = object()  # its decoder breaks
     ok = tokenizer.encode(" ok", add_special_tokens=False)
     route.process_outputs([_output("bad-1", ok), _output("good-1", ok), _output("odd-1", ["not a token id"])])
@@ -178,10 +185,7 @@ def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
 def test_eligible():
     assert eligible(GenerationParams(max_tokens=1))
     assert eligible(GenerationParams(max_tokens=1, structured={"json": {}}, stop_token_ids=[3]))
-    assert not eligible(GenerationParams(max_tokens=1, n=2))
-    assert eligible(GenerationParams(max_tokens=1, stop=["x"]))
-    assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
-    assert not eligible(GenerationParams(max_tokens=1, prompt_logprobs=0))  # only vLLM's OutputProcessor makes them
+    assert eligible(GenerationParams(max_tokens=1, n=2, stop=["x"], logprobs=5, prompt_logprobs=2))
 
 
 def test_unsupported_names_what_is_missing(monkeypatch):
@@ -254,7 +258,7 @@ def test_stop_strings_as_vllms_output_processor(tokenizer, case):
     route = DirectRoute(StandInProcessor(), tokenizer)
     params = GenerationParams(max_tokens=len(steps) * per_step, stop=spec["stop"], min_tokens=spec.get("min_tokens", 0),
                               include_stop_str_in_output=spec.get("include_stop_str_in_output", False))
-    stream = route.add(_request("d-1", prompt, **spec), "d", params)
+    stream = add(route, _request("d-1", prompt, **spec), "d", params)
     d_aborted = False
     for i, step in enumerate(steps):
         result = route.process_outputs([_output("d-1", list(step), finish(i))])
@@ -275,7 +279,7 @@ def test_a_failing_last_output_ends_its_stream_and_nothing_escapes(tokenizer):
     from vllm.v1.engine import FinishReason
 
     route = DirectRoute(StandInProcessor(), tokenizer)
-    stream = route.add(_request("f-1", [5]), "f", GenerationParams(max_tokens=4))
+    stream = add(route, _request("f-1", [5]), "f", GenerationParams(max_tokens=4))
     route.requests["f-1"].decoder = object()  # breaks on the request's last output
     result = route.process_outputs([_output("f-1", tokenizer.encode(" ok", add_special_tokens=False), FinishReason.LENGTH)])
     assert result.reqs_to_abort == []  # the engine core already finished it
@@ -330,7 +334,7 @@ def _run_stats(tokenizer, route_ids: dict[str, str], batches, direct_ids: set[st
         request = _request(internal, prompt, external, output_kind=RequestOutputKind.DELTA, **sampling)
         request.arrival_time = ARRIVAL
         if internal in direct_ids:
-            route.add(request, external, GenerationParams(max_tokens=16, stop=stop or []))
+            add(route, request, external, GenerationParams(max_tokens=16, stop=stop or []))
         else:
             processor.add_request(request, None)
     got = []
@@ -397,11 +401,11 @@ def test_a_client_abort_is_no_finished_request(tokenizer):
     route = DirectRoute(processor, tokenizer)
     request = _request("d-1", [1, 2, 3], "d", max_tokens=8)
     request.arrival_time = ARRIVAL
-    route.add(request, "d", GenerationParams(max_tokens=8))
+    add(route, request, "d", GenerationParams(max_tokens=8))
     stats = IterationStats()
     route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[7])], 11.0, stats)
     assert stats.num_generation_tokens == 1 and len(stats.time_to_first_tokens_iter) == 1
-    assert route.discard("d") == "d-1"
+    assert route.discard("d") == ["d-1"]
     stats = IterationStats()
     route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[8])], 11.5, stats)  # already in flight
     assert stats.finished_requests == [] and stats.num_generation_tokens == 0 and stats.n_params_iter == []
