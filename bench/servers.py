@@ -53,6 +53,7 @@ class Server:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"  # answers 200 once the server can take requests
+    cwd: str | Path = ROOT  # where it runs (`python -m` imports from there first)
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after: float = 0.0
@@ -71,7 +72,7 @@ class Server:
         log = open(self.log_path, "wb")
         env = {**os.environ, **self.env}
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 

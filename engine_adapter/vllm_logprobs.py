@@ -92,8 +92,8 @@ def prompt_logprobs(prompt_ids: Sequence[int], tensors: Any, top: int, tokens: L
     them: the first token unscored, then each with its own rank and the top `top` with theirs."""
     if not prompt_ids:
         return []
-    first, data = prompt_ids[0], tokens(prompt_ids[0])
-    out = [TokenLogprob(first, data[0], data[1], None)]
+    first_text, first_data = tokens(prompt_ids[0])
+    out = [TokenLogprob(prompt_ids[0], first_text, first_data, None)]
     if tensors is None:
         return out
     id_rows, lp_rows, ranks = _rows(tensors, None, top + 1 if top >= 0 else None)
