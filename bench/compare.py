@@ -43,7 +43,7 @@ DEFAULT_TINY_ARGS = "--dtype float32"
 # so CPU per token stays comparable; the model column is "<model>/<kind>" for all but plain.
 KINDS = {
     "plain": {"chat": {}, "completions": {}},
-    "n2": {"chat": {"n": 2}, "completions": {"n": 2}},
+    "n2": {"chat": {"n": 2, "temperature": 1.0}, "completions": {"n": 2, "temperature": 1.0}},  # n > 1 is not greedy in vLLM
     "logprobs": {"chat": {"logprobs": True, "top_logprobs": 5}, "completions": {"logprobs": 5}},
 }
 
