@@ -205,14 +205,15 @@ def _metric(base: str, name: str) -> float:
 
 # The same requests to the shared server (every generation request takes the direct route) and to one
 # started with --no-direct-outputs (every request takes vLLM's OutputProcessor): the same answers, whatever
-# the model says. Sampling is greedy, or seeded (n = 2: vLLM's seed per child); stop strings on FORCED text.
+# the model says. Sampling is greedy, or seeded for n = 2 (vLLM refuses n > 1 with greedy sampling; a seed
+# per child); stop strings on FORCED text.
 ROUTE_KINDS = {
     "plain": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 24}),
     "logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 24, "logprobs": True, "top_logprobs": 5}),
     "n=2 seeded, logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "n": 2, "temperature": 0.8,
                                                       "seed": 5, "logprobs": True, "top_logprobs": 2}),
     "stop string, n=2, logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 60, "n": 2, "stop": [STOP_WORD],
-                                                            "logprobs": True, **FORCED}),
+                                                            "temperature": 0.8, "seed": 3, "logprobs": True, **FORCED}),
     "completion prompt_logprobs, logprobs": ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
                                                                  "logprobs": 3, "prompt_logprobs": 3}),
 }
