@@ -1,4 +1,4 @@
-"""A short path from vLLM's engine core to our streams, for the common request.
+"""A short path from vLLM's engine core to our streams, for every generation request.
 
 vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
 per request and step, keeps stats and the whole text, and puts it in a
@@ -18,10 +18,14 @@ without vLLM's dicts and per-token decoding.
 Requests with stop strings use vLLM's own incremental detokenizer (its
 stop-string search, hold-back, truncation, `min_tokens` and surplus-token
 trimming, unchanged), and a stop string it finds is aborted in the engine
-core through `reqs_to_abort`, as vLLM's processor does. Every other request
-still takes vLLM's path; both share one engine-core client and output task.
+core through `reqs_to_abort`, as vLLM's processor does (with logprobs, the
+rows past the stop string are dropped with their tokens). Other outputs
+(embeddings, requests added before the route was installed) still take
+vLLM's path; both share one engine-core client and output task.
 
-Same text as vLLM's path, token for token (tests/engine/test_direct_vllm.py).
+Same text, token ids, logprobs and finish reasons as vLLM's path, token for
+token (tests/engine/test_direct_vllm.py). Not mirrored: vLLM's engine-wide
+`--stream-interval` (> 1 sends outputs every N tokens there; here every step).
 
 Same `vllm:*` metrics too: vLLM's output handler makes one `IterationStats`
 per engine-core batch, hands it to `process_outputs` and then to its stat
@@ -97,7 +101,12 @@ def unsupported(llm: Any) -> str | None:
 
 def eligible(params: GenerationParams) -> bool:
     """Requests the direct route serves with output identical to vLLM's own path: all of them
-    (any n, logprobs and prompt logprobs, stop strings, LoRA; see tests/engine/test_direct_vllm.py).
+    (any n, logprobs and prompt logprobs, stop strings, structured outputs, LoRA, and any mix;
+    see tests/engine/test_direct_vllm.py). None is left on vLLM's path: what GenerationParams can
+    ask for maps onto pieces the route mirrors (vLLM's ParentRequest fan-out, its incremental
+    detokenizer for stop strings, the engine core's logprob rows read as vllm_stream reads vLLM's
+    dicts). vLLM features streamproxy never sets (FINAL_ONLY outputs, flat logprobs,
+    `logprob_token_ids`, prompt-token-id scores, streaming input) are not handled by the route.
     Engine-wide conditions (the vLLM release, a fast tokenizer, `--no-direct-outputs`) are checked
     once at start (`unsupported`, VllmEngine.start)."""
     return True
