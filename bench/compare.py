@@ -39,6 +39,19 @@ DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
 DEFAULT_TINY_ARGS = "--dtype float32"
 
 
+# Request kinds (--kinds): what is added to every request's body. Usage counts every choice's tokens,
+# so CPU per token stays comparable; the model column is "<model>/<kind>" for all but plain.
+KINDS = {
+    "plain": {"chat": {}, "completions": {}},
+    "n2": {"chat": {"n": 2, "temperature": 1.0}, "completions": {"n": 2, "temperature": 1.0}},  # n > 1 is not greedy in vLLM
+    "logprobs": {"chat": {"logprobs": True, "top_logprobs": 5}, "completions": {"logprobs": 5}},
+}
+
+
+def body(endpoint: str, model: str, max_tokens: int, kind: str) -> dict:
+    return {**loadgen.request_body(endpoint, model, max_tokens), **KINDS[kind][endpoint]}
+
+
 def model_path(name: str) -> str:
     from engine_adapter import default_model
 
@@ -97,11 +110,10 @@ def run_round(srv: Server, peers: list[Server], conc: int, n_requests: int, raw:
     return uvloop.run(_round(srv, peers, conc, n_requests, raw))
 
 
-def warm_up(srv: Server, conc: int, endpoint: str, model: str) -> None:
+def warm_up(srv: Server, conc: int, endpoint: str, model: str, kind: str = "plain") -> None:
     import uvloop
 
-    raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(endpoint),
-                                loadgen.request_body(endpoint, model, 16))
+    raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(endpoint), body(endpoint, model, 16, kind))
     res = uvloop.run(loadgen.run_load(srv.url, raw, conc, conc))
     if res.errors:
         raise RuntimeError(f"{srv.label} warm-up failed: {res.errors[0]}")
@@ -139,6 +151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--api-server-count", default="1", metavar="N,N",
                     help="streamproxy with `--api-server-count N` for each N (default 1); N > 1 is labelled "
                          "streamproxy-nN and measured in the same alternating rounds")
+    ap.add_argument("--kinds", default="plain",
+                    help=f"comma-separated request kinds, each measured in its own alternating rounds: "
+                         f"{', '.join(KINDS)} (default plain)")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also run streamproxy from this source tree (e.g. `git archive` of an older commit), "
+                         "as the server 'streamproxy-base', in the same alternating rounds")
     ap.add_argument("--quick", action="store_true",
                     help="tiny model, c=64 and 256, 2 rounds, 1 request per stream")
     given = set()
@@ -159,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",") if x]
     models = [m for m in args.models.split(",") if m]
     which = [s for s in args.servers.split(",") if s]
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"unknown --kinds {', '.join(unknown)} (known: {', '.join(KINDS)})")
     engine_args = shlex.split(args.engine_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -172,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}",
         "load": f"{args.endpoint}, stream, {args.max_tokens} tokens/request, ignore_eos, greedy, "
                 f"{args.per_stream} request(s) per stream per round (min {args.min_requests}), "
-                f"{args.rounds} rounds",
+                f"{args.rounds} rounds, kinds {', '.join(kinds)}",
+        **({"baseline (streamproxy-base)": args.baseline} if args.baseline else {}),
     }
     rows: list[dict] = []
     json_path = RESULTS / f"compare-{stamp}.json"
@@ -186,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         srvs: list[Server] = []
         if "vllm" in which:
             srvs.append(vllm_server(path, margs, f"{stamp}-{label}", env))
+        if args.baseline:
+            base = streamproxy_server(path, margs, f"{stamp}-{label}-base", {**env, "PYTHONPATH": args.baseline})
+            base.label, base.cwd = "streamproxy-base", args.baseline
+            srvs.append(base)
         if "streamproxy" in which:
             for count in [int(x) for x in args.api_server_count.split(",") if x]:
                 extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
@@ -201,23 +228,24 @@ def main(argv: list[str] | None = None) -> int:
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
                 warm_up(srv, 4, args.endpoint, srv.model_id())
             model_ids = {srv.label: srv.model_id() for srv in srvs}
-            for conc in levels:
+            for conc, kind in [(c, k) for c in levels for k in kinds]:
                 n_requests = max(conc * args.per_stream, args.min_requests)
+                tag = label if kind == "plain" else f"{label}/{kind}"
+                choices = KINDS[kind][args.endpoint].get("n", 1)
                 for srv in srvs:
-                    warm_up(srv, conc, args.endpoint, model_ids[srv.label])
+                    warm_up(srv, conc, args.endpoint, model_ids[srv.label], kind)
                 for rnd in range(args.rounds):
-                    for srv in srvs:
-                        peers = [other for other in srvs if other is not srv]
+                    for i, srv in enumerate(srvs):
+                        peers = [p for p in srvs if p is not srv]
                         raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(args.endpoint),
-                                                    loadgen.request_body(args.endpoint, model_ids[srv.label],
-                                                                         args.max_tokens))
+                                                    body(args.endpoint, model_ids[srv.label], args.max_tokens, kind))
                         r = run_round(srv, peers, conc, n_requests, raw)
-                        r.update(model=label, concurrency=conc, server=srv.label, round=rnd + 1)
+                        r.update(model=tag, concurrency=conc, server=srv.label, round=rnd + 1)
                         rows.append(r)
                         save()
-                        short = "" if r["tokens"] == r["requests"] * args.max_tokens else \
-                            f" (expected {r['requests'] * args.max_tokens} tokens)"
-                        print(f"[{label}] c={conc} round {rnd + 1} {srv.label:>11}: {r['tok_per_s']:7.0f} tok/s  "
+                        expected = r["requests"] * args.max_tokens * choices
+                        short = "" if r["tokens"] == expected else f" (expected {expected} tokens)"
+                        print(f"[{tag}] c={conc} round {rnd + 1} {srv.label:>16}: {r['tok_per_s']:7.0f} tok/s  "
                               f"TTFT p50 {r['ttft_p50_ms']:7.1f} ms  ITL p50 {r['itl_p50_ms']:6.1f} ms  "
                               f"front end {r['fe_cpu_ms_per_1k']:6.1f} ms/1k tok  engine "
                               f"{r['engine_cpu_ms_per_1k']:6.1f} ms/1k (core {r['engine_core_only_ms_per_1k']:.0f})  "

@@ -25,7 +25,8 @@ METRICS = [
     ("fe_cores", "front-end cores", "{:.2f}"),
     ("other_cores", "other cores", "{:.2f}"),
 ]
-SERVERS = ["vllm", "streamproxy"]
+# "streamproxy-base": the same server from another source tree (compare.py --baseline), when run.
+SERVERS = ["vllm", "streamproxy-base", "streamproxy"]
 
 
 def _median(values: list[float]) -> float:
@@ -81,10 +82,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
                     continue
                 lines.append(f"| {model} | {conc} | {s} | " + " | ".join(_fmt(f, m[k]) for k, _, f in METRICS)
                              + f" | {m['rounds']} | {m['errors']} |")
-            if all(cells.get(s) for s in SERVERS):
-                a, b = cells["streamproxy"], cells["vllm"]
-                lines.append(f"| {model} | {conc} | **ratio** | "
-                             + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
+            for s, title in (("streamproxy-base", "base ratio"), ("streamproxy", "**ratio**")):
+                a, b = cells.get(s), cells.get("vllm")
+                if a and b:
+                    lines.append(f"| {model} | {conc} | {title} | "
+                                 + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
             for s in labels:
                 if s.startswith("streamproxy-n") and cells.get(s) and cells.get("streamproxy"):
                     a, b = cells[s], cells["streamproxy"]
@@ -132,6 +134,9 @@ TARGETS = [
     ("smollm2", conc, key, ("min" if key == "tok_per_s" else "max", 1.0), "default model: no metric worse than vLLM's")
     for conc in (1, 64, 256)
     for key in ("tok_per_s", "ttft_p50_ms", "itl_p50_ms", "fe_cpu_ms_per_1k")
+] + [  # issue 17: requests with n: 2 and with logprobs (compare.py --kinds)
+    (f"tiny/{kind}", conc, "fe_cpu_ms_per_1k", ("max", 0.5), "front-end CPU per token at most 0.5x vLLM's")
+    for kind in ("n2", "logprobs") for conc in (64, 256)
 ]
 
 
@@ -142,7 +147,7 @@ TIE = 0.03
 
 def targets(med: dict) -> list[str]:
     """The targets this run measured, each with its ratio and whether it is met."""
-    lines = ["## Targets (issue 7)", "", "| model | conc | target | ratio | met |", "|---|---|---|---|---|"]
+    lines = ["## Targets (issues 7 and 17)", "", "| model | conc | target | ratio | met |", "|---|---|---|---|---|"]
     titles = {k: t for k, t, _ in METRICS}
     seen = False
     for model, conc, key, (kind, bound), what in TARGETS:
@@ -175,7 +180,8 @@ def chart(rows: list[dict], path: Path) -> None:
               ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
     fig, axes = plt.subplots(len(models), len(panels), figsize=(4.2 * len(panels), 3.4 * len(models)),
                              squeeze=False)
-    colors = {"vllm": "#8c8c8c", "streamproxy": "#1f77b4", "streamproxy-n2": "#ff7f0e", "streamproxy-n4": "#2ca02c"}
+    colors = {"vllm": "#8c8c8c", "streamproxy-base": "#aec7e8", "streamproxy": "#1f77b4", "streamproxy-n2": "#ff7f0e",
+              "streamproxy-n4": "#2ca02c"}
     servers = _labels(rows)
     for i, model in enumerate(models):
         concs = sorted({r["concurrency"] for r in rows if r["model"] == model})

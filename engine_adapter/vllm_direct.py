@@ -1,21 +1,31 @@
-"""A short path from vLLM's engine core to our streams, for the common request.
+"""A short path from vLLM's engine core to our streams, for every generation request.
 
 vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
 per request and step, keeps stats and the whole text, and puts it in a
 collector that we then turn into `Delta`s. `DirectRoute` takes the outputs
-of the requests that need none of that (one choice, no logprobs or prompt
-logprobs, a fast tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
+of the requests that need none of that (every generation request with a
+fast tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
 instance (its `process_outputs` and `propagate_error` wrapped), per output
 it does one dict lookup, one `DecodeStream.step` per new token (primed with
 the prompt, as vLLM's detokenizer is) and one `DeltaQueue.put([Delta])`,
 which, while the client keeps up, writes the frame from this very call.
+A request with `n > 1` is fanned out as vLLM's `AsyncLLM.add_request` does
+(vLLM's own `ParentRequest`: child ids `{index}_{id}`, a seed per child):
+each child is a direct request of its own with its choice index, all
+sharing one stream, which ends when the last child does. Logprobs (sampled
+and prompt) are read from the engine core's arrays by `vllm_logprobs`,
+without vLLM's dicts and per-token decoding.
 Requests with stop strings use vLLM's own incremental detokenizer (its
 stop-string search, hold-back, truncation, `min_tokens` and surplus-token
 trimming, unchanged), and a stop string it finds is aborted in the engine
-core through `reqs_to_abort`, as vLLM's processor does. Every other request
-still takes vLLM's path; both share one engine-core client and output task.
+core through `reqs_to_abort`, as vLLM's processor does (with logprobs, the
+rows past the stop string are dropped with their tokens). Other outputs
+(embeddings, requests added before the route was installed) still take
+vLLM's path; both share one engine-core client and output task.
 
-Same text as vLLM's path, token for token (tests/engine/test_direct_vllm.py).
+Same text, token ids, logprobs and finish reasons as vLLM's path, token for
+token (tests/engine/test_direct_vllm.py). Not mirrored: vLLM's engine-wide
+`--stream-interval` (> 1 sends outputs every N tokens there; here every step).
 
 Same `vllm:*` metrics too: vLLM's output handler makes one `IterationStats`
 per engine-core batch, hands it to `process_outputs` and then to its stat
@@ -23,7 +33,8 @@ loggers (Prometheus among them); each direct request keeps vLLM's
 `RequestStateStats` and fills that same object as vLLM's processor does
 (`IterationStats.update_from_output` on a request's first output and on any
 output with engine-core events, `update_from_finished_request` and
-`ParentRequest.observe_finished_request` at its end). A decode output without
+`ParentRequest.observe_finished_request` at its end, with the child's
+`ParentRequest` when n > 1). A decode output without
 events, the per-token case, gets the same three updates inline (token counts,
 one inter-token latency, the last token's time) instead of the method call.
 A request we abort (client gone) is not a finished request, as in vLLM
@@ -34,12 +45,16 @@ its admission count of unfinished requests (`check_admission`).
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
 
 from .base import Delta, DeltaQueue, EngineFailure, GenerationParams
+from .token_bytes import TokenBytes
+from .vllm_logprobs import LogprobTokens, prompt_logprobs, sample_logprobs
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
@@ -85,21 +100,31 @@ def unsupported(llm: Any) -> str | None:
 
 
 def eligible(params: GenerationParams) -> bool:
-    """Requests the direct route can serve with output identical to vLLM's own path
-    (prompt logprobs come from vLLM's OutputProcessor: those requests take its path)."""
-    return params.n == 1 and params.logprobs is None and params.prompt_logprobs is None
+    """Requests the direct route serves with output identical to vLLM's own path: all of them
+    (any n, logprobs and prompt logprobs, stop strings, structured outputs, LoRA, and any mix;
+    see tests/engine/test_direct_vllm.py). None is left on vLLM's path: what GenerationParams can
+    ask for maps onto pieces the route mirrors (vLLM's ParentRequest fan-out, its incremental
+    detokenizer for stop strings, the engine core's logprob rows read as vllm_stream reads vLLM's
+    dicts). vLLM features streamproxy never sets (FINAL_ONLY outputs, flat logprobs,
+    `logprob_token_ids`, prompt-token-id scores, streaming input) are not handled by the route.
+    Engine-wide conditions (the vLLM release, a fast tokenizer, `--no-direct-outputs`) are checked
+    once at start (`unsupported`, VllmEngine.start)."""
+    return True
 
 
 class DirectRequest:
-    """One direct request: its stream, its decoder, what the first output sets, and vLLM's stats."""
+    """One direct request (or one child of an n > 1 request): its stream, its choice index, its
+    decoder, what the first output sets, and vLLM's stats."""
 
-    __slots__ = ("stream", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop", "skip_special",
-                 "stats", "max_tokens", "lora_name")
+    __slots__ = ("stream", "index", "decoder", "stop_detokenizer", "external_id", "prefilling", "include_stop",
+                 "skip_special", "stats", "max_tokens", "lora_name", "parent", "top", "prompt_top", "prompt_ids",
+                 "cached")
 
     def __init__(self, stream: DeltaQueue, decoder: Any, external_id: str, params: GenerationParams,
                  stop_detokenizer: Any = None, stats: Any = None, max_tokens: int | None = None,
-                 lora_name: str | None = None) -> None:
+                 lora_name: str | None = None, index: int = 0, parent: Any = None) -> None:
         self.stream = stream
+        self.index = index  # the choice index
         self.decoder = decoder  # a DecodeStream; None with stop strings
         self.stop_detokenizer = stop_detokenizer  # vLLM's incremental detokenizer, with stop strings
         self.external_id = external_id
@@ -109,12 +134,17 @@ class DirectRequest:
         self.stats = stats  # vLLM's RequestStateStats (None when vLLM logs no stats)
         self.max_tokens = max_tokens  # the request's SamplingParams.max_tokens, for vLLM's histogram
         self.lora_name = lora_name
+        self.parent = parent  # vLLM's ParentRequest when n > 1 (its child_requests: the children still running)
+        self.top = params.logprobs  # sampled tokens' top logprobs (None: none asked)
+        self.prompt_top = params.prompt_logprobs
+        self.prompt_ids: list[int] | None = None  # kept only for prompt logprobs
+        self.cached = 0  # prompt tokens the engine core found cached
 
 
 class DirectRoute:
     """Serves direct requests' outputs in vLLM's output-handler task; passes the rest on."""
 
-    def __init__(self, output_processor: Any, tokenizer: Any) -> None:
+    def __init__(self, output_processor: Any, tokenizer: Any, token_bytes: Callable[[int], bytes] | None = None) -> None:
         import tokenizers
         from vllm import envs
         from vllm.v1.engine import FinishReason
@@ -130,6 +160,7 @@ class DirectRoute:
         self._log_stats = bool(getattr(output_processor, "log_stats", False))
         self._request_stats = RequestStateStats
         self._lora_states = getattr(output_processor, "lora_states", None) or LoRARequestStates(False)
+        self._parent = ParentRequest
         self._observe_finished = ParentRequest.observe_finished_request
         # With NaN counting on, every output takes vLLM's own update (it checks each one).
         self._all_outputs_by_vllm = bool(envs.VLLM_COMPUTE_NANS_IN_LOGITS)
@@ -138,8 +169,11 @@ class DirectRoute:
         self._rust_tokenizer = tokenizer._tokenizer
         self._decode_stream = tokenizers.decoders.DecodeStream
         self._result = OutputProcessorOutput
-        self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id
-        self.internal_ids: dict[str, str] = {}  # external (ours) -> internal
+        # Logprobs' token strings, from the vocabulary as on vLLM's path (vllm_stream); made on first use.
+        self._token_bytes = token_bytes
+        self._logprob_tokens: LogprobTokens | None = None
+        self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id (a child's, when n > 1)
+        self.internal_ids: dict[str, list[str]] = {}  # external (ours) -> internal (the children's, when n > 1)
         self._vllm_process_outputs = output_processor.process_outputs
         self._vllm_propagate_error = output_processor.propagate_error
         output_processor.process_outputs = self.process_outputs
@@ -154,32 +188,59 @@ class DirectRoute:
         return len(self.requests)
 
     # -- requests ---------------------------------------------------------
-    def add(self, request: Any, external_id: str, params: GenerationParams) -> DeltaQueue:
-        """Register an `EngineCoreRequest` (before it is sent to the engine core)."""
+    def add(self, request: Any, external_id: str, params: GenerationParams) -> tuple[DeltaQueue, list[Any]]:
+        """Register an `EngineCoreRequest` (before it is sent to the engine core): its stream and the
+        engine-core requests to send, the request itself or, when n > 1, its children (as AsyncLLM.add_request)."""
         stream = DeltaQueue()
         stream.prompt_tokens = len(request.prompt_token_ids)
+        sampling = request.sampling_params
+        if sampling.n == 1:
+            children = [(request, None)]
+        else:
+            parent = self._parent(request)
+            children = []
+            for index in range(sampling.n):
+                child_id, child_params = parent.get_child_info(index)
+                child = request if index == sampling.n - 1 else copy.copy(request)
+                child.request_id = child_id
+                child.sampling_params = child_params
+                children.append((child, parent))
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and self._logprob_tokens is None:
+            self._logprob_tokens = LogprobTokens(self._token_bytes or TokenBytes(self._tokenizer))
+        for index, (child, parent) in enumerate(children):
+            self.requests[child.request_id] = self._direct_request(child, stream, external_id, params, index, parent)
+        self.internal_ids[external_id] = [child.request_id for child, _ in children]
+        DIRECT_REQUESTS.inc()
+        return stream, [child for child, _ in children]
+
+    def _direct_request(self, request: Any, stream: DeltaQueue, external_id: str, params: GenerationParams,
+                        index: int, parent: Any) -> DirectRequest:
         stats = self._request_stats(arrival_time=request.arrival_time) if self._log_stats else None
         lora = request.lora_request
-        extra = (stats, request.sampling_params.max_tokens, lora.lora_name if lora is not None else None)
+        extra = (stats, request.sampling_params.max_tokens, lora.lora_name if lora is not None else None, index, parent)
         if params.stop:
             req = DirectRequest(stream, None, external_id, params, self._stop_detokenizer(self._tokenizer, request), *extra)
         else:
             decoder = self._decode_stream(ids=request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
             req = DirectRequest(stream, decoder, external_id, params, None, *extra)
-        self.requests[request.request_id] = req
-        self.internal_ids[external_id] = request.request_id
-        DIRECT_REQUESTS.inc()
-        return stream
+        if params.prompt_logprobs is not None:
+            req.prompt_ids = request.prompt_token_ids
+        return req
 
-    def discard(self, external_id: str) -> str | None:
-        """Forget a request (aborted by us); its internal id, to abort in the engine core."""
-        internal = self.internal_ids.pop(external_id, None)
-        if internal is not None:
+    def discard(self, external_id: str) -> list[str] | None:
+        """Forget a request (aborted by us); the internal ids to abort in the engine core (its children still
+        running, when n > 1), None when it is not a direct request (or no longer one)."""
+        internals = self.internal_ids.pop(external_id, None)
+        if internals is None:
+            return None
+        running = []
+        for internal in internals:
             req = self.requests.pop(internal, None)
             if req is not None:
+                running.append(internal)
                 self._lora_states.request_finished(internal, req.lora_name)  # as vLLM's abort_requests
                 req.stream.close()
-        return internal
+        return running
 
     def fail_all(self, error: BaseException) -> None:
         requests, self.requests = self.requests, {}
@@ -216,14 +277,26 @@ class DirectRoute:
                     text, ids, reason = self._text(req, output)
                 else:
                     text, ids, reason = self._text_with_stop_strings(req, output, aborts)
-                if reason is not None and stats is not None:
+                logprobs = None
+                if req.top is not None:
+                    assert self._logprob_tokens is not None
+                    logprobs = sample_logprobs(ids, output.new_logprobs, req.top, self._logprob_tokens)
+                if reason is None:
+                    req.stream.put([Delta(req.index, text, len(ids), None, ids, logprobs)])
+                    continue
+                last = self._forget(output.request_id, req)
+                if stats is not None:
                     self._count_finished(req, output.request_id, reason, stats)
-                self._emit(req, output.request_id, text, ids, reason)
+                req.stream.cached_tokens = req.cached  # the last choice's, as vLLM's last RequestOutput
+                req.stream.put([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                if last:
+                    req.stream.close()
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
-                self._forget(output.request_id, req)
+                running = self.discard(req.external_id) or []  # the whole request ends, every choice
                 req.stream.close(EngineFailure(f"{type(exc).__name__}: {exc}"))
-                if output.finish_reason is None:
+                aborts.extend(i for i in running if i != output.request_id)
+                if output.finish_reason is None and output.request_id not in aborts:
                     aborts.append(output.request_id)
         if rest:
             result = self._vllm_process_outputs(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
@@ -231,17 +304,27 @@ class DirectRoute:
             return result
         return self._result(request_outputs=[], reqs_to_abort=aborts)
 
-    def _forget(self, internal_id: str, req: DirectRequest) -> None:
+    def _forget(self, internal_id: str, req: DirectRequest) -> bool:
+        """A finished request (or child) leaves; True when it was its request's last."""
         self.requests.pop(internal_id, None)
+        parent = req.parent
+        if parent is not None:
+            parent.child_requests.discard(internal_id)  # before vLLM's stats read it (as get_outputs)
+            if parent.child_requests:
+                return False
         self.internal_ids.pop(req.external_id, None)
+        return True
 
-    @staticmethod
-    def _first_output(req: DirectRequest, output: Any) -> None:
-        """The cached prompt tokens, from the first output."""
+    def _first_output(self, req: DirectRequest, output: Any) -> None:
+        """The cached prompt tokens and the prompt's logprobs, from the first output."""
         req.prefilling = False
         prefill = output.prefill_stats
         if prefill is not None:
-            req.stream.cached_tokens = prefill.num_cached_tokens
+            req.cached = req.stream.cached_tokens = prefill.num_cached_tokens
+        if req.prompt_ids is not None and req.stream.prompt_logprobs is None:  # the first choice's (as vllm_stream)
+            assert self._logprob_tokens is not None
+            req.stream.prompt_logprobs = prompt_logprobs(req.prompt_ids, output.new_prompt_logprobs_tensors,
+                                                         req.prompt_top or 0, self._logprob_tokens)
 
     def _count(self, req: DirectRequest, output: Any, timestamp: float, stats: Any) -> None:
         """One output into vLLM's IterationStats and the request's RequestStateStats, as vLLM's processor."""
@@ -267,10 +350,10 @@ class DirectRoute:
             num_prompt_tokens=req.stream.prompt_tokens,
             max_tokens_param=req.max_tokens,
             req_stats=rs,
-            num_cached_tokens=req.stream.cached_tokens,
+            num_cached_tokens=req.cached,
         )
         self._lora_states.request_finished(internal_id, req.lora_name)
-        self._observe_finished(None, stats, rs.num_generation_tokens)  # one choice: n = 1
+        self._observe_finished(req.parent, stats, rs.num_generation_tokens)
 
     def _text(self, req: DirectRequest, output: Any) -> tuple[str, list[int], int | None]:
         """The step's text by the bare DecodeStream; its token ids and finish reason as they came."""
@@ -298,14 +381,6 @@ class DirectRoute:
         if kept < len(ids):
             ids = ids[:kept]
         return detok.get_next_output_text(reason is not None, True), ids, reason
-
-    def _emit(self, req: DirectRequest, internal_id: str, text: str, ids: list[int], reason: int | None) -> None:
-        if reason is None:
-            req.stream.put([Delta(0, text, len(ids), None, ids)])
-            return
-        self._forget(internal_id, req)
-        req.stream.put([Delta(0, text, len(ids), _FINISH[reason], ids)])
-        req.stream.close()
 
     def _step(self, req: DirectRequest, token: int) -> str:
         try:

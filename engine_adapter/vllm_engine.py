@@ -10,11 +10,11 @@ inside the loop.
 Requests go in as token ids (the server rendered and counted the prompt) via
 `AsyncLLM.add_request`, with `RequestOutputKind.DELTA`; vLLM's per-request
 collector comes back wrapped in a `vllm_stream.VllmOutputStream`. That is
-vLLM's own output path. Requests with one choice and no logprobs (nor
-prompt logprobs, which only vLLM's path carries) skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
+vLLM's own output path. Generation requests (any n, logprobs and prompt
+logprobs included) skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
 in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
 (`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
-not checked against).
+not checked against, and `vllm_direct.eligible` says which requests it takes).
 
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
@@ -209,8 +209,8 @@ class VllmEngine:
                 reason = "the tokenizer has no fast incremental decoder"
             if reason is None:
                 self._supported_tasks = await self._llm.get_supported_tasks()
-                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer)
-                log.info("direct outputs on: plain requests skip vLLM's OutputProcessor")
+                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid))
+                log.info("direct outputs on: generation requests skip vLLM's OutputProcessor")
             else:
                 log.warning("direct outputs off (every request takes vLLM's output path): %s", reason)
         self._state = "ready"
@@ -354,13 +354,16 @@ class VllmEngine:
         if "reasoning_parser_kwargs" in extra:
             request.reasoning_parser_kwargs = extra["reasoning_parser_kwargs"]
         processor.assign_request_id(request)  # vLLM's internal id: ours plus a random suffix
-        llm.check_admission(request_id=request.request_id)
+        llm.check_admission(params.n, request.request_id)  # n > 1 takes n places, as in add_request
         llm._run_output_handler()  # started lazily, as add_request does
-        stream = direct.add(request, request_id, params)
+        stream, engine_requests = direct.add(request, request_id, params)  # n > 1: its children
         try:
-            await llm.engine_core.add_request_async(request)
+            for engine_request in engine_requests:
+                await llm.engine_core.add_request_async(engine_request)
         except BaseException:
-            direct.discard(request_id)
+            sent = direct.discard(request_id)
+            if sent and len(engine_requests) > 1:  # the children already sent (as add_request's abort)
+                await llm.engine_core.abort_requests_async(sent)
             raise
         return stream
 
@@ -402,9 +405,10 @@ class VllmEngine:
         if llm is None or llm.errored:
             return
         if self._direct is not None:
-            internal = self._direct.discard(request_id)
-            if internal is not None:
-                await llm.engine_core.abort_requests_async([internal])
+            internals = self._direct.discard(request_id)  # n > 1: every child still running
+            if internals is not None:
+                if internals:
+                    await llm.engine_core.abort_requests_async(internals)
                 return
         await llm.abort(request_id)
 

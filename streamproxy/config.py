@@ -98,7 +98,7 @@ _FLAG_HELP: dict[str, str] = {
     "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
     "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
-    "direct_outputs": "vLLM engine: serve requests with n=1 and no logprobs from the engine core's outputs "
+    "direct_outputs": "vLLM engine: serve generation requests (any n, logprobs too) from the engine core's outputs "
     "directly instead of through vLLM's OutputProcessor (--no-direct-outputs: vLLM's path for all)",
     "stream_push": "write each engine step to the socket from the engine's step while the client keeps up "
     "(--no-stream-push: always from the request's task)",

@@ -210,7 +210,7 @@ def test_n2_runs_each_choice_to_its_own_finish(subject):
 
 
 def test_the_same_greedy_request_gives_the_same_answer_with_and_without_logprobs(subject):
-    """Twice plain, once with logprobs (on vLLM: the direct route and vLLM's own output path)."""
+    """Twice plain, once with logprobs (on vLLM: the direct route's plain and logprobs paths)."""
     params = dict(max_tokens=10, temperature=0, ignore_eos=True)
     _, first = subject.run(generate(subject, "same-1", **params))
     _, again = subject.run(generate(subject, "same-2", **params))

@@ -56,6 +56,13 @@ def _request(request_id: str, prompt_ids: list[int], external_id: str | None = N
                              external_req_id=external_id)
 
 
+def add(route, request, external_id, params):
+    """DirectRoute.add for one choice: its stream."""
+    stream, sent = route.add(request, external_id, params)
+    assert sent == [request]
+    return stream
+
+
 def _output(request_id: str, ids: list[int], finish=None):
     from vllm.v1.engine import EngineCoreOutput
 
@@ -90,7 +97,7 @@ def test_text_equals_vllms_detokenizer(tokenizer, per_step):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     steps = [ids[i:i + per_step] for i in range(0, len(ids), per_step)]
     route = DirectRoute(StandInProcessor(), tokenizer)
-    stream = route.add(_request("r-1", prompt), "r", GenerationParams(max_tokens=len(ids)))
+    stream = add(route, _request("r-1", prompt), "r", GenerationParams(max_tokens=len(ids)))
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         route.process_outputs([_output("r-1", step, FinishReason.LENGTH if last else None)])
@@ -109,7 +116,7 @@ def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
     ids = tokenizer.encode(" the end", add_special_tokens=False)
     route = DirectRoute(StandInProcessor(), tokenizer)
     params = GenerationParams(max_tokens=9, include_stop_str_in_output=include, skip_special_tokens=False)
-    stream = route.add(_request("s-1", [1, 2]), "s", params)
+    stream = add(route, _request("s-1", [1, 2]), "s", params)
     route.process_outputs([_output("s-1", ids)])
     route.process_outputs([_output("s-1", [eos], FinishReason.STOP)])
     deltas = _drain(stream)
@@ -123,7 +130,7 @@ def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
 def test_mixed_batch_other_requests_reach_vllm(tokenizer):
     vllm_side = StandInProcessor()
     route = DirectRoute(vllm_side, tokenizer)
-    stream = route.add(_request("d-1", [5]), "d", GenerationParams(max_tokens=4))
+    stream = add(route, _request("d-1", [5]), "d", GenerationParams(max_tokens=4))
     ids = tokenizer.encode(" hi", add_special_tokens=False)
     result = route.process_outputs([_output("x-1", [7]), _output("d-1", ids), _output("y-1", [8])])
     assert vllm_side.seen == [["x-1", "y-1"]]  # in order, without the direct one
@@ -145,9 +152,9 @@ def _drain_pending(stream) -> list[Delta]:
 def test_discard_and_errors_end_direct_streams(tokenizer):
     vllm_side = StandInProcessor()
     route = DirectRoute(vllm_side, tokenizer)
-    a = route.add(_request("a-1", [5]), "a", GenerationParams(max_tokens=4))
-    b = route.add(_request("b-1", [5]), "b", GenerationParams(max_tokens=4))
-    assert route.discard("a") == "a-1" and route.discard("a") is None
+    a = add(route, _request("a-1", [5]), "a", GenerationParams(max_tokens=4))
+    b = add(route, _request("b-1", [5]), "b", GenerationParams(max_tokens=4))
+    assert route.discard("a") == ["a-1"] and route.discard("a") is None
     assert a.finished and len(route) == 1
     # An output for a discarded request is vLLM's business (it ignores unknown ids).
     route.process_outputs([_output("a-1", [9])])
@@ -161,9 +168,9 @@ def test_discard_and_errors_end_direct_streams(tokenizer):
 
 def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
     route = DirectRoute(StandInProcessor(), tokenizer)
-    bad = route.add(_request("bad-1", [5]), "bad", GenerationParams(max_tokens=4))
-    good = route.add(_request("good-1", [5]), "good", GenerationParams(max_tokens=4))
-    odd = route.add(_request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
+    bad = add(route, _request("bad-1", [5]), "bad", GenerationParams(max_tokens=4))
+    good = add(route, _request("good-1", [5]), "good", GenerationParams(max_tokens=4))
+    odd = add(route, _request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
     route.requests["bad-1"].decoder = object()  # its decoder breaks
     ok = tokenizer.encode(" ok", add_special_tokens=False)
     route.process_outputs([_output("bad-1", ok), _output("good-1", ok), _output("odd-1", ["not a token id"])])
@@ -178,10 +185,7 @@ def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
 def test_eligible():
     assert eligible(GenerationParams(max_tokens=1))
     assert eligible(GenerationParams(max_tokens=1, structured={"json": {}}, stop_token_ids=[3]))
-    assert not eligible(GenerationParams(max_tokens=1, n=2))
-    assert eligible(GenerationParams(max_tokens=1, stop=["x"]))
-    assert not eligible(GenerationParams(max_tokens=1, logprobs=0))
-    assert not eligible(GenerationParams(max_tokens=1, prompt_logprobs=0))  # only vLLM's OutputProcessor makes them
+    assert eligible(GenerationParams(max_tokens=1, n=2, stop=["x"], logprobs=5, prompt_logprobs=2))
 
 
 def test_unsupported_names_what_is_missing(monkeypatch):
@@ -254,7 +258,7 @@ def test_stop_strings_as_vllms_output_processor(tokenizer, case):
     route = DirectRoute(StandInProcessor(), tokenizer)
     params = GenerationParams(max_tokens=len(steps) * per_step, stop=spec["stop"], min_tokens=spec.get("min_tokens", 0),
                               include_stop_str_in_output=spec.get("include_stop_str_in_output", False))
-    stream = route.add(_request("d-1", prompt, **spec), "d", params)
+    stream = add(route, _request("d-1", prompt, **spec), "d", params)
     d_aborted = False
     for i, step in enumerate(steps):
         result = route.process_outputs([_output("d-1", list(step), finish(i))])
@@ -275,7 +279,7 @@ def test_a_failing_last_output_ends_its_stream_and_nothing_escapes(tokenizer):
     from vllm.v1.engine import FinishReason
 
     route = DirectRoute(StandInProcessor(), tokenizer)
-    stream = route.add(_request("f-1", [5]), "f", GenerationParams(max_tokens=4))
+    stream = add(route, _request("f-1", [5]), "f", GenerationParams(max_tokens=4))
     route.requests["f-1"].decoder = object()  # breaks on the request's last output
     result = route.process_outputs([_output("f-1", tokenizer.encode(" ok", add_special_tokens=False), FinishReason.LENGTH)])
     assert result.reqs_to_abort == []  # the engine core already finished it
@@ -330,7 +334,7 @@ def _run_stats(tokenizer, route_ids: dict[str, str], batches, direct_ids: set[st
         request = _request(internal, prompt, external, output_kind=RequestOutputKind.DELTA, **sampling)
         request.arrival_time = ARRIVAL
         if internal in direct_ids:
-            route.add(request, external, GenerationParams(max_tokens=16, stop=stop or []))
+            add(route, request, external, GenerationParams(max_tokens=16, stop=stop or []))
         else:
             processor.add_request(request, None)
     got = []
@@ -397,11 +401,204 @@ def test_a_client_abort_is_no_finished_request(tokenizer):
     route = DirectRoute(processor, tokenizer)
     request = _request("d-1", [1, 2, 3], "d", max_tokens=8)
     request.arrival_time = ARRIVAL
-    route.add(request, "d", GenerationParams(max_tokens=8))
+    add(route, request, "d", GenerationParams(max_tokens=8))
     stats = IterationStats()
     route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[7])], 11.0, stats)
     assert stats.num_generation_tokens == 1 and len(stats.time_to_first_tokens_iter) == 1
-    assert route.discard("d") == "d-1"
+    assert route.discard("d") == ["d-1"]
     stats = IterationStats()
     route.process_outputs([EngineCoreOutput(request_id="d-1", new_token_ids=[8])], 11.5, stats)  # already in flight
     assert stats.finished_requests == [] and stats.num_generation_tokens == 0 and stats.n_params_iter == []
+
+
+# n > 1, logprobs and prompt logprobs: the route against vLLM's own path as the server runs it (a real
+# OutputProcessor putting RequestOutputs into a RequestOutputCollector, read by vllm_stream.VllmOutputStream),
+# fed the same engine-core outputs: the same Deltas (index, text, token ids, finish reason, logprob values,
+# top-k token strings, bytes and ranks), prompt logprobs, usage counts, engine-core aborts and vLLM stats.
+WIDTH = 8  # columns of the engine core's logprob rows: the batch's largest k + 1 (wider than any request's here)
+BYTE_TEXT = "🎉🎉 日本"  # byte-level pieces that are no whole character alone
+
+
+def _logprob_row(rng, token: int, k: int, pool: list[int]) -> tuple[list[int], list[float], int]:
+    """One position's row as the engine core sends it: the token first with its rank, then the top k (padded to
+    WIDTH). Four shapes: the token among the top k (its logprob there differs a little, so a mix-up shows), ranked
+    beyond k, ranked within k without being among the top k (a tie), and k = 0."""
+    others = rng.sample([t for t in pool if t != token], WIDTH)
+    shape = rng.randrange(3) if k else 1
+    top = others[:k]
+    if shape == 0:
+        rank = rng.randint(1, k)
+        top[rank - 1] = token
+    else:
+        rank = rng.randint(k + 1, k + 40) if shape == 1 else rng.randint(1, k)
+    row = [token, *top, *others[k:WIDTH - 1]]
+    values = sorted((-rng.random() * 8 for _ in range(WIDTH - 1)), reverse=True)
+    own = values[rank - 1] - 1e-3 if rank <= len(values) else -9.5
+    return row, [own, *values], rank
+
+
+def _sample_lists(rng, ids: list[int], k: int, pool: list[int]):
+    import numpy as np
+    from vllm.v1.outputs import LogprobsLists
+
+    rows = [_logprob_row(rng, t, k, pool) for t in ids]
+    return LogprobsLists(np.array([r[0] for r in rows], dtype=np.int64), np.array([r[1] for r in rows], dtype=np.float32),
+                         np.array([r[2] for r in rows], dtype=np.int64))
+
+
+def _prompt_tensors(rng, prompt: list[int], k: int, pool: list[int]):
+    import torch
+    from vllm.v1.outputs import LogprobsTensors
+
+    rows = [_logprob_row(rng, t, max(k, 0), pool) for t in prompt[1:]]
+    return LogprobsTensors(torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows], dtype=torch.float32),
+                           torch.tensor([r[2] for r in rows]))
+
+
+MIXED_CASES = {  # name: (sampling kwargs, tokens per step)
+    "n=2": (dict(n=2, seed=7), 2),
+    "logprobs=5": (dict(logprobs=5), 1),
+    "logprobs=0": (dict(logprobs=0), 3),
+    "prompt_logprobs=3": (dict(prompt_logprobs=3), 2),
+    "prompt_logprobs=-1": (dict(prompt_logprobs=-1), 2),
+    "n=2, logprobs=5, prompt_logprobs=2": (dict(n=2, logprobs=5, prompt_logprobs=2), 1),
+    "n=2, logprobs=3, stop strings": (dict(n=2, logprobs=3, stop=["wörld", "日本"]), 3),
+    "n=3, stop string kept, an engine-core abort": (dict(n=3, logprobs=2, stop=["🎉"], include_stop_str_in_output=True), 2),
+}
+
+
+def _mixed_batches(tokenizer, sampling: dict, per_step: int, prompt: list[int], request_id: str):
+    """(timestamp, [EngineCoreOutput]) per step for every choice: choice 0 says TEXT to its length limit, choice 1
+    BYTE_TEXT then EOS, choice 2 a few tokens then an abort from the engine core; logprob rows when asked."""
+    import random
+
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+    from vllm.v1.metrics.stats import PrefillStats
+
+    rng = random.Random(17)
+    texts = [tokenizer.encode(TEXT, add_special_tokens=False), tokenizer.encode(BYTE_TEXT, add_special_tokens=False),
+             tokenizer.encode(" and so on", add_special_tokens=False)]
+    pool = sorted(set(texts[0] + texts[1] + texts[2]))
+    n = sampling.get("n", 1)
+    ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+    plans = []
+    for i, internal in enumerate(ids):
+        steps = _steps(texts[i], per_step)
+        ends = [None] * (len(steps) - 1) + [FinishReason.LENGTH]
+        if i == 1:
+            steps.append([tokenizer.eos_token_id])
+            ends[-1] = None
+            ends.append(FinishReason.STOP)
+        if i == 2:
+            steps, ends = steps[:2] + [[]], [None, None, FinishReason.ABORT]
+        plans.append((internal, steps, ends))
+    batches = []
+    for step in range(max(len(p[1]) for p in plans)):
+        outputs = []
+        for i, (internal, steps, ends) in enumerate(plans):
+            if step >= len(steps):
+                continue
+            out = EngineCoreOutput(request_id=internal, new_token_ids=list(steps[step]), finish_reason=ends[step])
+            if sampling.get("logprobs") is not None and steps[step]:
+                out.new_logprobs = _sample_lists(rng, steps[step], sampling["logprobs"], pool)
+            if step == 0:
+                out.events = [EngineCoreEvent(EngineCoreEventType.QUEUED, 10.0), EngineCoreEvent(EngineCoreEventType.SCHEDULED, 10.5)]
+                out.prefill_stats = PrefillStats()
+                out.prefill_stats.set(num_prompt_tokens=len(prompt), num_local_cached_tokens=2 * i, num_external_cached_tokens=0)
+                if sampling.get("prompt_logprobs") is not None:
+                    out.new_prompt_logprobs_tensors = _prompt_tensors(rng, prompt, sampling["prompt_logprobs"], pool)
+            outputs.append(out)
+        batches.append((11.0 + step * 0.25, outputs))
+    return batches
+
+
+def _as_tuples(logprobs) -> list | None:
+    if logprobs is None:
+        return None
+    return [(t.token_id, t.token, t.bytes, t.logprob, t.rank, _as_tuples(list(t.top))) for t in logprobs]
+
+
+def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bool) -> dict:
+    """One request with `sampling` through vLLM's path or the route; everything the server reads of it."""
+    import copy
+
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+    from vllm.v1.metrics.stats import IterationStats
+
+    from engine_adapter.token_bytes import TokenBytes
+    from engine_adapter.vllm_stream import VllmOutputStream
+
+    processor = OutputProcessor(tokenizer, log_stats=True)
+    route = DirectRoute(processor, tokenizer)
+    request = _request("m-1", prompt, "m", output_kind=RequestOutputKind.DELTA, max_tokens=64, **sampling)
+    request.arrival_time = ARRIVAL
+    keys = ("n", "logprobs", "prompt_logprobs", "stop", "include_stop_str_in_output")
+    params = GenerationParams(max_tokens=64, **{k: v for k, v in sampling.items() if k in keys})
+    if direct:
+        stream, sent = route.add(request, "m", params)
+        assert [r.request_id for r in sent] == [b.request_id for b in batches[0][1]]
+        if "seed" in sampling:  # vLLM's own child params: a seed each
+            assert [r.sampling_params.seed for r in sent] == [sampling["seed"] + i for i in range(params.n)]
+        assert len({id(r) for r in sent}) == params.n and all(r.sampling_params.n == 1 for r in sent)
+    else:
+        token_bytes = TokenBytes(tokenizer)
+        collector = RequestOutputCollector(RequestOutputKind.DELTA, "m-1")
+        stream = VllmOutputStream(collector, None if params.logprobs is None else (token_bytes, params.logprobs),
+                                  None if params.prompt_logprobs is None else (token_bytes, params.prompt_logprobs))
+        stream.prompt_tokens = len(prompt)
+        if params.n == 1:
+            processor.add_request(request, None, None, 0, collector)
+        else:  # as AsyncLLM.add_request fans it out
+            parent = ParentRequest(request)
+            for index in range(params.n):
+                child_id, child_params = parent.get_child_info(index)
+                child = request if index == params.n - 1 else copy.copy(request)
+                child.request_id, child.sampling_params = child_id, child_params
+                processor.add_request(child, None, parent, index, collector)
+    deltas, stats, aborts = [], [], []
+    for timestamp, outputs in batches:
+        iteration = IterationStats()
+        iteration.iteration_timestamp = ITERATION
+        result = processor.process_outputs(copy.deepcopy(outputs), timestamp, iteration)
+        aborts.append(sorted(result.reqs_to_abort))
+        stats.append(vars(iteration))
+        try:
+            got = stream.get_nowait()
+        except StopAsyncIteration:
+            got = None
+        for d in got or []:
+            deltas.append((d.index, d.text, d.num_tokens, d.finish_reason, list(d.token_ids), _as_tuples(d.logprobs)))
+    with pytest.raises(StopAsyncIteration):
+        stream.get_nowait()
+    assert not processor.request_states and len(route) == 0 and route.internal_ids == {}
+    return {"deltas": deltas, "prompt_logprobs": _as_tuples(stream.prompt_logprobs), "prompt_tokens": stream.prompt_tokens,
+            "cached_tokens": stream.cached_tokens, "aborts": aborts, "stats": stats}
+
+
+@pytest.mark.parametrize("case", list(MIXED_CASES))
+def test_n_and_logprobs_as_vllms_path(tokenizer, case):
+    sampling, per_step = MIXED_CASES[case]
+    prompt = tokenizer.encode("A prompt with 🎉: ", add_special_tokens=False)
+    batches = _mixed_batches(tokenizer, sampling, per_step, prompt, "m-1")
+    vllm_side = _run_mixed(tokenizer, sampling, batches, prompt, direct=False)
+    direct = _run_mixed(tokenizer, sampling, batches, prompt, direct=True)
+    for key in vllm_side:
+        assert direct[key] == vllm_side[key], key
+    # The oracle is not vacuous.
+    deltas = vllm_side["deltas"]
+    n = sampling.get("n", 1)
+    assert {d[0] for d in deltas} == set(range(n)) and sum(d[3] is not None for d in deltas) == n
+    finished = [f for s in vllm_side["stats"] for f in s["finished_requests"]]
+    assert len(finished) == n and [p for s in vllm_side["stats"] for p in s["n_params_iter"]] == [n]
+    if sampling.get("logprobs") is not None:
+        entries = [e for d in deltas for e in d[5]]
+        assert len(entries) == sum(d[2] for d in deltas) and all(len(e[5]) == sampling["logprobs"] for e in entries)
+        if sampling["logprobs"] >= 3:
+            assert any("\\x" in e[1] for e in entries) and any(any("\\x" in a[1] for a in e[5]) for e in entries)
+    if sampling.get("prompt_logprobs") is not None:
+        plp = vllm_side["prompt_logprobs"]
+        assert len(plp) == len(prompt) and plp[0][3] is None and all(e[3] is not None and e[4] >= 1 for e in plp[1:])
+    if "stop" in sampling:
+        assert any(vllm_side["aborts"]) and deltas[-1][3] is not None

@@ -1,5 +1,5 @@
 """LoRA on the real engine: a rank-8 random peft adapter (q_proj, v_proj) on the tiny 1-layer
-Llama changes greedy decoding, on vLLM's output path and on the direct route alike, and the
+Llama changes greedy decoding, the same with logprobs as without (both on the direct route), and the
 run-time routes load and unload adapters in the running engine.
 
 The server is this module's own (`--enable-lora`, the tiny model, `-O0`): the session's engine
@@ -77,10 +77,10 @@ def test_the_adapter_is_listed_with_its_parent(lora_server):
 def test_the_adapter_changes_greedy_output_on_both_output_routes(lora_server):
     base_url, _ = lora_server
     base = _text(base_url, "tiny")
-    direct = _text(base_url, "rand")  # n=1, no logprobs: the direct route
-    via_vllm = _text(base_url, "rand", logprobs=1)  # logprobs: vLLM's own output path
+    direct = _text(base_url, "rand")  # the direct route
+    with_logprobs = _text(base_url, "rand", logprobs=1)  # the direct route's logprobs too
     assert direct != base
-    assert via_vllm == direct
+    assert with_logprobs == direct
     assert _stream_text(base_url, "rand") == direct
     assert _text(base_url, "tiny") == base  # the base is untouched by the adapter's requests
     chat = requests.post(base_url + "/v1/chat/completions", timeout=120, json={

@@ -99,8 +99,8 @@ def test_running_gauges_follow_a_stream(engine_server, model_name):
         time.sleep(0.1)
 
 
-# Every request counts in vLLM's per-request series, whichever output route it took: the direct
-# route (one choice, no logprobs) as much as vLLM's own (logprobs, n > 1), streams and not.
+# Every request counts in vLLM's per-request series: the direct route (every generation request:
+# one choice or n, logprobs, prompt logprobs, stop) as vLLM's own path did, streams and not.
 N = 3
 PER_REQUEST = (  # histograms with one observation per finished request (per choice)
     "vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds",
@@ -122,6 +122,8 @@ KINDS = {  # name: (path, body, expected finish_reason, choices)
     "chat logprobs stream": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 5, "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "stream": True}, "length", 1),
     "chat logprobs stop": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 20, "logprobs": True, **STOPS}, "stop", 1),
     "chat n=2": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "ignore_eos": True, "n": 2, "temperature": 0.8, "seed": 1}, "length", 2),
+    "chat n=2 logprobs stop stream": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 20, "n": 2, "temperature": 0.8, "logprobs": True, "stream": True, **STOPS}, "stop", 2),
+    "completion prompt_logprobs": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3, "ignore_eos": True, "logprobs": 2, "prompt_logprobs": 2}, "length", 1),
 }
 
 
@@ -188,8 +190,8 @@ def test_vllm_request_series_count_every_route(engine_server, model_name):
         "vllm:request_prompt_tokens_sum": prompt,
         # One token per engine step (no speculative decoding): a gap per token after each choice's first.
         "vllm:inter_token_latency_seconds_count": completion - finished,
-        # The kinds named "direct" took the direct route, the others vLLM's OutputProcessor.
-        "streamproxy_direct_requests_total": sum("direct" in kind for kind in jobs),
+        # Every kind took the direct route (one count per request, whatever its n).
+        "streamproxy_direct_requests_total": len(jobs),
     }
     got = {}
     for key in expected:
@@ -212,9 +214,9 @@ def _stream_then_leave(base: str, model: str, body: dict) -> None:
 def test_client_aborts_count_as_vllm_counts_them(engine_server, model_name):
     """A client gone mid-stream: the direct route's request counts in vLLM's series as one on vLLM's
     own path does (vLLM's abort_requests records no finished request; the first token and the
-    tokens made so far count)."""
+    tokens made so far count), with one choice or two (each child's first token counts)."""
     deltas = {}
-    for route, extra in (("direct", {}), ("vllm", {"logprobs": True})):
+    for route, extra in (("n=1", {}), ("n=2", {"n": 2, "logprobs": True})):
         _wait_idle(engine_server)
         _, before = _scrape(engine_server)
         _stream_then_leave(engine_server, model_name, extra)
@@ -224,6 +226,7 @@ def test_client_aborts_count_as_vllm_counts_them(engine_server, model_name):
             "vllm:request_success_total", "vllm:e2e_request_latency_seconds_count",
             "vllm:request_params_n_count", "vllm:time_to_first_token_seconds_count")}
         assert _delta(before, after, "vllm:generation_tokens_total") >= 1
-    assert deltas["direct"] == deltas["vllm"] == {
-        "vllm:request_success_total": 0, "vllm:e2e_request_latency_seconds_count": 0,
-        "vllm:request_params_n_count": 0, "vllm:time_to_first_token_seconds_count": 1}
+    for route, first_tokens in (("n=1", 1), ("n=2", 2)):
+        assert deltas[route] == {
+            "vllm:request_success_total": 0, "vllm:e2e_request_latency_seconds_count": 0,
+            "vllm:request_params_n_count": 0, "vllm:time_to_first_token_seconds_count": first_tokens}, route

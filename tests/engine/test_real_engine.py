@@ -203,44 +203,79 @@ def _metric(base: str, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
-def test_direct_route_text_equals_vllms_path(engine_server, model_name):
-    """A plain request goes the direct route (engine_adapter/vllm_direct.py); one with
-    logprobs goes through vLLM's OutputProcessor. Greedy, they must say the same, token
-    for token, streamed and not, with the same usage and finish reason, whatever the model
-    says. Then once more with a stop string, on a forced answer (FORCED), so that the stop
-    string is known to stand after some text on every machine. Both routes feed vLLM's
-    per-request histograms and token counters; streamproxy_direct_requests tells them apart."""
-    finished, generated = "vllm:e2e_request_latency_seconds_count", "vllm:generation_tokens_total"
+# The same requests to the shared server (every generation request takes the direct route) and to one
+# started with --no-direct-outputs (every request takes vLLM's OutputProcessor): the same answers, whatever
+# the model says. Sampling is greedy, or seeded for n = 2 (vLLM refuses n > 1 with greedy sampling; a seed
+# per child); stop strings on FORCED text.
+ROUTE_KINDS = {
+    "plain": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 24}),
+    "logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 24, "logprobs": True, "top_logprobs": 5}),
+    "n=2 seeded, logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 16, "n": 2, "temperature": 0.8,
+                                                      "seed": 5, "logprobs": True, "top_logprobs": 2}),
+    "stop string, n=2, logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 60, "n": 2, "stop": [STOP_WORD],
+                                                            "temperature": 0.8, "seed": 3, "logprobs": True, **FORCED}),
+    "completion prompt_logprobs, logprobs": ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                                 "logprobs": 3, "prompt_logprobs": 3}),
+}
+
+
+def _answer(base: str, model: str, kind: str, stream: bool) -> dict:
+    """Per choice: text, logprobs, finish reason; the usage, and the prompt logprobs when asked."""
+    path, body = ROUTE_KINDS[kind]
+    body = {"model": model, "temperature": 0, **body, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = requests.post(base + path, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    chat = path == "/v1/chat/completions"
+    if not stream:
+        data = r.json()
+        choices = {c["index"]: (c["message"]["content"] if chat else c["text"], c["logprobs"], c["finish_reason"],
+                                c.get("prompt_logprobs")) for c in data["choices"]}
+        return {"choices": choices, "usage": _uncached(data["usage"])}
+    chunks = sse.payloads(r.content)
+    choices: dict = {}
+    for chunk in chunks:
+        for c in chunk["choices"]:
+            text, lps, finish, prompt = choices.get(c["index"], ("", [], None, None))
+            text += (c["delta"].get("content") or "") if chat else c["text"]
+            if c.get("logprobs"):
+                lps = lps + (c["logprobs"]["content"] if chat else [c["logprobs"]])
+            choices[c["index"]] = (text, lps, c["finish_reason"] or finish, c.get("prompt_logprobs") or prompt)
+    return {"choices": choices, "usage": _uncached(chunks[-1]["usage"])}
+
+
+def _uncached(usage: dict) -> dict:
+    """The usage without the prompt's cached tokens: they depend on what each server served before."""
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
+@pytest.fixture(scope="module")
+def vllm_path_server(launch_server):
+    from tests.conftest import ENGINE_ARGS
+
+    with launch_server("vllm-path", [*ENGINE_ARGS, "--no-direct-outputs"]) as base:
+        yield base
+
+
+def test_direct_route_answers_as_vllms_path(engine_server, vllm_path_server, model_name):
+    """n = 2, logprobs, prompt logprobs and stop strings on the direct route (the shared server) against vLLM's
+    OutputProcessor (a --no-direct-outputs server), streamed and not: same text, token logprobs with their top-k,
+    prompt logprobs, finish reasons and usage. streamproxy_direct_requests tells the routes apart."""
     direct_count = "streamproxy_direct_requests_total"
-    messages = [{"role": "user", "content": "Write a short poem about the sea, with an emoji or two: 🌊"}]
-    rounds = [(True, {}), (False, {}), (True, {"stop": [STOP_WORD], **FORCED}), (False, {"stop": [STOP_WORD], **FORCED})]
-    for stream, shape in rounds:
-        results = []
-        for extra in ({}, {"logprobs": True}):
-            body = {"model": model_name, "messages": messages, "max_tokens": 48, "temperature": 0, "stream": stream, **shape, **extra}
-            if stream:
-                body["stream_options"] = {"include_usage": True}
-            before = _metric(engine_server, finished), _metric(engine_server, generated), _metric(engine_server, direct_count)
-            r = requests.post(engine_server + "/v1/chat/completions", json=body, timeout=120)
-            assert r.status_code == 200, r.text
-            if stream:
-                chunks = sse.payloads(r.content)
-                text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-                finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
-                results.append((text, finish, chunks[-1]["usage"]))
-            else:
-                data = r.json()
-                results.append((data["choices"][0]["message"]["content"], [data["choices"][0]["finish_reason"]], data["usage"]))
-            # vLLM's stat loggers record after the step's outputs are handed over: wait until
-            # every token of the answer is counted (then its last step, finish included, is).
-            tokens = results[-1][2]["completion_tokens"]
-            assert wait_until_sync(lambda: _metric(engine_server, generated) - before[1] >= tokens, 30, interval=0.1)
-            assert wait_until_sync(lambda: _metric(engine_server, finished) - before[0] >= 1, 30, interval=0.1)
-            after = _metric(engine_server, finished), _metric(engine_server, generated), _metric(engine_server, direct_count)
-            assert after[2] - before[2] == (0 if extra else 1), "the request took the wrong route"
-            assert after[0] - before[0] == 1 and after[1] - before[1] > 0
-        direct, vllm_path = results
-        assert direct == vllm_path
-        assert direct[2]["completion_tokens"] >= 1
-        if "stop" in shape:
-            assert direct[:2] == (FORCED_TEXT[: FORCED_TEXT.index(STOP_WORD)], ["stop"])
+    for kind in ROUTE_KINDS:
+        for stream in (False,) if "prompt_logprobs" in kind else (False, True):  # prompt logprobs: non-stream only
+            before = _metric(engine_server, direct_count), _metric(vllm_path_server, direct_count)
+            direct = _answer(engine_server, model_name, kind, stream)
+            vllm_path = _answer(vllm_path_server, model_name, kind, stream)
+            assert (_metric(engine_server, direct_count) - before[0], _metric(vllm_path_server, direct_count) - before[1]) == (1, 0)
+            assert direct == vllm_path, (kind, stream)
+            choices = direct["choices"]
+            assert direct["usage"]["completion_tokens"] >= len(choices) >= 1
+            if "logprobs" in kind:
+                assert all(c[1] for c in choices.values())
+            if kind.startswith("stop string"):
+                assert [c[:1] + c[2:3] for c in choices.values()] == [(FORCED_TEXT[: FORCED_TEXT.index(STOP_WORD)], "stop")] * 2
+            if "prompt_logprobs" in kind:
+                [prompt] = {json.dumps(c[3]) for c in choices.values()}
+                assert json.loads(prompt)[0] is None and len(json.loads(prompt)) == direct["usage"]["prompt_tokens"]
