@@ -28,8 +28,12 @@ events, the per-token case, gets the same three updates inline (token counts,
 one inter-token latency, the last token's time) instead of the method call.
 A request we abort (client gone) is not a finished request, as in vLLM
 (`OutputProcessor.abort_requests` records none); an abort the engine core
-reports (`FinishReason.ABORT`) is. Not mirrored: vLLM's tracing spans and
-its admission count of unfinished requests (`check_admission`).
+reports (`FinishReason.ABORT`) is. The adapter of a LoRA request is counted
+in vLLM's own `LoRARequestStates` (the processor's `lora_states`: waiting and
+running from the engine core's events, forgotten when the request finishes,
+is aborted or fails), which feed `vllm:lora_requests_info` as for vLLM's
+path. Not mirrored: vLLM's tracing spans and its admission count of
+unfinished requests (`check_admission`).
 """
 
 from __future__ import annotations
@@ -222,6 +226,7 @@ class DirectRoute:
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
                 self._forget(output.request_id, req)
+                self._lora_states.request_finished(output.request_id, req.lora_name)  # no longer running
                 req.stream.close(EngineFailure(f"{type(exc).__name__}: {exc}"))
                 if output.finish_reason is None:
                     aborts.append(output.request_id)
