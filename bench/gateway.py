@@ -115,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "`fake`, so every relay gets the same request; another name makes them rename it)")
     ap.add_argument("--baseline", metavar="DIR", default=None,
                     help=f"also run the gateway of the source tree DIR as '{BASELINE}' in the same rounds")
+    ap.add_argument("--baseline-python", metavar="PYTHON", default=None,
+                    help=f"the interpreter '{BASELINE}' runs on (default this one; e.g. another Python version)")
     ap.add_argument("--quick", action="store_true", help="1 round of 4 s per relay and level")
     args, rest = ap.parse_known_args(argv)
     if rest and not args.affinity:
@@ -126,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.rounds = 1
         if "--seconds" not in given:
             args.seconds = 4.0
+    if args.baseline_python and not args.baseline:
+        ap.error("--baseline-python needs --baseline DIR")
     if args.jitter is None:
         args.jitter = args.token_delay
     return args
@@ -175,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             base = relays.gateway_server(urls, tag, tmp, public=public, label=BASELINE)
             base.cwd, base.env = args.baseline, {**base.env, "PYTHONPATH": args.baseline}
+            if args.baseline_python:
+                base.cmd[0] = args.baseline_python
             servers[BASELINE] = base
-            meta["baseline"] = f"{BASELINE}: the gateway from {args.baseline} ({_rev(args.baseline)})"
+            python = args.baseline_python or sys.executable
+            meta["baseline"] = f"{BASELINE}: the gateway from {args.baseline} ({_rev(args.baseline)}) on {python}"
         if "nginx" in which:
             servers["nginx"] = relays.nginx_server(urls, tag, tmp)
         if "litellm" in which:
