@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import logging.handlers
+import os
 import re
 import sys
 import threading
@@ -31,7 +31,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 from aiohttp import web
@@ -40,6 +40,7 @@ from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPO
 
 log = logging.getLogger("streamproxy.access")
 log.propagate = False
+_errors = logging.getLogger("streamproxy")
 
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Status logged for a request whose client left before any response went out (nginx's convention).
@@ -230,14 +231,65 @@ def write(text: str) -> None:
         log.info(text)
 
 
+class StreamSink:
+    """stdout or stderr (looked up at each write: they may be swapped), or any text stream."""
+
+    def __init__(self, stream: str | TextIO) -> None:
+        self._stream = stream
+
+    def write(self, chunk: str) -> None:
+        stream = getattr(sys, self._stream) if isinstance(self._stream, str) else self._stream
+        stream.write(chunk)
+        stream.flush()  # one write(2) per chunk
+
+    def close(self) -> None:
+        pass
+
+
+class FileSink:
+    """A file we open ourselves with O_APPEND (not a logging handler: `logging.config.dictConfig`,
+    which importing vLLM runs, closes every handler there is), reopened when logrotate has moved it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        self._id = (0, 0)
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        st = os.fstat(self._fd)
+        self._id = (st.st_dev, st.st_ino)
+
+    def reopen_if_moved(self) -> None:
+        try:
+            st = os.stat(self.path)
+            moved = (st.st_dev, st.st_ino) != self._id
+        except FileNotFoundError:
+            moved = True
+        if moved:
+            os.close(self._fd)
+            self._open()
+
+    def write(self, chunk: str) -> None:
+        view = memoryview(chunk.encode())
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class BatchWriter:
-    """Lines from the event loop, written by one thread in batches to a logging handler's stream.
+    """Lines from the event loop, written by one thread in batches to a sink.
 
     `add` appends; the first line of a batch wakes the thread, which waits
-    `FLUSH_INTERVAL` for more, then writes them all in one call. `stop` writes
-    what is left."""
+    `FLUSH_INTERVAL` for more, then writes them all, whole lines of at most
+    `ATOMIC_WRITE` bytes per write. `stop` writes what is left."""
 
-    def __init__(self, sink: logging.StreamHandler) -> None:
+    def __init__(self, sink: StreamSink | FileSink) -> None:
         self._sink = sink
         self._lines: deque[str] = deque()  # append and popleft are atomic: no lock between the two threads
         self._wake = threading.Event()
@@ -266,18 +318,21 @@ class BatchWriter:
             return
         sink = self._sink
         try:
-            if isinstance(sink, logging.handlers.WatchedFileHandler):
-                sink.reopenIfNeeded()  # logrotate moved the file
+            if isinstance(sink, FileSink):
+                sink.reopen_if_moved()
             for chunk in _whole_lines(lines, ATOMIC_WRITE):
-                sink.stream.write(chunk)
-                sink.flush()  # one write(2) per chunk
-        except Exception:  # a full disk or a closed pipe must not end the server
-            sink.handleError(logging.makeLogRecord({"msg": lines[-1]}))
+                sink.write(chunk)
+        except Exception as exc:  # a full disk or a closed pipe must not end the server
+            _errors.warning("access log: %d line(s) lost: %s: %s", len(lines), type(exc).__name__, exc)
 
     def stop(self) -> None:
+        """Write what is left and close the sink (once; again is a no-op)."""
+        if self._stopping:
+            return
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=5.0)
+        self._sink.close()
 
 
 def _whole_lines(lines: list[str], limit: int) -> list[str]:
@@ -306,11 +361,6 @@ def configure(target: str) -> BatchWriter | None:
         _writer = None
     if target.lower() in ("off", "none", "false", ""):
         return None
-    if target == "stdout":
-        sink: logging.StreamHandler = logging.StreamHandler(sys.stdout)
-    elif target == "stderr":
-        sink = logging.StreamHandler(sys.stderr)
-    else:
-        sink = logging.handlers.WatchedFileHandler(target)  # reopens after logrotate moves the file
+    sink = StreamSink(target) if target in ("stdout", "stderr") else FileSink(target)
     _writer = BatchWriter(sink)
     return _writer

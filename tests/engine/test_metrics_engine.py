@@ -3,6 +3,7 @@ in-process AsyncLLM in prometheus_client's default registry) next to ours."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -202,12 +203,18 @@ def test_vllm_request_series_count_every_route(engine_server, model_name):
 
 
 def _stream_then_leave(base: str, model: str, body: dict) -> None:
-    """A stream left (connection closed) once its first content arrived."""
+    """A stream left (connection closed) once content arrived for every choice (with n > 1 the
+    children may have their first tokens in different engine steps)."""
     body = {"model": model, "messages": CHAT, "stream": True, "max_tokens": 1500, "ignore_eos": True, **body}
+    waiting = set(range(body.get("n", 1)))
     with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
-        lines = r.iter_lines()
-        for line in lines:
-            if b'"content":"' in line and b'"content":""' not in line:
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    waiting.discard(choice["index"])
+            if not waiting:
                 break
 
 

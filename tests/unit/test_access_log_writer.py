@@ -1,9 +1,10 @@
 """The access log's batch writer (http/accesslog.py `BatchWriter`, `configure`).
 
 Lines from the event loop's thread reach the sink whole, in order, none lost
-while the writer thread takes batches; `stop` writes what is left; a file
-moved away by logrotate is reopened; handlers on the `streamproxy.access`
-logger still get every line; `off` writes nothing.
+while the writer thread takes batches; `stop` writes what is left; each write
+is whole lines within PIPE_BUF; a file moved away by logrotate is reopened,
+and a logging reconfiguration (vLLM's import) does not close it; handlers on
+the `streamproxy.access` logger still get every line; `off` writes nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def restore():
 
 def _stream_writer() -> tuple[accesslog.BatchWriter, io.StringIO]:
     out = io.StringIO()
-    return accesslog.BatchWriter(logging.StreamHandler(out)), out
+    return accesslog.BatchWriter(accesslog.StreamSink(out)), out
 
 
 def test_every_line_in_order_while_the_thread_takes_batches():
@@ -52,7 +53,7 @@ def test_each_write_is_whole_lines_within_pipe_buf():
             self.seek(0)
             self.truncate()
 
-    writer = accesslog.BatchWriter(logging.StreamHandler(Recorder()))
+    writer = accesslog.BatchWriter(accesslog.StreamSink(Recorder()))
     sent = [("é" * (i % 300)) + str(i) for i in range(3_000)] + ["x" * 10_000]
     for text in sent:
         writer.add(text)
@@ -105,6 +106,21 @@ def test_logrotate_while_running(tmp_path: Path, restore):
     writer.stop()
     assert (tmp_path / "access.log.1").read_text() == "first\n"
     assert path.read_text() == "second\n"
+
+
+def test_a_logging_reconfiguration_does_not_stop_the_file(tmp_path: Path, restore):
+    """Importing vLLM runs `logging.config.dictConfig`, which closes every logging handler there is:
+    the access log's file is not one (it stopped being written in `--api-server-count` workers)."""
+    import logging.config
+
+    path = tmp_path / "access.log"
+    writer = accesslog.configure(str(path))
+    assert writer is not None
+    accesslog.write("before")
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    accesslog.write("after")
+    writer.stop()
+    assert path.read_text() == "before\nafter\n"
 
 
 def test_logger_handlers_get_each_line_too(restore):
