@@ -21,10 +21,11 @@ replica reported. Sans-IO; the random source is injectable for tests.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamproxy.gateway.config import Deployment, UpstreamPolicy
 from streamproxy.gateway.health import Health
+from streamproxy.gateway.metrics import DeploymentSeries, ReplicaSeries
 from streamproxy.gateway.prefix import PrefixIndex
 
 
@@ -36,6 +37,10 @@ class Replica:
     index: PrefixIndex
     outstanding: int = 0
     requests: int = 0
+    series: ReplicaSeries = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.series = ReplicaSeries(self.deployment, self.url)
 
 
 class Pool:
@@ -43,6 +48,7 @@ class Pool:
         self.deployment = deployment
         self.policy = policy
         self.upstream_headers = deployment.upstream_headers()  # the replicas' key, read once
+        self.series = DeploymentSeries(deployment.name)
         self.replicas: list[Replica] = []
         self.set_replicas(deployment.upstreams)
         self._rng = rng or random.Random()

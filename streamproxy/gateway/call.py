@@ -74,7 +74,7 @@ def done(call: Call, attempt: Attempt, outcome: int | None) -> None:
     usage = call.usage
     if usage.billed:
         call.pool.observed_cache(attempt.replica, call.keys, attempt.matched, usage.prompt_tokens, usage.cached_tokens)
-    M.REQUESTS.labels(call.pool.deployment.name, attempt.replica.url, str(outcome) if outcome is not None else "client_gone").inc()
+    attempt.replica.series.requests(str(outcome) if outcome is not None else "client_gone").inc()
 
 
 def meter(call: Call) -> None:
@@ -85,12 +85,12 @@ def meter(call: Call) -> None:
     rec.prompt_tokens = usage.prompt_tokens if usage.billed else None
     rec.cached_tokens = usage.cached_tokens if usage.billed else None
     rec.completion_tokens = usage.completion_tokens
-    name = call.pool.deployment.name
+    series = call.pool.series
     if usage.prompt_tokens:
-        M.TOKENS.labels(name, "prompt").inc(usage.prompt_tokens)
+        series.prompt_tokens.inc(usage.prompt_tokens)
     if usage.cached_tokens:
-        M.TOKENS.labels(name, "cached").inc(usage.cached_tokens)
+        series.cached_tokens.inc(usage.cached_tokens)
     if usage.completion_tokens:
-        M.TOKENS.labels(name, "completion").inc(usage.completion_tokens)
+        series.completion_tokens.inc(usage.completion_tokens)
     if call.limiter is not None:
         call.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)

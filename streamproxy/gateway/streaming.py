@@ -20,7 +20,6 @@ from typing import Any
 from aiohttp import web
 
 from streamproxy.errors import APIError, ServiceUnavailable
-from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Call, done, open_call
 from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
 from streamproxy.gateway.upstream import Attempt, UpstreamError
@@ -219,7 +218,7 @@ class _Sink:
             self.first = False
             now = perf_counter()
             self.call.rec.first_token(now)
-            M.UPSTREAM_TTFT.labels(self.call.pool.deployment.name).observe(now - self.attempt.sent_at)
+            self.call.pool.series.ttft.observe(now - self.attempt.sent_at)
 
 
 async def _error_body(exchange: Any) -> bytes:

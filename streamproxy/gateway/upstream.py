@@ -67,7 +67,8 @@ class Attempt:
             return
         self.released = True
         self.pool.completed(self.replica)
-        M.IN_FLIGHT.labels(self.pool.deployment.name, self.replica.url).dec()
+        series = self.replica.series
+        series.in_flight.dec()
         health = self.replica.health
         if ok:
             health.succeeded()
@@ -75,7 +76,7 @@ class Attempt:
             health.trial = False
         elif health.failed(time.monotonic() if now is None else now):
             _ejected(self.pool, self.replica)
-        M.BREAKER.labels(self.pool.deployment.name, self.replica.url).set(int(health.breaker))
+        series.breaker.set(int(health.breaker))
         # Read to the end: the connection goes back to the pool (nginx `keepalive`); a stream still
         # open is closed, which is how the replica learns to abort.
         self.exchange.finish(reuse=bool(ok))
@@ -115,26 +116,26 @@ async def open_upstream(
             if record is not None:
                 record.upstream = replica.url
             pool.dispatched(replica, keys)
-            M.IN_FLIGHT.labels(pool.deployment.name, replica.url).inc()
+            replica.series.in_flight.inc()
             sent = perf_counter()
             try:
                 exchange = await ask(upstreams, replica.url, path, body, headers)
             except _CONNECT_ERRORS as exc:
                 _settle(pool, replica, failed=True)
                 log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url, type(exc).__name__)
-                M.RETRIES.labels(pool.deployment.name, "connect_failure").inc()
+                pool.series.retries("connect_failure").inc()
                 continue
             except BaseException:
                 _settle(pool, replica, failed=False)
                 raise
-            M.UPSTREAM_TTFB.labels(pool.deployment.name).observe(perf_counter() - sent)
+            pool.series.ttfb.observe(perf_counter() - sent)
             status = exchange.status
             if status in policy.retry_on_status:
                 retry_after = exchange.headers.get("retry-after")
                 raw = await _read_error(exchange)
                 _settle(pool, replica, failed=status >= 500)
                 last = UpstreamError(status, raw, retry_after)
-                M.RETRIES.labels(pool.deployment.name, str(status)).inc()
+                pool.series.retries(str(status)).inc()
                 continue
             return Attempt(pool, replica, exchange, matched, sent, keys)
     finally:
@@ -151,12 +152,12 @@ async def open_upstream(
 
 def _settle(pool: Pool, replica: Replica, *, failed: bool) -> None:
     pool.completed(replica)
-    M.IN_FLIGHT.labels(pool.deployment.name, replica.url).dec()
+    replica.series.in_flight.dec()
     if failed and replica.health.failed(time.monotonic()):
         _ejected(pool, replica)
     elif not failed:
         replica.health.trial = False
-    M.BREAKER.labels(pool.deployment.name, replica.url).set(int(replica.health.breaker))
+    replica.series.breaker.set(int(replica.health.breaker))
 
 
 async def ask(upstreams: Upstreams, url: str, path: str, body: bytes, headers: dict[str, str]) -> Exchange:
