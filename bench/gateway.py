@@ -58,7 +58,7 @@ async def _connect(ports: list[int], conc: int) -> list:
 
 
 async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], conc: int, seconds: float,
-               model: str, max_tokens: int, jitter: float) -> dict:
+               model: str, max_tokens: int, jitter: float, spread: float = 0.0) -> dict:
     conns = await _connect(ports, conc)
     url = f"http://127.0.0.1:{ports[0]}"
     try:  # warm-up at this concurrency on the same connections (short requests)
@@ -72,7 +72,7 @@ async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], co
                     "sys": procstat.system_busy_seconds()}
 
         res = await loadgen.run_load(url, _raw(ports[0], model, max_tokens), conc, duration=seconds, conns=conns,
-                                     on_start=lambda: snap.update(sample()), jitter=jitter)
+                                     on_start=lambda: snap.update(sample()), jitter=jitter, spread=spread)
         end = sample()
     finally:
         loadgen.close_all(conns)
@@ -110,6 +110,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--relays", default=",".join(RELAYS), help=f"which (default {','.join(RELAYS)})")
     ap.add_argument("--jitter", type=float, default=None,
                     help="random pause of up to this many s before each request (default: one step)")
+    ap.add_argument("--spread", action="store_true",
+                    help="spread the clients' first requests over one request's duration (max tokens x step), "
+                         "so arrivals stay spread out; by default they all start together and, every request "
+                         "taking the same time, keep arriving in waves of the whole concurrency")
     ap.add_argument("--public-name", default=None,
                     help="the gateway's and LiteLLM's name for the model (default: the upstreams' own, "
                          "`fake`, so every relay gets the same request; another name makes them rename it)")
@@ -157,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             "upstreams": f"{args.replicas} x `streamproxy serve --engine fake {' '.join(up_args)}`",
             "load": f"chat, stream, {args.max_tokens} tokens/request, ignore_eos, include_usage; closed loop for "
                     f"{args.seconds:g} s per run, a random 0-{args.jitter * 1e3:g} ms pause before each request; "
-                    f"{args.rounds} round(s); client = bench/loadgen.py parsing every event (separate process)"}
+                    + (f"first requests spread over {args.max_tokens * args.token_delay:g} s (`--spread`), "
+                       "the clock started once all were going; " if args.spread else
+                       "all clients start together (requests arrive in waves; `--spread` spreads them); ")
+                    + f"{args.rounds} round(s); client = bench/loadgen.py parsing every event (separate process)"}
     rows: list[dict] = []
     json_path = RESULTS / f"gateway-{stamp}.json"
     try:
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         ports, pids, model = [srv.port], relays.relay_pids(srv), public
                     try:
                         r = uvloop.run(_run(label, ports, pids, up_pids, conc, args.seconds, model, args.max_tokens,
-                                            args.jitter))
+                                            args.jitter, args.max_tokens * args.token_delay if args.spread else 0.0))
                     except Exception as exc:  # one relay's failed run must not lose the others' figures
                         print(f"c={conc:4d} round {rnd + 1} {label}: run failed: {type(exc).__name__}: {exc}", flush=True)
                         continue

@@ -297,11 +297,16 @@ async def connect_all(host: str, port: int, n: int, parse: bool) -> list[_Conn]:
 
 async def run_load(url: str, raw: bytes | Callable[[], bytes], concurrency: int, requests: int = 0, *,
                    duration: float = 0.0, parse: bool = True, conns: list[_Conn] | None = None,
-                   on_start=None, jitter: float = 0.0) -> LoadResult:
+                   on_start=None, jitter: float = 0.0, spread: float = 0.0) -> LoadResult:
     """N workers, closed loop: `requests` in total, or keep going for `duration` s.
 
     Connections are opened before the clock starts (keep-alive clients), then
     `on_start()` is called (the caller samples CPU counters there).
+    `spread` (with `duration`): worker k of N sends its first request k/N x
+    `spread` s late, so arrivals are spread over `spread` instead of all workers
+    starting together (and, when every request takes about as long, staying in
+    step); the clock starts once every worker is going, and only requests sent
+    after that count.
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -311,8 +316,10 @@ async def run_load(url: str, raw: bytes | Callable[[], bytes], concurrency: int,
     remaining = requests
     deadline = 0.0
 
-    async def worker(conn: _Conn) -> None:
+    async def worker(conn: _Conn, delay: float) -> None:
         nonlocal remaining
+        if delay:
+            await asyncio.sleep(delay)
         while True:
             if duration:
                 if time.perf_counter() >= deadline:
@@ -327,17 +334,32 @@ async def run_load(url: str, raw: bytes | Callable[[], bytes], concurrency: int,
                 conn = await _connect(host, port, parse)
                 conns.append(conn)
             rec = RequestRecord()
-            records.append(rec)
+            if started:
+                records.append(rec)
             await conn.send(raw() if callable(raw) else raw, rec)
             if rec.error and rec.error.startswith("connection lost"):
                 conn.keep_alive = False
 
-    if on_start is not None:
-        on_start()
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    deadline = t0 + duration
-    await asyncio.gather(*(worker(c) for c in conns[:concurrency]))
+    spread = spread if duration else 0.0
+    started = not spread
+    cpu0 = t0 = 0.0
+
+    def start() -> None:
+        nonlocal started, cpu0, t0, deadline
+        if on_start is not None:
+            on_start()
+        started = True
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        deadline = t0 + duration
+
+    if spread:
+        deadline = time.perf_counter() + spread + duration
+        asyncio.get_running_loop().call_later(spread, start)
+    else:
+        start()
+    workers = conns[:concurrency]
+    await asyncio.gather(*(worker(c, spread * k / len(workers)) for k, c in enumerate(workers)))
     t1 = time.perf_counter()
     return LoadResult(records, t1 - t0, t0, t1, time.process_time() - cpu0)
 
