@@ -46,7 +46,8 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     stall = settings.write_stall_timeout
     response = web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
-    warm = _Warmer(request, response, transport, keepalive(api), heartbeat, stall) if heartbeat else None
+    loop = asyncio.get_running_loop()  # once per request: each call costs a getpid() system call
+    warm = _Warmer(request, response, transport, keepalive(api), heartbeat, stall, loop) if heartbeat else None
     attempt: Attempt | None = None
     outcome: int | None = None
     try:
@@ -72,7 +73,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 return response
             if not response.prepared:
                 await response.prepare(request)
-            if not await _pump(call, attempt, response, transport, heartbeat, stall):
+            if not await _pump(call, attempt, response, transport, heartbeat, stall, loop):
                 outcome = BROKEN
         await response.write_eof()
     except (WriteStalled, ConnectionResetError) as exc:
@@ -96,11 +97,12 @@ class _Warmer:
 
     __slots__ = ("request", "response", "transport", "frame", "interval", "stall", "_handle", "_task")
 
-    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, frame: bytes, interval: float, stall: float) -> None:
+    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, frame: bytes, interval: float, stall: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.request, self.response, self.transport = request, response, transport
         self.frame, self.interval, self.stall = frame, interval, stall
         self._task: asyncio.Task[None] | None = None
-        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(interval, self._start)
+        self._handle: asyncio.TimerHandle | None = loop.call_later(interval, self._start)
 
     def _start(self) -> None:
         self._handle = None
@@ -131,7 +133,8 @@ class _Warmer:
             self._task = None
 
 
-async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float) -> bool:
+async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float,
+                loop: asyncio.AbstractEventLoop) -> bool:
     """Relay until the replica's stream ends; False when it broke off (an error event is sent).
 
     While the client keeps up, `_Sink` writes each read's whole events from the replica
@@ -144,9 +147,9 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
     call.usage = relay_.usage
     exchange = attempt.exchange
     direct = can_write_direct(response, transport)
-    beat = _Heartbeat(transport, keepalive(api), heartbeat) if heartbeat and direct else None
+    beat = _Heartbeat(transport, keepalive(api), heartbeat, loop) if heartbeat and direct else None
     slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each wait
-    sink = _Sink(relay_, transport if direct else None, call, attempt, beat)
+    sink = _Sink(relay_, transport if direct else None, call, attempt, beat, loop)
     try:
         exchange.stream(sink)
         while True:
@@ -190,10 +193,11 @@ class _Sink:
 
     __slots__ = ("relay", "transport", "held", "beat", "loop", "first", "call", "attempt")
 
-    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: _Heartbeat | None) -> None:
+    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: _Heartbeat | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.relay, self.transport, self.call, self.attempt, self.beat = relay, transport, call, attempt, beat
         self.held: list[bytes] = []
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop
         self.first = True
 
     def __call__(self, data: bytes) -> bool:
@@ -236,11 +240,11 @@ class _Heartbeat:
 
     __slots__ = ("transport", "frame", "interval", "loop", "last", "_handle")
 
-    def __init__(self, transport: Any, frame: bytes, interval: float) -> None:
+    def __init__(self, transport: Any, frame: bytes, interval: float, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self.frame = chunk_frame(frame)
         self.interval = interval
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop
         self.last = self.loop.time()
         self._handle: asyncio.TimerHandle | None = self.loop.call_at(self.last + interval, self._fire)
 

@@ -46,9 +46,9 @@ class UpstreamClosed(ConnectionError):
 class Origin:
     """One replica's address, parsed once: where to connect and what to prefix paths with."""
 
-    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle", "keepalive")
+    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle", "keepalive", "loop")
 
-    def __init__(self, url: str, keepalive: int) -> None:
+    def __init__(self, url: str, keepalive: int, loop: asyncio.AbstractEventLoop) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -59,6 +59,7 @@ class Origin:
         self.base_path = parts.path.rstrip("/")
         self.idle: deque[_Connection] = deque()
         self.keepalive = keepalive
+        self.loop = loop  # looked up once: asyncio.get_running_loop() costs a getpid() system call
 
 
 class Upstreams:
@@ -76,8 +77,8 @@ class Upstreams:
         `fresh`: on a new connection, not a pooled one."""
         origin = self._origins.get(url)
         if origin is None:
-            origin = self._origins[url] = Origin(url, self.keepalive)
-        loop = asyncio.get_running_loop()
+            origin = self._origins[url] = Origin(url, self.keepalive, asyncio.get_running_loop())
+        loop = origin.loop
         conn = None
         now = loop.time()
         while origin.idle and not fresh:
@@ -161,7 +162,7 @@ class _Connection(asyncio.Protocol):
         self.exchange = None
         if reuse and not self.closed and len(self.origin.idle) < self.origin.keepalive:
             assert self.transport is not None
-            self.idle_since = asyncio.get_running_loop().time()
+            self.idle_since = self.origin.loop.time()
             self.origin.idle.append(self)
         else:
             self.close()
@@ -200,7 +201,7 @@ class Exchange:
         self.got_bytes = False
         self.reused = reused
         self._body: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
+        self._loop = conn.origin.loop
         self._waiter: asyncio.Future[None] | None = None
         self._timeout = read_timeout
         self._last_read = self._loop.time()
