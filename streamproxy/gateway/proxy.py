@@ -34,7 +34,7 @@ from streamproxy.http.routes.body import decode, read_body
 _decode_json = msgspec.json.Decoder().decode
 _encode_json = msgspec.json.Encoder().encode
 # Request headers passed to the replica (the rest are the client's business with the gateway).
-_FORWARD = ("anthropic-version", "anthropic-beta", "OpenAI-Beta")
+_FORWARD = {name.lower(): name for name in ("anthropic-version", "anthropic-beta", "OpenAI-Beta")}
 
 
 async def relay(request: web.Request, route: Route) -> web.StreamResponse:
@@ -92,10 +92,18 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
     # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
-    for name in _FORWARD:
-        if name in request.headers:
-            headers[name] = request.headers[name]
+    _forward(request, headers)
     return Call(state, pool, route, rec, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
+
+
+def _forward(request: web.Request, headers: dict[str, str]) -> None:
+    """The client's `_FORWARD` headers (the first of each) into `headers`, as the bytes it sent: latin-1
+    maps each byte to one character and back when the request is written (`h1.request_bytes`), where
+    the decoded value (UTF-8) could hold characters past Latin-1 and not be written at all."""
+    for raw_name, raw_value in request.raw_headers:
+        name = _FORWARD.get(raw_name.decode("latin-1").lower())
+        if name is not None and name not in headers:
+            headers[name] = raw_value.decode("latin-1")
 
 
 # -- non-streaming --------------------------------------------------------------------

@@ -150,3 +150,20 @@ def test_any_key(keyed, headers, where, deployment):
     schema = {"messages": "MessagesRequest", "embeddings": "EmbeddingRequest", "tokenize": "TokenizeRequest"}.get(route, "ChatCompletionRequest")
     body = named(json.dumps(SEEDS[schema][0]).encode(), deployment[0])
     check(keyed, path, body, kind=KINDS.get(route, "json"), anthropic=route in ANTHROPIC, headers=headers)
+
+
+# --- headers -------------------------------------------------------------------------
+
+# The headers the gateway reads or passes on to the replica, with any value an HTTP client sends
+# (printable, as UTF-8: also characters past Latin-1).
+_NAMES = st.sampled_from(["anthropic-version", "anthropic-beta", "OpenAI-Beta", "X-Request-Id", "Content-Type", "Accept",
+                          "Accept-Encoding", "User-Agent", "x-api-key", "Authorization", "Origin"])
+_VALUES = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=40) | st.sampled_from(["2023-06-01", "gzip", "€", "é", "\t"])
+
+
+@budget(30)
+@given(st.dictionaries(_NAMES, _VALUES, max_size=4), st.sampled_from(["chat/completions", "messages", "tokenize"]), st.booleans())
+def test_any_header(gateway, headers, route, stream):
+    schema = {"messages": "MessagesRequest", "tokenize": "TokenizeRequest"}.get(route, "ChatCompletionRequest")
+    body = json.dumps({**SEEDS[schema][0], "model": CHAT[0], "stream": stream}).encode()
+    check(gateway, f"/v1/{route}", body, kind=KINDS.get(route, "json"), anthropic=route in ANTHROPIC, headers=headers)

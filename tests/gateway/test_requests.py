@@ -1,5 +1,5 @@
-"""What the gateway makes of a request body before it relays it: serve's decoding rules, the values
-passed on exactly, and `stream` only where a route streams.
+"""What the gateway makes of a request before it relays it: serve's decoding rules for the body, its
+values passed on exactly, `stream` only where a route streams, the headers it passes on as sent.
 
 Regression tests of what tests/fuzz/test_gateway_routes.py found, each on its exact input.
 """
@@ -87,3 +87,18 @@ async def test_stream_options_the_replica_refuses_are_not_replaced(replica, gate
     assert got["error"]["param"].startswith("stream_options")
     async with session.post(r.url("/v1/chat/completions"), json=body) as resp:  # the replica's own answer, the same
         assert resp.status == 400 and (await resp.json())["error"] == got["error"]
+
+
+@pytest.mark.parametrize("value", ["\u0100", "\u20ac", "\u00e9", "2023-06-01"])
+@pytest.mark.parametrize("route", ["chat/completions", "messages"])
+async def test_passed_on_headers_reach_the_replica_as_sent(replica, gateway, session, route, value):
+    # Found: `anthropic-version: \u0100` (any of anthropic-version, anthropic-beta, OpenAI-Beta past
+    # Latin-1) was a 500: the decoded value could not be written upstream; "\u00e9" reached the
+    # replica as another byte (0xE9, not UTF-8's C3 A9).
+    r = await replica()
+    gw = await gateway(r)
+    body = {"model": "support-bot", "max_tokens": 3, "messages": USER_HI}
+    for name in ("anthropic-version", "anthropic-beta", "OpenAI-Beta"):
+        async with session.post(gw.url(f"/v1/{route}"), json=body, headers={name: value}) as resp:
+            assert resp.status == 200, await resp.text()
+        assert r.seen[-1].headers[name] == value
