@@ -1,8 +1,12 @@
 """The relaying handler: one request in, one replica's answer out, metered.
 
-    the key (401)  ->  read the body (413 over the cap)  ->  the deployment (model or
-    path id; 404)  ->  the key may use it (401/429)  ->  model renamed, usage asked
-    for  ->  `call.open_call` (failover before the first byte)  ->  stream or body
+    the key (401)  ->  read the body (413 over the cap) and decode it by serve's rules
+    (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
+    id; 404)  ->  the key may use it (401/429)  ->  model renamed, usage asked for
+    ->  `call.open_call` (failover before the first byte)  ->  stream or body
+
+The body goes on re-encoded by msgspec (integers of any size as they were), with the
+client's `_FORWARD` headers as the bytes it sent.
 
 Streams are `streaming.stream`'s. A non-streaming answer goes through the edge's
 `answer_nonstream` (early 200 and newlines when slow, late errors in the body).
