@@ -6,7 +6,8 @@ the per-replica index), `balance` (choosing a replica), `health` (outlier
 ejection and probes' verdicts), `limits` (per-key rates), `lifecycle` (a
 managed deployment's states). With I/O: `upstream` (sending with failover),
 `proxy` (the relaying handlers), `probes` (active health checks), `managed`
-and `replicas` (the replicas the gateway runs itself), `app` (routes and
+and `replicas` (the replicas the gateway runs itself), `routes` (the route
+table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
 life cycle), `metrics`.
 
 May import `streamproxy.core`, `apis`, `errors`, `config` and the edge

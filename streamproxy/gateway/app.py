@@ -1,11 +1,11 @@
 """The gateway's application: the edge of `serve`, with relaying routes instead of an engine.
 
-Every route `serve` has is here three times: `/v1/...` (the deployment
-named by the body's `model`), `/v1/deployments/{id}/...`, and
-`/v1/deployments/{id}/v1/...` (clients that append `/v1/...` to a base URL).
-The edge is `serve`'s own: the access log and request ids, the error
-middleware and error shapes (Anthropic's on its routes; a replica's own
-error answers pass through unchanged), the body cap, drain. The upstream
+Every route `serve` has is here three times (`routes.py`: by the body's
+`model`, and by the deployment's id or name in the path), beside the
+gateway's own: the deployments, their admin, and `GET /openapi.json`
+(`openapi.py`). The edge is `serve`'s own: the access log and request ids,
+the error middleware and error shapes (Anthropic's on its routes; a
+replica's own error answers pass through unchanged), the body cap, drain. The upstream
 client session and the health probes start with the app and stop with it.
 """
 
@@ -24,13 +24,14 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
-from streamproxy.gateway.call import Route
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.lifecycle import Phase
 from streamproxy.gateway.managed import ManagedDeployment
+from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
+from streamproxy.gateway.routes import MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
@@ -44,17 +45,6 @@ from streamproxy.http.state import VERSION
 
 log = logging.getLogger("streamproxy.gateway")
 
-# The path under /v1/ (or the root, for tokenize) -> what the replica is asked.
-ROUTES: dict[str, Route] = {
-    "chat/completions": Route("/v1/chat/completions", Api.OPENAI, True),
-    "completions": Route("/v1/completions", Api.OPENAI, True),
-    "responses": Route("/v1/responses", Api.RESPONSES, True),
-    "messages": Route("/v1/messages", Api.ANTHROPIC, True),
-    "messages/count_tokens": Route("/v1/messages/count_tokens", Api.ANTHROPIC, False),
-    "embeddings": Route("/v1/embeddings", Api.OPENAI, False),
-    "tokenize": Route("/tokenize", Api.OPENAI, False),
-    "detokenize": Route("/detokenize", Api.OPENAI, False),
-}
 _PROBES_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("gateway_probes", asyncio.Task)
 
 
@@ -65,15 +55,12 @@ def _anthropic_error_json(exc: APIError) -> bytes:
 def add_routes(app: web.Application) -> None:
     for name, route in ROUTES.items():
         handler = partial(relay, route=route)
-        paths = [f"/v1/{name}", f"/v1/deployments/{{deployment}}/{name}", f"/v1/deployments/{{deployment}}/v1/{name}"]
-        if name in ("tokenize", "detokenize"):
-            paths.append(f"/{name}")
-        for path in paths:
+        for path in relayed_paths(name):
             added = app.router.add_post(path, handler)
             if route.api is Api.ANTHROPIC:
                 error_shapes.register(app, added, _anthropic_error_json)
-    for prefix in ("/v1", "/v1/deployments/{deployment}", "/v1/deployments/{deployment}/v1"):
-        app.router.add_get(prefix + "/models", list_models)
+    for path in MODELS_PATHS:
+        app.router.add_get(path, list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/deployments", list_deployments)
     app.router.add_get("/v1/deployments/{deployment}", get_deployment)
@@ -82,6 +69,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_json)
 
 
 def _visible(request: web.Request) -> list[str]:

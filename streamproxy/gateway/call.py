@@ -24,7 +24,7 @@ from streamproxy.http.accesslog import Record
 class Route:
     upstream_path: str  # the replica's path for it
     api: Api
-    generates: bool  # prefix affinity and token metering apply
+    generates: bool  # prefix affinity and token metering apply, and `"stream": true` streams (else the answer is JSON)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-import orjson
+import msgspec
+
+# Keys sorted; any JSON the request decoder gives (integers past 64 bits too).
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 
 def canonical(body: dict[str, Any]) -> bytes:
@@ -36,7 +39,7 @@ def canonical(body: dict[str, Any]) -> bytes:
             parts.extend(value)
         elif value is not None:
             parts.append(value)
-    return b"".join(orjson.dumps(p, option=orjson.OPT_SORT_KEYS) for p in parts)
+    return b"".join(map(_sorted_json, parts))
 
 
 def prefix_keys(body: dict[str, Any], block: int) -> list[int]:

@@ -1,8 +1,12 @@
 """The relaying handler: one request in, one replica's answer out, metered.
 
-    the key (401)  ->  read the body (413 over the cap)  ->  the deployment (model or
-    path id; 404)  ->  the key may use it (401/429)  ->  model renamed, usage asked
-    for  ->  `call.open_call` (failover before the first byte)  ->  stream or body
+    the key (401)  ->  read the body (413 over the cap) and decode it by serve's rules
+    (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
+    id; 404)  ->  the key may use it (401/429)  ->  model renamed, usage asked for
+    ->  `call.open_call` (failover before the first byte)  ->  stream or body
+
+The body goes on re-encoded by msgspec (integers of any size as they were), with the
+client's `_FORWARD` headers as the bytes it sent.
 
 Streams are `streaming.stream`'s. A non-streaming answer goes through the edge's
 `answer_nonstream` (early 200 and newlines when slow, late errors in the body).
@@ -17,10 +21,10 @@ import time
 from functools import partial
 from time import perf_counter
 
-import orjson
+import msgspec
 from aiohttp import web
 
-from streamproxy.errors import APIError, GenerationTimeout, InvalidJSON, InvalidRequest, ServiceUnavailable
+from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, Route, done, meter, open_call
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import Api, Usage
@@ -29,10 +33,12 @@ from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, UpstreamError
 from streamproxy.http.accesslog import record
 from streamproxy.http.nonstream import answer_nonstream
-from streamproxy.http.routes.body import read_body
+from streamproxy.http.routes.body import decode, read_body
 
+_decode_json = msgspec.json.Decoder().decode
+_encode_json = msgspec.json.Encoder().encode
 # Request headers passed to the replica (the rest are the client's business with the gateway).
-_FORWARD = ("anthropic-version", "anthropic-beta", "OpenAI-Beta")
+_FORWARD = {name.lower(): name for name in ("anthropic-version", "anthropic-beta", "OpenAI-Beta")}
 
 
 async def relay(request: web.Request, route: Route) -> web.StreamResponse:
@@ -58,11 +64,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     rec = record(request)
     rec.generation = route.generates
     key = state.identify(request)  # 401 before anything else: the body, the deployments
-    body = await read_body(request)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+    # serve's decoding rules (its 400s for bodies that are not JSON, or nest too deep); msgspec keeps
+    # integers past 64 bits exact (orjson made floats of them) and encodes whatever it decoded.
+    data = decode(await read_body(request), _decode_json)
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     pool = state.resolve(data.get("model"), request.match_info.get("deployment"))
@@ -75,24 +79,35 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     model = data.get("model")
     public = model if isinstance(model, str) else deployment.name
     data["model"] = deployment.upstream_model
-    stream = data.get("stream") is True
+    # Only a generating route streams: embeddings, count_tokens, tokenize answer JSON whatever `stream` says.
+    stream = route.generates and data.get("stream") is True
     rec.stream = stream
     strip = False
     if stream and route.api is Api.OPENAI and route.generates:
+        # Asked for only where the client left it out (absent, null, false): a value the replica
+        # refuses (`"stream_options": "x"`, `"include_usage": 0`) goes to it as the client sent it.
         options = data.get("stream_options")
-        options = options if isinstance(options, dict) else {}
-        if not options.get("include_usage"):
-            data["stream_options"] = {**options, "include_usage": True}
+        include = options.get("include_usage") if isinstance(options, dict) else None
+        if (options is None or isinstance(options, dict)) and (include is None or include is False):
+            data["stream_options"] = {**(options or {}), "include_usage": True}
             strip = True
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
     # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
-    for name in _FORWARD:
-        if name in request.headers:
-            headers[name] = request.headers[name]
-    return Call(state, pool, route, rec, limiter, orjson.dumps(data), headers, keys, public, stream, strip, Usage())
+    _forward(request, headers)
+    return Call(state, pool, route, rec, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
+
+
+def _forward(request: web.Request, headers: dict[str, str]) -> None:
+    """The client's `_FORWARD` headers (the first of each) into `headers`, as the bytes it sent: latin-1
+    maps each byte to one character and back when the request is written (`h1.request_bytes`), where
+    the decoded value (UTF-8) could hold characters past Latin-1 and not be written at all."""
+    for raw_name, raw_value in request.raw_headers:
+        name = _FORWARD.get(raw_name.decode("latin-1").lower())
+        if name is not None and name not in headers:
+            headers[name] = raw_value.decode("latin-1")
 
 
 # -- non-streaming --------------------------------------------------------------------

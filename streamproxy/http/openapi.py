@@ -15,10 +15,17 @@ routes, which answer in Anthropic's (see `error_shapes`).
 The document is built once, on the first request, and served as the same
 bytes after that. `tests/http/test_openapi.py` checks that it lists
 exactly the routes `routes.add_routes` registers.
+
+`build_document` is the builder both commands use: the gateway's
+document (`gateway/openapi.py`) is its own table of `Operation`s, most of
+them serve's with another path and the gateway's own error statuses
+(`ErrorStatus`: 401, 413, 429, 503 with Retry-After ...).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -39,6 +46,15 @@ REF = "#/components/schemas/{name}"
 
 
 @dataclass(frozen=True, slots=True)
+class ErrorStatus:
+    """An error status a route documents on its own (the others fall under 4XX/5XX)."""
+
+    status: int
+    description: str
+    retry_after: bool = False  # sent with a Retry-After header
+
+
+@dataclass(frozen=True, slots=True)
 class Operation:
     method: str
     path: str
@@ -50,6 +66,7 @@ class Operation:
     errors: type = ErrorEnvelope
     tag: str = "OpenAI"
     also: tuple[int, ...] = ()  # statuses other than 200 and the errors, with the 200's body
+    statuses: tuple[ErrorStatus, ...] = ()  # error statuses described one by one
 
 
 _CHUNKS = "`data:` frames of `chat.completion.chunk` objects, an optional usage chunk, then `data: [DONE]`"
@@ -93,17 +110,25 @@ LORA_OPERATIONS: tuple[Operation, ...] = (
               media="text/plain", tag="vLLM"),
 )
 
-_TYPES = sorted(
-    {t for op in OPERATIONS + LORA_OPERATIONS for t in (op.request, op.response, op.errors) if t is not None},
-    key=lambda t: (t.__module__, t.__qualname__),
-)
+# Path parameters, by name: what they are.
+PARAMETERS = {"model_id": "A served model's name"}
+
+
+def _types(operations: Iterable[Operation]) -> list[type]:
+    return sorted(
+        {t for op in operations for t in (op.request, op.response, op.errors) if t is not None},
+        key=lambda t: (t.__module__, t.__qualname__),
+    )
 
 
 def _json_content(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
-def _operation(op: Operation, refs: dict[type, dict[str, Any]]) -> dict[str, Any]:
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}}}
+
+
+def _operation(op: Operation, refs: dict[type, dict[str, Any]], parameters: Mapping[str, str]) -> dict[str, Any]:
     if op.response is not None:
         content = _json_content(refs[op.response])
     else:
@@ -112,46 +137,63 @@ def _operation(op: Operation, refs: dict[type, dict[str, Any]]) -> dict[str, Any
     if op.stream:
         ok["description"] = f"A JSON body; with `\"stream\": true` a Server-Sent-Events stream: {op.stream}"
         ok["content"] = {**content, SSE: {"schema": {"type": "string"}}}
-    errors = {"description": "An error, in this API's error shape", "content": _json_content(refs[op.errors])}
+    error = _json_content(refs[op.errors])
+    errors = {"description": "An error, in this API's error shape", "content": error}
+    responses: dict[str, Any] = {"200": ok, **{str(s): {"description": "Not ready", "content": content} for s in op.also}}
+    for e in op.statuses:
+        responses[str(e.status)] = {"description": e.description, "content": error, **({"headers": _RETRY_AFTER} if e.retry_after else {})}
     out: dict[str, Any] = {
         "operationId": op.method + op.path.replace("/", "_").replace("{", "").replace("}", "").replace(".", "_"),
         "summary": op.summary,
         "tags": [op.tag],
-        "responses": {"200": ok, **{str(s): {"description": "Not ready", "content": content} for s in op.also}, "4XX": errors, "5XX": errors},
+        "responses": {**responses, "4XX": errors, "5XX": errors},
     }
-    if "{model_id}" in op.path:
-        out["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    names = re.findall(r"\{(\w+)\}", op.path)
+    if names:
+        out["parameters"] = [
+            {"name": n, "in": "path", "required": True, "description": parameters[n], "schema": {"type": "string"}} for n in names
+        ]
     if op.request is not None:
         out["requestBody"] = {"required": True, "content": _json_content(refs[op.request])}
     return out
 
 
-def build(lora_routes: bool = False) -> dict[str, Any]:
-    """The OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
-    types = _TYPES if lora_routes else [t for t in _TYPES if t.__module__ != lora.__name__]
+def build_document(
+    operations: Iterable[Operation], *, title: str, description: str, key_note: str, parameters: Mapping[str, str] = PARAMETERS
+) -> dict[str, Any]:
+    """An OpenAPI 3.1 document of `operations`, their JSON Schemas as msgspec writes them;
+    `key_note`: when the API key applies."""
+    operations = tuple(operations)
+    types = _types(operations)
     schemas, components = msgspec.json.schema_components(types, ref_template=REF)
     refs = dict(zip(types, schemas))
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS + (LORA_OPERATIONS if lora_routes else ()):
-        paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
+    for op in operations:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, refs, parameters)
     return {
         "openapi": "3.1.0",
-        "info": {
-            "title": "streamproxy",
-            "version": VERSION,
-            "description": "OpenAI-compatible (and Anthropic Messages) streaming server. Request bodies ignore unknown fields.",
-        },
+        "info": {"title": title, "version": VERSION, "description": description},
         "paths": paths,
         "components": {
             "schemas": components,
             "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "Only when the server runs with --api-key"},
-                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": "Only when the server runs with --api-key"},
+                "bearer": {"type": "http", "scheme": "bearer", "description": key_note},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": key_note},
             },
         },
-        # No key at all (a server without --api-key), or either form of the key.
+        # No key at all (a server without keys), or either form of the key.
         "security": [{}, {"bearer": []}, {"apiKey": []}],
     }
+
+
+def build(lora_routes: bool = False) -> dict[str, Any]:
+    """serve's OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
+    return build_document(
+        OPERATIONS + (LORA_OPERATIONS if lora_routes else ()),
+        title="streamproxy",
+        description="OpenAI-compatible (and Anthropic Messages) streaming server. Request bodies ignore unknown fields.",
+        key_note="Only when the server runs with --api-key",
+    )
 
 
 @cache

@@ -1,24 +1,35 @@
-"""A fake-engine app on aiohttp's test server, for hypothesis properties (which cannot be async).
+"""Live servers for hypothesis properties (which cannot be async), each on an event loop of its own.
 
-`Live` runs `create_app` on its own event loop; each call (`post`, `get`)
-runs that loop until the answer is read whole, so a property sends one
-request per example synchronously. `errors` collects what the server logged
-at ERROR (an unhandled exception is logged with its traceback, then
-answered with a 500), so a property can say "nothing went wrong inside" as
-well as "no 5xx".
+`Live` runs serve's `create_app` on aiohttp's test server; `LiveGateway`
+runs `create_gateway_app` in front of fake-engine replicas (all on the
+runner both commands use, TCP on loopback). Each call (`request`) runs the
+loop until the answer is read whole, so a property sends one request per
+example synchronously. `errors` collects what was logged at ERROR (the
+gateway and its in-process replicas alike; an unhandled exception is
+logged with its traceback, then answered with a 500), so a property can
+say "nothing went wrong inside" as well as "no 5xx".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import aiohttp
+import msgspec
+import uvloop
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine_adapter.fake import FakeEngine, FakeScript
 from streamproxy.config import Settings
+from streamproxy.gateway.app import create_gateway_app
+from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.http.app import create_app
+from streamproxy.http.server import make_runner
 
 # Reasoning, then an answer with a hermes tool call: the filters run on every chat-like route.
 SCRIPT = FakeScript(tokens=["<think>", "hm", "</think>", "Hel", "lo ", "<tool_call>", '{"name": "f", "arguments": {"city": "P"}}', "</tool_call>"])
@@ -34,14 +45,44 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-class Live:
+class _OnItsLoop:
+    """What both live servers share: the loop, the log collector, one synchronous request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._log = _Collect()
+        logging.getLogger("streamproxy").addHandler(self._log)
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.getMessage() + (f" ({r.exc_info[1]!r})" if r.exc_info else "") for r in self._log.records]
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        raise NotImplementedError
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+        async def go() -> tuple[int, str, bytes]:
+            sent = {"Content-Type": "application/json"} if body is not None else {}
+            async with self._send(method, path, data=body, headers={**sent, **(headers or {})}) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+
+        return self.loop.run_until_complete(asyncio.wait_for(go(), 30))
+
+    def _close(self) -> Awaitable[None]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        logging.getLogger("streamproxy").removeHandler(self._log)
+        self.loop.run_until_complete(self._close())
+        self.loop.close()
+
+
+class Live(_OnItsLoop):
     def __init__(self, *, runner: str = "generate", **settings: Any) -> None:
-        self.loop = asyncio.new_event_loop()
+        super().__init__(asyncio.new_event_loop())
         self.engine = FakeEngine(SCRIPT, record=False, runner=runner)  # type: ignore[arg-type]
         self.app = create_app(Settings(engine="fake", **{**SETTINGS, **settings}), self.engine)
         self.client: TestClient = self.loop.run_until_complete(self._start())
-        self._log = _Collect()
-        logging.getLogger("streamproxy").addHandler(self._log)
 
     async def _start(self) -> TestClient:
         client = TestClient(TestServer(self.app))
@@ -53,19 +94,68 @@ class Live:
         assert self.engine.state == "ready"
         return client
 
-    @property
-    def errors(self) -> list[str]:
-        return [r.getMessage() + (f" ({r.exc_info[1]!r})" if r.exc_info else "") for r in self._log.records]
+    def _send(self, method: str, path: str, **kwargs: Any) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        return self.client.request(method, path, **kwargs)
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str, bytes]:
-        async def go() -> tuple[int, str, bytes]:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            async with self.client.request(method, path, data=body, headers=headers) as resp:
-                return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+    def _close(self) -> Awaitable[None]:
+        return self.client.close()
 
-        return self.loop.run_until_complete(asyncio.wait_for(go(), 30))
 
-    def close(self) -> None:
-        logging.getLogger("streamproxy").removeHandler(self._log)
-        self.loop.run_until_complete(self.client.close())
-        self.loop.close()
+# The gateway's deployments: chat-like routes on two replicas, embeddings on a pooling one.
+SERVED = "Qwen/Qwen3-8B"
+CHAT = ("fuzz-chat", "dep-chat")  # (name, id)
+EMBED = ("fuzz-embed", "dep-embed")
+
+
+class LiveGateway(_OnItsLoop):
+    """`create_gateway_app` (uvloop, as in production) over in-process fake-engine replicas serving
+    `SERVED`: CHAT on two generating replicas with serve's fuzzing settings, EMBED on a pooling one.
+    `keys` and `settings`: the gateway's config keys and edge settings."""
+
+    def __init__(self, *, keys: list[dict[str, Any]] | None = None, **settings: Any) -> None:
+        super().__init__(uvloop.new_event_loop())
+        self.runners: list[web.AppRunner] = []
+        self.session: aiohttp.ClientSession
+        self.base = self.loop.run_until_complete(self._start(keys or [], settings))
+
+    async def _serve(self, app: web.Application, settings: Settings) -> str:
+        runner = make_runner(app, settings)
+        runner._shutdown_timeout = 0.2  # type: ignore[attr-defined]
+        await runner.setup()
+        self.runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    async def _replica(self, runner: str) -> str:
+        engine = FakeEngine(SCRIPT, record=False, runner=runner, served_names=[SERVED])  # type: ignore[arg-type]
+        settings = Settings(engine="fake", host="127.0.0.1", port=0, served_model_name=[SERVED], **SETTINGS)  # type: ignore[arg-type]
+        base = await self._serve(create_app(settings, engine), settings)
+        for _ in range(500):
+            if engine.state == "ready":
+                return base
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"replica not ready: {engine.state}")
+
+    async def _start(self, keys: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+        chat = [await self._replica("generate"), await self._replica("generate")]
+        embed = [await self._replica("pooling")]
+        deployments = [
+            {"name": name, "id": id_, "served_model": SERVED, "upstreams": upstreams}
+            for (name, id_), upstreams in ((CHAT, chat), (EMBED, embed))
+        ]
+        config = msgspec.convert({"deployments": deployments, "keys": keys}, GatewayConfig)
+        check(config)
+        conf = Settings(host="127.0.0.1", port=0, access_log="off", **settings)
+        base = await self._serve(create_gateway_app(conf, config), conf)
+        self.session = aiohttp.ClientSession()
+        return base
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        return self.session.request(method, self.base + path, **kwargs)
+
+    async def _close(self) -> None:
+        await self.session.close()
+        for runner in reversed(self.runners):  # the gateway first, then its replicas
+            await runner.cleanup()
+
+

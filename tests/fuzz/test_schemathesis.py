@@ -16,28 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import requests
-import schemathesis
 from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from streamproxy.http import openapi
 from tests.fuzz.fuzz_support import budget
+from tests.fuzz.schemathesis_support import FLAGS, Document
 from tests.support.server import fake_server
-
-FLAGS = (
-    "--fake-text", "Hi there. ", "--fake-max-model-len", "512",
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
-)
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 # The operations, known at collection from the same document the server builds.
 OPERATIONS = [(op.method.upper(), op.path) for op in openapi.OPERATIONS]
@@ -56,17 +42,10 @@ CASES = [
 ]
 
 
-class Live:
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.schema = schemathesis.openapi.from_url(base + "/openapi.json")
-        self.session = requests.Session()
-
-
 @pytest.fixture(scope="module")
-def live() -> Iterator[Live]:
+def live() -> Iterator[Document]:
     with fake_server(*FLAGS) as base:
-        server = Live(base)
+        server = Document(base)
         yield server
         server.session.close()
 
@@ -81,8 +60,5 @@ def test_every_route_is_an_operation(live):
 @budget(6)
 @given(data=st.data())
 def test_operation(live, method, path, mode, data):
-    operation = live.schema[path][method]
-    case = data.draw(operation.as_strategy(generation_mode=mode))
-    response = case.call(base_url=live.base, session=live.session, timeout=60)
-    checks = CHECKS + ([negative_data_rejection] if mode == GenerationMode.NEGATIVE else [])
-    case.validate_response(response, checks=checks)
+    case = live.case(data, method, path, mode)
+    live.call(case, mode)

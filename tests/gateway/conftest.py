@@ -1,7 +1,7 @@
 """Fixtures for the gateway's tests: fake-engine replicas and the gateway, in-process on the real runner.
 
-`replica(script, **settings)` is `streamproxy serve --engine fake` in this
-process: `create_app(Settings(...), FakeEngine(...))` on `make_runner` (the
+`replica(script, runner=, **settings)` is `streamproxy serve --engine fake` in this
+process (`runner="pooling"`: an embedding model): `create_app(Settings(...), FakeEngine(...))` on `make_runner` (the
 runner both commands use) with a TCPSite on 127.0.0.1, serving the model as
 `SERVED` (`ready=False`: without waiting for its engine). Its `seen` lists every request it answered (method, path,
 headers, the model its body named, its request id), recorded as the
@@ -67,9 +67,10 @@ class Seen:
 
 
 class Replica:
-    def __init__(self, script: FakeScript, settings: dict[str, Any]) -> None:
+    def __init__(self, script: FakeScript, settings: dict[str, Any], runner: str = "generate") -> None:
         self.script = script
         self.settings = settings
+        self.runner_kind = runner
         self.seen: list[Seen] = []
         self.port = 0
         self.runner: web.AppRunner | None = None
@@ -86,7 +87,7 @@ class Replica:
         return [s for s in self.seen if s.path != "/health"]
 
     async def start(self, ready: bool = True) -> None:
-        self.engine = FakeEngine(self.script, served_names=[SERVED])
+        self.engine = FakeEngine(self.script, served_names=[SERVED], runner=self.runner_kind)  # type: ignore[arg-type]
         conf = Settings(engine="fake", host="127.0.0.1", port=self.port, served_model_name=[SERVED], **self.settings)
         app = create_app(conf, self.engine)
         app.on_response_prepare.append(self._saw)
@@ -155,8 +156,8 @@ StartGateway = Callable[..., Awaitable[Gateway]]
 async def replica() -> AsyncIterator[StartReplica]:
     started: list[Replica] = []
 
-    async def start(script: FakeScript | None = None, *, ready: bool = True, **settings: Any) -> Replica:
-        r = Replica(script or DEFAULT_SCRIPT, settings)
+    async def start(script: FakeScript | None = None, *, ready: bool = True, runner: str = "generate", **settings: Any) -> Replica:
+        r = Replica(script or DEFAULT_SCRIPT, settings, runner)
         started.append(r)
         await r.start(ready)
         return r

@@ -83,3 +83,18 @@ def chunked(data: bytes) -> bytes:
 
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def fits(path: str, method: str, status: int, data: Any) -> None:
+    """`data` (a JSON answer of `method path` with `status`, the path as sent) is what the gateway's
+    GET /openapi.json documents for it (the status's own entry, else 4XX/5XX); jsonschema.ValidationError."""
+    import jsonschema
+
+    from streamproxy.gateway import openapi
+
+    doc = json.loads(openapi.document())
+    template = next(t for t in doc["paths"] if re.fullmatch(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(t)), path))
+    responses = doc["paths"][template][method]["responses"]
+    found = responses.get(str(status)) or responses[f"{status // 100}XX"]
+    schema = found["content"]["application/json"]["schema"]
+    jsonschema.Draft202012Validator({**doc, **schema}).validate(data)

@@ -17,6 +17,7 @@ import signal
 import openai
 import requests
 
+from tests.gateway.gateway_support import fits
 from tests.support.gateway import alive, gateway_process
 from tests.support.waiting import wait_until_sync
 
@@ -53,13 +54,16 @@ def test_parked_answers_waking_then_serves_and_the_sdk_retries_through_the_wake(
     yaml = config(managed("smol", idle="10m", boot_guess=2), managed("sdk", idle="10m"))
     with gateway_process(tmp_path, yaml) as gw:
         assert gw.state("dep-smol") == "parked" and gw.deployment("dep-smol")["replicas"] == []
+        fits("/v1/deployments/dep-smol", "get", 200, gw.deployment("dep-smol"))  # as GET /openapi.json says
         assert requests.get(gw.url("/health"), timeout=10).status_code == 200  # parked is not down: it wakes on demand
         first = chat(gw, "smol")
         assert first.status_code == 503, first.text
         assert first.headers["Retry-After"] == "2"  # boot_guess, before any boot was timed
         error = first.json()["error"]
         assert (error["type"], error["code"]) == ("service_unavailable", "deployment_waking")
+        fits("/v1/chat/completions", "post", 503, first.json())
         info = wait_state(gw, "dep-smol", "ready")
+        fits("/v1/deployments/dep-smol", "get", 200, info)
         assert info["last_boot_seconds"] > 0 and info["boots"] == 1
         (replica,) = info["replicas"]
         assert replica["port"] and replica["pid"] in gw.replica_pids() and replica["url"].endswith(f":{replica['port']}")

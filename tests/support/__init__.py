@@ -8,6 +8,7 @@
     fake           USER_HI and what the fake engine makes of it; hold_start (an engine left loading)
     chat           schema-checked chat chunks, reassembled as a client does
     push           a spy on the writer's push sink
+    openapi_doc    checks serve's and the gateway's /openapi.json tests share (valid 3.1, refs, the app's routes)
 
 Import them absolutely, e.g. `from tests.support import sse, wait_until`.
 """
