@@ -238,6 +238,9 @@ class Parent:
                     self._wake_r.recv()
                     continue
                 proc = alive.pop(item)
+                # The sentinel is ready once the child has closed its files, which is a moment before
+                # it can be reaped: until then `exitcode` is None (read as a failure). Reap it first.
+                proc.join(5.0)
                 _mark_dead(proc.pid)
                 log.info("API server %s (pid %s) exited with %s", proc.name, proc.pid, proc.exitcode)
                 if not stopping and not self.engine_dead:
