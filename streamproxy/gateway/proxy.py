@@ -96,7 +96,8 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
     # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
-    _forward(request, headers)
+    if any(name in request.headers for name in _FORWARD.values()):  # three lookups, not a walk over every header
+        _forward(request, headers)
     return Call(state, pool, route, rec, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
 
 
