@@ -27,9 +27,9 @@ import re
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Sequence
+from itertools import count
 from time import perf_counter
 from typing import Any, TextIO
 
@@ -43,6 +43,15 @@ log.propagate = False
 _errors = logging.getLogger("streamproxy")
 
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Generated request ids: 32 hex digits like a UUID's, a random prefix per process and a counter,
+# unique without a getrandom() system call and a UUID object per request.
+_ID_PREFIX = os.urandom(8).hex()
+_ids = count()
+
+
+def new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ids):016x}"
+
 # Status logged for a request whose client left before any response went out (nginx's convention).
 CLIENT_CLOSED = 499
 
@@ -124,7 +133,7 @@ def _route(request: web.Request) -> str:
 async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
     rid = request.headers.get("X-Request-Id")
     if not (rid and _REQUEST_ID_OK.fullmatch(rid)):
-        rid = uuid.uuid4().hex
+        rid = new_request_id()
     rec = Record(rid, perf_counter())
     request[REQUEST_ID] = rid
     request[RECORD] = rec
@@ -161,13 +170,25 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
     if rec.disconnected:
         CLIENT_DISCONNECTS.inc()
     code = rec.error_code or ("client_disconnected" if rec.disconnected else "")
-    RESPONSES.labels(_route(request), str(status), code).inc()
+    _responses(_route(request), status, code).inc()
     if rec.generation:
         REQUEST_DURATION.observe(duration)
         if rec.ttfb is not None:
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
     if enabled():
         write(line(request, rec, status, duration))
+
+
+_RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}
+
+
+def _responses(route: str, status: int, code: str) -> Any:
+    """The `streamproxy_responses_total` child, looked up once per (route, status, code), not per request."""
+    key = (route, status, code)
+    child = _RESPONSE_SERIES.get(key)
+    if child is None:
+        child = _RESPONSE_SERIES[key] = RESPONSES.labels(route, str(status), code)
+    return child
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -43,7 +43,6 @@ import asyncio
 import logging
 import resource
 import sys
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -245,7 +244,7 @@ class Protocol(RequestHandler):
         log.debug("rejected a request from %s: %s", request.remote, exc)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
         if accesslog.enabled():
-            rec = accesslog.Record(uuid.uuid4().hex, 0.0)
+            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
             rec.error_code = err.code
             accesslog.write(accesslog.line(request, rec, err.status, 0.0))
         resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
