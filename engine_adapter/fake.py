@@ -18,15 +18,10 @@ whose prompt contains `crash_on`), every running request fails, the state
 turns "dead" and the engine serves nothing any more; `kill()` does the same
 from outside.
 
-Logprobs (when a request asks for them) are deterministic: token number p
-of a choice has logprob `script.logprobs[p % len]` (default -0.25 * (p % 4 + 1)),
-its bytes are the scripted token's own bytes (so a `bytes` token that is
-half a character reports exactly those bytes), and its top-k list is the
-token itself followed by made-up alternatives " alt1", " alt2", ... each one
-less likely by 1.0. Prompt logprobs (`params.prompt_logprobs`, at most 20
-like vLLM's default `--max-logprobs`) are on the stream from the start:
-prompt token p > 0 has logprob `-(p % 4 + 1) / 8`, rank 1, and the same
-made-up alternatives; the first token has none. The chat template puts `tools` (as JSON) before the
+Logprobs (when a request asks for them) are deterministic, and with the
+words, the tokenizer and stop strings they are `fake_text.py`'s (prompt
+logprobs at most 20, like vLLM's default `--max-logprobs`, are on the stream
+from the start). The chat template puts `tools` (as JSON) before the
 messages, and `rendered` keeps what each render_chat call was given (and
 `template_kwargs` its chat_template_kwargs), so tests can see a tool-call
 round trip, or a thinking switch, reach the template.
@@ -35,10 +30,8 @@ round trip, or a thinking switch, reach the template.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -55,9 +48,8 @@ from .base import (
     EngineState,
     GenerationParams,
     ModelInfo,
-    TokenLogprob,
-    token_text,
 )
+from .fake_text import char, prompt_logprobs, release, sample_logprobs, script_words
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -73,16 +65,6 @@ class FakeScript(msgspec.Struct, kw_only=True):
     # A step serving a request whose prompt contains this text raises: the engine dies.
     crash_on: str | None = None
     logprobs: list[float] | None = None
-
-
-def split_words(text: str) -> list[str]:
-    return re.findall(r"\s*\S+|\s+", text) or [text]
-
-
-@functools.lru_cache(maxsize=16)
-def _script_words(text: str) -> tuple[str, ...]:
-    """`split_words`, once per script text: every request shares the same (immutable) words."""
-    return tuple(split_words(text))
 
 
 class _Choice:
@@ -109,7 +91,7 @@ class _Running:
         self.choices = [_Choice(i) for i in range(params.n)]
         self.start_at = start_at
         self.repeat = script.tokens is None
-        self.tokens: Sequence[str | bytes] = _script_words(script.text) if script.tokens is None else script.tokens
+        self.tokens: Sequence[str | bytes] = script_words(script.text) if script.tokens is None else script.tokens
         self.fail_after = fail_after
         self.crash = crash
         # One choice, no stop strings, no logprobs, no injected failure: `FakeEngine._advance_plain`.
@@ -196,7 +178,7 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(map(_char, token_ids))
+        return "".join(map(char, token_ids))
 
     @property
     def tokenizer(self) -> Any:
@@ -232,7 +214,7 @@ class FakeEngine:
         stream = DeltaQueue()
         stream.prompt_tokens = len(prompt_ids)
         if params.prompt_logprobs is not None:
-            stream.prompt_logprobs = _prompt_logprobs(prompt_ids, params.prompt_logprobs)
+            stream.prompt_logprobs = prompt_logprobs(prompt_ids, params.prompt_logprobs)
         self.submitted.append((request_id, prompt_ids, params))
         script = self.script
         fail_after, crash = script.fail_after, False
@@ -358,12 +340,15 @@ class FakeEngine:
             if finish is None and not run.repeat and choice.emitted >= len(run.tokens) and not params.ignore_eos:
                 finish = "stop"
             if params.stop and isinstance(token, str):
-                token, hit = self._apply_stop(choice, token, params, final=finish is not None)
+                choice.text += token
+                token, choice.sent, hit = release(choice.text, choice.sent, params.stop, params.include_stop_str_in_output,
+                                                  final=finish is not None)
                 if hit:
                     finish = "stop"
             if finish is not None:
                 choice.done = True
-            logprobs = self._logprobs(run, position) if params.logprobs is not None else None
+            logprobs = (sample_logprobs(run.tokens, position, self.script.logprobs, params.logprobs or 0)
+                        if params.logprobs is not None else None)
             deltas.append(Delta(choice.index, token, 1, finish, token_ids=[position], logprobs=logprobs))
         if deltas:
             run.stream.put(deltas)
@@ -398,61 +383,6 @@ class FakeEngine:
         choice.done = True
         run.stream.close()
         return True
-
-    def _logprobs(self, run: _Running, position: int) -> list[TokenLogprob]:
-        token = run.tokens[position % len(run.tokens)]
-        data = token if isinstance(token, bytes) else token.encode()
-        script = self.script.logprobs
-        value = script[position % len(script)] if script else -0.25 * (position % 4 + 1)
-        sampled = TokenLogprob(position, token_text(data), data, value)
-        top = [sampled] + [
-            TokenLogprob(-i, f" alt{i}", f" alt{i}".encode(), value - i) for i in range(1, run.params.logprobs or 0)
-        ]
-        return [TokenLogprob(position, sampled.token, data, value, top[: run.params.logprobs or 0])]
-
-    @staticmethod
-    def _apply_stop(choice: _Choice, token: str, params: GenerationParams, *, final: bool) -> tuple[str, bool]:
-        """What of `token` may go out now, as vLLM does it: text that could still
-        turn out to start a stop string is held back (max stop length - 1
-        characters) until it cannot, or until the output ends."""
-        choice.text += token
-        text = choice.text
-        longest = max(len(stop) for stop in params.stop)
-        start = max(0, choice.sent - longest + 1)
-        hits = [(at, stop) for stop in params.stop if (at := text.find(stop, start)) >= 0]
-        if hits:
-            at, stop = min(hits)
-            end = at + len(stop) if params.include_stop_str_in_output else at
-            out = text[choice.sent : end] if end > choice.sent else ""
-            choice.sent = max(end, choice.sent)
-            return out, True
-        safe = len(text) if final or params.include_stop_str_in_output else len(text) - (longest - 1)
-        if safe <= choice.sent:
-            return "", False
-        out = text[choice.sent : safe]
-        choice.sent = safe
-        return out, False
-
-
-def _char(token_id: int) -> str:
-    """The fake tokenizer's text of one id: its code point (U+FFFD for a lone surrogate)."""
-    return "\ufffd" if 0xD800 <= token_id < 0xE000 else chr(token_id)
-
-
-def _prompt_logprobs(prompt_ids: list[int], k: int) -> list[TokenLogprob]:
-    """The fake's prompt logprobs: none for the first token, then `-(p % 4 + 1) / 8`, rank 1."""
-    out = []
-    for p, token_id in enumerate(prompt_ids):
-        text = _char(token_id)
-        data = text.encode()
-        if p == 0:
-            out.append(TokenLogprob(token_id, text, data, None))
-            continue
-        value = -(p % 4 + 1) / 8
-        own = TokenLogprob(token_id, text, data, value, rank=1)
-        top = [own] + [TokenLogprob(-i, f" alt{i}", f" alt{i}".encode(), value - i, rank=i + 1) for i in range(1, k)]
-        out.append(TokenLogprob(token_id, text, data, value, top[:k], rank=1))
-    return out
 
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -23,7 +24,10 @@ from streamproxy.http.server import make_runner
 pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: aiohttp starts handlers eagerly itself")
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
+    """`handler` at GET / on our server (its connection handler), on a free port."""
+    app = web.Application()
+    app.router.add_get("/", handler)
     runner = make_runner(app, Settings())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -39,9 +43,7 @@ async def test_handler_runs_in_the_connections_task_for_each_request_on_the_conn
         seen.append((task is request.task, id(task)))
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner, port = await _serve(app)
+    runner, port = await _serve(handler)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):
@@ -68,9 +70,7 @@ async def test_a_client_that_leaves_cancels_its_handler():
             raise
         return web.Response(text="late")
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner, port = await _serve(app)
+    runner, port = await _serve(handler)
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")

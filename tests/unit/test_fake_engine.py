@@ -8,7 +8,8 @@ import time
 import pytest
 
 from engine_adapter.base import EngineFailure, GenerationParams
-from engine_adapter.fake import FakeEngine, FakeScript, split_words
+from engine_adapter.fake import FakeEngine, FakeScript
+from engine_adapter.fake_text import split_words
 
 
 def run(script: FakeScript, params: GenerationParams, *, prompt=(1, 2, 3)):
