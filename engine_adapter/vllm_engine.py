@@ -15,6 +15,8 @@ logprobs included) skip most of it: `vllm_direct.DirectRoute` takes their engine
 in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
 (`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
 not checked against, and `vllm_direct.eligible` says which requests it takes).
+On both paths vLLM's inter-token-latency histogram is fed once per engine
+step, not once per token (`vllm_itl.py`).
 
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
@@ -69,6 +71,7 @@ from .base import (
 )
 from .token_bytes import TokenBytes
 from .vllm_direct import DirectRoute, eligible, unsupported
+from .vllm_itl import batch_inter_token_latencies
 from .vllm_stream import VllmOutputStream
 
 log = logging.getLogger("streamproxy.engine.vllm")
@@ -168,6 +171,7 @@ class VllmEngine:
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
         self.info.vocab_size = config.get_vocab_size()
+        batch_inter_token_latencies(self._llm)
         template = getattr(self._tokenizer, "chat_template", None)
         self.info.chat_template = template if isinstance(template, str) else None
         self.info.model_type = getattr(config.hf_config, "model_type", None)

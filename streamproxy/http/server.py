@@ -35,7 +35,10 @@ says why), within `FAILURE_EXIT_LIMIT` s whatever the clean-up waits for.
 
 Once the engine has started, everything alive is frozen out of the garbage
 collector's view (`gc.freeze`), so collections under load only walk what
-requests allocate.
+requests allocate, and vLLM's environment variables (when vLLM is loaded) are
+read once from then on (`vllm.envs.enable_envs_cache`, which vLLM's engine
+core and workers turn on after their start too): its stat logger reads two of
+them per engine step otherwise.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -156,7 +160,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
                 _exit_later(FAILURE_EXIT_LIMIT, 128 + sig)
 
     try:
-        await run_app(app, settings, stop=stop, ready=ready, sock=sock, on_stop=note_stop)
+        await run_app(app, settings, stop=stop, ready=ready, sock=sock, on_stop=note_stop, own_process=hard_exit)
     finally:
         if listener is not None:
             listener.stop()
@@ -176,9 +180,10 @@ def _exit_later(seconds: float, code: int = 1) -> None:
 
 
 async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Event, ready: asyncio.Event | None = None,
-                  sock: socket.socket | None = None, on_stop: Callable[[int], None] | None = None) -> None:
+                  sock: socket.socket | None = None, on_stop: Callable[[int], None] | None = None,
+                  own_process: bool = False) -> None:
     """Listen until the first SIGTERM/SIGINT (or `stop`), then drain and clean up; `on_stop` gets the
-    first signal's number (0: `stop` was set).
+    first signal's number (0: `stop` was set); `own_process`: the process's own server (`run`).
 
     The signal handlers are in place before the app starts its engine (`runner.setup`), so a
     signal at any moment of the start-up reaches the clean-up, which stops the engine however far
@@ -218,7 +223,7 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
             "client timeouts: headers %g s, body %g s between reads, keep-alive %g s; at most %s connections",
             limits.header_timeout, limits.body_timeout, limits.keepalive_timeout, limits.max_connections or "unlimited",
         )
-        freezer = asyncio.create_task(_freeze_after_start(app), name="gc-freeze")
+        freezer = asyncio.create_task(_freeze_after_start(app, own_process=own_process), name="gc-freeze")
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -234,8 +239,10 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
         log.info("stopped")
 
 
-async def _freeze_after_start(app: web.Application) -> None:
-    """Once the engine is up, move everything alive into the GC's permanent generation.
+async def _freeze_after_start(app: web.Application, *, own_process: bool) -> None:
+    """Once the engine is up, move everything alive into the GC's permanent generation
+    (and, in the process's own server, cache vLLM's environment reads: a test process
+    that serves in-process may still change VLLM_* variables for the engines it makes).
 
     What start-up built (modules, the app, the engine, vLLM's and torch's
     objects) lives as long as the process; left in the collector's view, every
@@ -251,6 +258,9 @@ async def _freeze_after_start(app: web.Application) -> None:
     gc.collect()
     gc.freeze()
     log.debug("gc: %d objects frozen", gc.get_freeze_count())
+    vllm_envs = sys.modules.get("vllm.envs")
+    if own_process and vllm_envs is not None:  # no VLLM_* variable changes past the start (as vLLM's engine core assumes)
+        vllm_envs.enable_envs_cache()
 
 
 def run(settings: Settings, engine: Engine, *, sock: socket.socket | None = None) -> None:

@@ -184,3 +184,26 @@ def test_a_signal_while_shared_engine_cores_launch_aborts_the_launch(tmp_path: P
     everything += _workers(pidfile)
     assert len(everything) >= 5  # the core, its workers, the API servers
     assert not [p for p in everything if running(p)], describe(p for p in everything if running(p))
+
+
+# -- once the engine is up ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("own_process", [True, False])
+async def test_vllm_env_reads_cached_after_the_start_only_in_the_process_own_server(monkeypatch, own_process):
+    """vLLM's engine core turns on its env cache after its start; the server process does the
+    same once its engine is up. A test process serving in-process keeps reading the environment."""
+    from aiohttp import web
+
+    from streamproxy.http.server import _freeze_after_start
+
+    calls: list[str] = []
+    monkeypatch.setitem(sys.modules, "vllm.envs", type(sys)("vllm.envs"))
+    sys.modules["vllm.envs"].enable_envs_cache = lambda: calls.append("cached")  # type: ignore[attr-defined]
+    try:
+        await _freeze_after_start(web.Application(), own_process=own_process)
+    finally:
+        import gc
+
+        gc.unfreeze()
+    assert calls == (["cached"] if own_process else [])

@@ -1,0 +1,87 @@
+"""vLLM's inter-token-latency histogram, fed once per engine step instead of once per token.
+
+vLLM's `PrometheusStatLogger.record` observes each of a step's inter-token
+latencies on its own: `Histogram.observe` takes a lock for the sum, walks the
+bucket bounds in Python and takes a lock for the bucket, once per token of
+every stream in the batch. `batch_inter_token_latencies(llm)` wraps `record`
+on each Prometheus stat logger instance of an `AsyncLLM`: the step's
+latencies are put in buckets with `bisect` (the bucket `observe` picks: the
+first bound at or above the value), then added with one increment per bucket
+touched and one to the sum, and vLLM's `record` runs on with the list empty
+(it is given back afterwards). `vllm:inter_token_latency_seconds` gets the
+same bucket counts and count; its sum is the same up to the order of the
+float additions. The other loggers (vLLM's periodic log line) do not read
+that list.
+
+Nothing is wrapped when the logger or the histogram lacks what this relies
+on (vLLM's attribute, prometheus_client's `_upper_bounds`, `_buckets` and
+`_sum`): vLLM's own loop then runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger("streamproxy.engine.vllm")
+
+
+def observe_many(histogram: Any, values: Iterable[float]) -> None:
+    """`histogram.observe(v)` for each value (a prometheus_client Histogram child), one increment per bucket."""
+    bounds = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    total = 0.0
+    seen = False
+    for value in values:
+        seen = True
+        total += value
+        if value == value:  # a NaN goes into the sum and no bucket, as with observe
+            i = bisect_left(bounds, value)
+            counts[i] = counts.get(i, 0) + 1
+    if not seen:
+        return
+    histogram._sum.inc(total)
+    buckets = histogram._buckets
+    for i, count in counts.items():
+        buckets[i].inc(count)
+
+
+def _batchable(stat_logger: Any) -> bool:
+    children = getattr(stat_logger, "histogram_inter_token_latency", None)
+    if not isinstance(children, dict) or not children:
+        return False
+    return all(hasattr(child, "_upper_bounds") and hasattr(child, "_buckets") and hasattr(child, "_sum") for child in children.values())
+
+
+def _wrap(stat_logger: Any) -> None:
+    record = stat_logger.record
+    children = stat_logger.histogram_inter_token_latency
+
+    def record_batched(scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        latencies = None if iteration_stats is None else iteration_stats.inter_token_latencies_iter
+        if not latencies:
+            record(scheduler_stats, iteration_stats, mm_cache_stats=mm_cache_stats, engine_idx=engine_idx)
+            return
+        observe_many(children[engine_idx], latencies)
+        iteration_stats.inter_token_latencies_iter = []
+        try:
+            record(scheduler_stats, iteration_stats, mm_cache_stats=mm_cache_stats, engine_idx=engine_idx)
+        finally:
+            iteration_stats.inter_token_latencies_iter = latencies
+
+    stat_logger.record = record_batched
+
+
+def batch_inter_token_latencies(llm: Any) -> int:
+    """Wrap every Prometheus stat logger of `llm` (an AsyncLLM); returns how many were wrapped."""
+    manager = getattr(llm, "logger_manager", None)
+    wrapped = 0
+    for stat_logger in getattr(manager, "stat_loggers", None) or ():
+        if _batchable(stat_logger):
+            _wrap(stat_logger)
+            wrapped += 1
+    if manager is not None and not wrapped:
+        log.debug("inter-token latencies: vLLM's stat loggers observe them one by one (no histogram to batch into)")
+    return wrapped
