@@ -5,7 +5,8 @@ fuzzed), and every operation in it gets requests generated from its own
 schema: positive (data that fits the schema) and, where there is a body or a
 body to break, negative (data that does not). Checks: never a 5xx,
 the status and content type are ones the document lists, a JSON answer fits
-its schema, and (negative) data outside the schema is refused with a 4xx.
+its schema, (negative) data outside the schema is refused with a 4xx, and the
+server logs no ERROR line or traceback for the request.
 schemathesis 4's Python API: `openapi.from_url`, `APIOperation.as_strategy`,
 `Case.call`, `Case.validate_response`; the budget and seed come from the
 hypothesis profile (tests/fuzz/conftest.py).
@@ -22,7 +23,7 @@ from schemathesis import GenerationMode
 
 from streamproxy.http import openapi
 from tests.fuzz.fuzz_support import budget
-from tests.fuzz.schemathesis_support import FLAGS, Document
+from tests.fuzz.schemathesis_support import FLAGS, Document, ErrorLog
 from tests.support.server import fake_server
 
 # The operations, known at collection from the same document the server builds.
@@ -42,10 +43,17 @@ CASES = [
 ]
 
 
+class Served(Document):
+    def __init__(self, base: str, log: ErrorLog) -> None:
+        super().__init__(base)
+        self.log = log
+
+
 @pytest.fixture(scope="module")
-def live() -> Iterator[Document]:
-    with fake_server(*FLAGS) as base:
-        server = Document(base)
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    logs = tmp_path_factory.mktemp("serve-schemathesis")
+    with fake_server(*FLAGS, log_dir=logs) as base:
+        server = Served(base, ErrorLog(logs))
         yield server
         server.session.close()
 
@@ -62,3 +70,4 @@ def test_every_route_is_an_operation(live):
 def test_operation(live, method, path, mode, data):
     case = live.case(data, method, path, mode)
     live.call(case, mode)
+    assert live.log.new() == [], f"logged for {case.method} {case.formatted_path} {case.body!r:.2000}"
