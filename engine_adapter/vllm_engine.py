@@ -117,6 +117,9 @@ def _sampling_params(params: GenerationParams) -> Any:
         skip_special_tokens=params.skip_special_tokens,
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
+        # Made for this request alone: vLLM's input processor may copy it shallowly instead of
+        # its deepcopy per request (vLLM's own server marks its per-request params the same way).
+        skip_clone=True,
     )
 
 
