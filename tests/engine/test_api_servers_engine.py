@@ -52,6 +52,12 @@ def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None
         assert len({a["id"] for a in answers}) == 16
         assert wait_until_sync(lambda: len([d for d in srv.log_lines() if d["path"] == "/v1/completions"]) == 16, 10)
         assert {d["pid"] for d in srv.log_lines() if d["path"] == "/v1/completions"} == srv.pids()
+        # vLLM's series summed over both processes (multiprocess mode); the inter-token latencies,
+        # fed once per engine step (vllm_itl.py), are a gap per token after each request's first.
+        text = srv.metrics_text()
+        assert srv.metric("vllm:generation_tokens_total", text) == 16 * 4
+        assert srv.metric("vllm:inter_token_latency_seconds_count", text) == 16 * 3
+        assert srv.metric("vllm:inter_token_latency_seconds_bucket", text, le="+Inf") == 16 * 3
 
         resp = requests.post(srv.url("/v1/completions"), json={"model": "tiny", "prompt": "Hello", "max_tokens": 400,
                                                                "ignore_eos": True, "stream": True}, stream=True, timeout=120)
@@ -90,3 +96,8 @@ def test_data_parallel_two_engine_cores_in_one_process() -> None:
                 per_engine[engine] = per_engine.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
         assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values()), per_engine
         assert sum(per_engine.values()) == 16 * 32
+        # Each engine's inter-token latencies in its own series: a gap per token after a request's first.
+        for engine, tokens in per_engine.items():
+            gaps = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vllm:inter_token_latency_seconds_count{") and f'engine="{engine}"' in line)
+            assert gaps == tokens * 31 / 32, (engine, gaps, tokens)
