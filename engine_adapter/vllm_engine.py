@@ -20,7 +20,8 @@ step, not once per token (`vllm_itl.py`).
 
 `GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
 constraint vLLM's grammar backend cannot compile is refused at add_request
-and comes back as `EngineRejected` (a 400 that quotes the compiler).
+and comes back as `EngineRejected` (a 400 that quotes the compiler). The
+translation both ways is `vllm_params.py`.
 
 A request's LoRA adapter (`GenerationParams.adapter`) goes in as vLLM's
 `LoRARequest` on both paths (`load_adapter` is `AsyncLLM.add_lora`; the engine
@@ -72,63 +73,13 @@ from .base import (
 from .token_bytes import TokenBytes
 from .vllm_direct import DirectRoute, eligible, unsupported
 from .vllm_itl import batch_inter_token_latencies
+from .vllm_params import lora_request, rejected, sampling_params
 from .vllm_stream import VllmOutputStream
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
 # Seconds `close()` keeps killing what an aborted start starts, waiting for its thread to end.
 ABORT_BOUND = 15.0
-
-
-_GRAMMAR_WORDS = ("grammar", "schema", "regex", "structured", "choice", "json", "xgrammar", "guidance")
-
-
-def _rejected(message: str, param: str | None, params: GenerationParams) -> EngineRejected:
-    """An add_request refusal as a client error; say so when the structured-output constraint is the cause."""
-    if params.structured and any(word in message.lower() for word in _GRAMMAR_WORDS):
-        return EngineRejected(f"the structured-output constraint cannot be compiled: {message}", param)
-    return EngineRejected(message, param)
-
-
-def _sampling_params(params: GenerationParams) -> Any:
-    # From the submodule: `from vllm import SamplingParams` goes through vllm's lazy module
-    # __getattr__ on every call (about 7 µs, once per request).
-    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-
-    structured = StructuredOutputsParams(**params.structured) if params.structured else None
-    return SamplingParams(
-        n=params.n,
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else -1,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        seed=params.seed,
-        stop=params.stop or None,
-        stop_token_ids=params.stop_token_ids or None,
-        ignore_eos=params.ignore_eos,
-        min_tokens=params.min_tokens,
-        logit_bias=params.logit_bias,
-        logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-        skip_special_tokens=params.skip_special_tokens,
-        structured_outputs=structured,
-        output_kind=RequestOutputKind.DELTA,
-        # Made for this request alone: vLLM's input processor may copy it shallowly instead of
-        # its deepcopy per request (vLLM's own server marks its per-request params the same way).
-        skip_clone=True,
-    )
-
-
-def _lora_request(adapter: Adapter, *, replace: bool = False) -> Any:
-    from vllm.lora.request import LoRARequest
-
-    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.id, lora_path=adapter.path,
-                       base_model_name=adapter.parent, load_inplace=replace)
 
 
 class VllmEngine:
@@ -319,24 +270,24 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError, VLLMValidationError
 
         try:
-            sampling = _sampling_params(params)
+            sampling = sampling_params(params)
             # With --reasoning-parser, vLLM's structured outputs wait for the thinking to end;
             # its parser must know the request's template switch (enable_thinking), as in vllm serve.
             extra: dict[str, Any] = {}
             if params.adapter is not None:
-                extra["lora_request"] = _lora_request(params.adapter)
+                extra["lora_request"] = lora_request(params.adapter)
             if params.structured is not None and params.template_kwargs is not None:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
             if self._direct is not None and eligible(params):
                 return await self._generate_direct(request_id, tokens_input(prompt_ids), sampling, params, extra)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
-            raise _rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
+            raise rejected(str(exc.args[0]) if exc.args else str(exc), exc.parameter, params) from exc
         except Exception as exc:
             if llm.errored:  # the engine died meanwhile (EngineDeadError, a closed socket): not the request's fault
                 raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc
             if isinstance(exc, (VLLMClientError, ValueError, TypeError, RuntimeError)):
-                raise _rejected(str(exc), None, params) from exc
+                raise rejected(str(exc), None, params) from exc
             raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
         prompt_logprobs = None if params.prompt_logprobs is None else (self.token_bytes(), params.prompt_logprobs)
@@ -395,7 +346,7 @@ class VllmEngine:
         if llm.vllm_config.lora_config is None:
             raise EngineRejected("LoRA adapters are not enabled: start the server with --enable-lora", "lora_path")
         try:
-            await llm.add_lora(_lora_request(adapter, replace=replace))
+            await llm.add_lora(lora_request(adapter, replace=replace))
         except Exception as exc:
             if llm.errored:
                 raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc

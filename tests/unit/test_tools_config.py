@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from engine_adapter.base import GenerationParams
-from engine_adapter.vllm_engine import _rejected
+from engine_adapter.vllm_params import rejected
 from engine_adapter.vllm_stream import _logprobs
 from streamproxy.cli import build
 
@@ -53,7 +53,7 @@ def test_vllm_positions_become_token_logprobs():
 
 def test_engine_refusal_names_the_structured_constraint():
     with_constraint = GenerationParams(max_tokens=1, structured={"regex": "(?<=a)"})
-    err = _rejected("Grammar error: look-around is not supported", None, with_constraint)
+    err = rejected("Grammar error: look-around is not supported", None, with_constraint)
     assert str(err) == "the structured-output constraint cannot be compiled: Grammar error: look-around is not supported"
-    assert str(_rejected("Grammar error", None, GenerationParams(max_tokens=1))) == "Grammar error"
-    assert str(_rejected("temperature must be >= 0", "temperature", with_constraint)) == "temperature must be >= 0"
+    assert str(rejected("Grammar error", None, GenerationParams(max_tokens=1))) == "Grammar error"
+    assert str(rejected("temperature must be >= 0", "temperature", with_constraint)) == "temperature must be >= 0"
