@@ -22,26 +22,24 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
 
-def observe_many(histogram: Any, values: Iterable[float]) -> None:
+def observe_many(histogram: Any, values: Sequence[float]) -> None:
     """`histogram.observe(v)` for each value (a prometheus_client Histogram child), one increment per bucket."""
+    if not values:
+        return
     bounds = histogram._upper_bounds
     counts: dict[int, int] = {}
     total = 0.0
-    seen = False
     for value in values:
-        seen = True
         total += value
         if value == value:  # a NaN goes into the sum and no bucket, as with observe
             i = bisect_left(bounds, value)
             counts[i] = counts.get(i, 0) + 1
-    if not seen:
-        return
     histogram._sum.inc(total)
     buckets = histogram._buckets
     for i, count in counts.items():
