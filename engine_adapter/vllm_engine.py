@@ -71,7 +71,7 @@ from .base import (
     OutputStream,
 )
 from .token_bytes import TokenBytes
-from .vllm_direct import DirectRoute, eligible, unsupported
+from .vllm_direct import DirectRoute, eligible, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
 from .vllm_params import lora_request, rejected, sampling_params
 from .vllm_stream import VllmOutputStream
@@ -138,7 +138,8 @@ class VllmEngine:
                 reason = "the tokenizer has no fast incremental decoder"
             if reason is None:
                 self._supported_tasks = await self._llm.get_supported_tasks()
-                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid))
+                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid),
+                                           outputs_waiting(self._llm.engine_core))
                 log.info("direct outputs on: generation requests skip vLLM's OutputProcessor")
             else:
                 log.warning("direct outputs off (every request takes vLLM's output path): %s", reason)
