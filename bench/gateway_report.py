@@ -189,7 +189,7 @@ def targets(summ: dict, quick: bool, label: str = "") -> list[str]:
         g = summ.get(conc, {}).get("gateway")
         if g:
             lines.append(f"| gateway relay CPU per SSE event at {conc} streams at most {TARGET_US_PER_EVENT:g} µs | "
-                         f"{_fmt('{:.2f}', g['us_per_event'])} µs ({_fmt('{:.2f}', g['vs_nginx'])}x nginx) | "
+                         f"{_fmt('{:.2f}', g['us_per_event'])} µs ({_fmt('{:.2f}x', g['vs_nginx'])} nginx) | "
                          f"{_met(g['us_per_event'], TARGET_US_PER_EVENT)} |")
     conc, bound = TARGET_ADDED_TTFT_MS
     g = summ.get(conc, {}).get("gateway")
