@@ -130,9 +130,10 @@ def with_added(rows: list[dict]) -> list[dict]:
 def spreads(rows: list[dict]) -> dict:
     """{level: {relay: {key: every round's value}}} for the distribution table (run order)."""
     out: dict = {}
+    keys = list(dict.fromkeys(k for k, _, _ in (*SPREAD, *WHY)))  # once each: the lists run parallel to the rounds
     for r in with_added(rows):
         vals = out.setdefault(r["concurrency"], {}).setdefault(r["relay"], {})
-        for k, _, _ in (*SPREAD, *WHY):
+        for k in keys:
             vals.setdefault(k, []).append(r.get(k))
     return out
 

@@ -84,7 +84,8 @@ def slow_vs_rest(throughput: list[float], values: list[float], fmt: str) -> str:
     if not vals:
         return "n/a"
     bar = SLOW * max(vals)
-    slow, rest = [], []
+    slow: list[float] = []
+    rest: list[float] = []
     for t, v in zip(throughput, values):
         if t is None or math.isnan(t) or v is None or math.isnan(v):
             continue
