@@ -5,11 +5,19 @@ Input: one dict per measured round with at least `model`, `concurrency`,
 rounds of that (model, concurrency, server); the ratio row divides
 streamproxy's median by vLLM's (for tok/s higher is better, for everything
 else lower is better).
+
+Shared with bench/gateway_report.py and bench/fake_capacity.py: `slow_rounds`
+(rounds below `SLOW` x the best one), `spread` (min / median / max),
+`spread_table` (those per group of rounds, as Markdown), `slow_vs_rest` (a
+"why slow" figure's median in the slow rounds and in the others), and
+`scheduling` / `chrt_label` (the `--chrt PRIO` option's meta line and the
+title label every report under SCHED_FIFO carries).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -68,6 +76,44 @@ def slow_rounds(values: list[float]) -> int:
     return sum(v < SLOW * max(vals) for v in vals) if vals else 0
 
 
+def slow_vs_rest(throughput: list[float], values: list[float], fmt: str) -> str:
+    """The median of `values` over the slow rounds (by `throughput`) and over the others: 'slow / rest'.
+
+    The two lists run in parallel (one entry per round); '-' where a side has no round."""
+    vals = [v for v in throughput if v is not None and not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    bar = SLOW * max(vals)
+    slow: list[float] = []
+    rest: list[float] = []
+    for t, v in zip(throughput, values):
+        if t is None or math.isnan(t) or v is None or math.isnan(v):
+            continue
+        (slow if t < bar else rest).append(v)
+    return " / ".join(fmt.format(statistics.median(side)) if side else "-" for side in (slow, rest))
+
+
+def scheduling(prio: int, who: str, cost: str = "the front end's own cost") -> str:
+    """The `scheduling` meta line of a run with `--chrt PRIO` (0: none): `who` ran under SCHED_FIFO."""
+    if prio:
+        return f"SCHED_FIFO (chrt -f {prio}) for {who}: {cost}, not how users run"
+    return "normal (no chrt), as users run"
+
+
+def chrt_label(meta: dict, cost: str = "the front end's own cost") -> str:
+    """The title's label of a run under SCHED_FIFO (`scheduling` meta line), else ''."""
+    if str(meta.get("scheduling", "")).startswith("SCHED_FIFO"):
+        return f" -- every process under chrt (SCHED_FIFO): {cost}, not how users run"
+    return ""
+
+
+def set_fifo(prio: int) -> None:
+    """`--chrt PRIO`: this process (the load generator) under SCHED_FIFO at PRIO; 0 leaves it alone.
+    Children started after this inherit it (compare.py also prefixes the servers with `chrt -f`)."""
+    if prio:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+
+
 # The distribution table: key, title, format.
 SPREAD = [
     ("tok_per_s", "out tok/s", "{:.0f}"),
@@ -83,25 +129,37 @@ def spread(v: list[float], fmt: str) -> str:
     return " / ".join(fmt.format(x) for x in (vals[0], statistics.median(vals), vals[-1]))
 
 
+def spread_table(head: list[str], groups: list[tuple[list[str], dict[str, list]]],
+                 cols: list[tuple[str, str, str]], throughput: str = "tok_per_s",
+                 extra: list[tuple[str, str, str]] | None = None) -> list[str]:
+    """Markdown: per group of rounds, its `head` cells, the rounds, min / median / max of each of
+    `cols` (key, title, format), the slow rounds (by `throughput`), then for each of `extra` the
+    median over the slow rounds and over the others ('slow / rest')."""
+    extra = extra or []
+    lines = ["| " + " | ".join(head) + " | rounds | " + " | ".join(t for _, t, _ in cols) + " | slow rounds |"
+             + "".join(f" {t}: slow / rest |" for _, t, _ in extra),
+             "|" + "---|" * (len(head) + len(cols) + 2 + len(extra))]
+    for cells, vals in groups:
+        lines.append("| " + " | ".join(cells) + f" | {len(vals[throughput])} | "
+                     + " | ".join(spread(vals.get(k, []), f) for k, _, f in cols)
+                     + f" | {slow_rounds(vals[throughput])} |"
+                     + "".join(f" {slow_vs_rest(vals[throughput], vals.get(k, []), f)} |" for k, _, f in extra))
+    return lines
+
+
 def distribution(rows: list[dict], med: dict) -> list[str]:
     """Per model, level and server: min / median / max over the rounds, and the slow rounds."""
     lines = ["## Every round: min / median / max", "",
-             f"Slow rounds: tok/s below {SLOW:.0%} of the same server's best round at that level.", "",
-             "| model | conc | server | rounds | " + " | ".join(t for _, t, _ in SPREAD) + " | slow rounds |",
-             "|" + "---|" * (len(SPREAD) + 5)]
-    for (model, conc, server), m in med.items():
-        vals = m["values"]
-        lines.append(f"| {model} | {conc} | {server} | {m['rounds']} | "
-                     + " | ".join(spread(vals[k], f) for k, _, f in SPREAD)
-                     + f" | {slow_rounds(vals['tok_per_s'])} |")
+             f"Slow rounds: tok/s below {SLOW:.0%} of the same server's best round at that level.", ""]
+    lines += spread_table(["model", "conc", "server"],
+                          [([model, str(conc), server], m["values"]) for (model, conc, server), m in med.items()],
+                          SPREAD)
     return lines + [""]
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
     med = medians(rows)
-    title = "streamproxy vs vLLM's OpenAI server"
-    if meta.get("scheduling", "").startswith("SCHED_FIFO"):
-        title += " -- every process under chrt (SCHED_FIFO): the front end's own cost, not how users run"
+    title = "streamproxy vs vLLM's OpenAI server" + chrt_label(meta)
     lines = [f"# {title} ({meta.get('when', '')})", ""]
     for k, v in meta.items():
         if k != "when":
