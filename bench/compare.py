@@ -170,6 +170,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--api-server-count", default="1", metavar="N,N",
                     help="streamproxy with `--api-server-count N` for each N (default 1); N > 1 is labelled "
                          "streamproxy-nN and measured in the same alternating rounds")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="also run streamproxy with these extra flags, as the server 'streamproxy-NAME', in the same "
+                         "alternating rounds (e.g. noplace=--no-cpu-placement); repeatable")
     ap.add_argument("--kinds", default="plain",
                     help=f"comma-separated request kinds, each measured in its own alternating rounds: "
                          f"{', '.join(KINDS)} (default plain)")
@@ -236,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             base = streamproxy_server(path, margs, f"{stamp}-{label}-base", {**env, "PYTHONPATH": args.baseline})
             base.label, base.cwd = "streamproxy-base", args.baseline
             srvs.append(base)
+        for variant in args.variant:
+            name, _, flags = variant.partition("=")
+            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}-{name}", env, shlex.split(flags),
+                                           label=f"streamproxy-{name}"))
         if "streamproxy" in which:
             for count in [int(x) for x in args.api_server_count.split(",") if x]:
                 extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
