@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.log_path})", flush=True)
                 srv.start()
                 srv.wait_ready()
-                if srv.label.startswith("streamproxy-n"):
+                if srv.label.startswith("streamproxy-n") and srv.label[13:].isdigit():
                     srv.wait_workers(int(srv.label.removeprefix("streamproxy-n")))
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)

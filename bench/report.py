@@ -188,9 +188,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
                     lines.append(f"| {model} | {conc} | {title} | "
                                  + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
             for s in labels:
-                if s.startswith("streamproxy-n") and cells.get(s) and cells.get("streamproxy"):
+                # --api-server-count N (streamproxy-nN) and --variant NAME (streamproxy-NAME) against plain streamproxy.
+                if s.startswith("streamproxy-") and s != "streamproxy-base" and cells.get(s) and cells.get("streamproxy"):
                     a, b = cells[s], cells["streamproxy"]
-                    lines.append(f"| {model} | {conc} | **{s.removeprefix('streamproxy-')} / n1** | "
+                    name = s.removeprefix("streamproxy-")
+                    base = "n1" if name[:1] == "n" and name[1:].isdigit() else "streamproxy"
+                    lines.append(f"| {model} | {conc} | **{name} / {base}** | "
                                  + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
         lines.append("")
     lines += distribution(rows, med)
