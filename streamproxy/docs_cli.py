@@ -71,7 +71,7 @@ vLLM. They are not repeated here; ask the installed version:
 | `streamproxy serve --help` | the usage line and vLLM's config groups (ModelConfig, CacheConfig, ParallelConfig, ...) |
 | `streamproxy serve --help=ModelConfig` | one group's flags with their help and defaults |
 | `streamproxy serve --help=max-model-len` | the flags whose name contains the word |
-| `streamproxy serve --help=options` | our flags (the table below) |
+| `streamproxy serve --help=options` | our flags (the table below) and the few of vLLM's that belong to no group |
 | `streamproxy serve --help=all` | everything |
 
 Where vLLM defines a flag of the same name (`--reasoning-parser`,
