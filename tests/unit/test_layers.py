@@ -67,20 +67,3 @@ def test_only_engine_adapter_imports_the_engine(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("engine_adapter"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_engine_adapter_does_not_import_the_edge(path: Path) -> None:
     assert offending(path, ("aiohttp", "streamproxy.http", "streamproxy.cli", "streamproxy.gateway")) == []
-
-
-# The gateway (ARCHITECTURE.md, "The gateway"): its sans-IO modules, fed bytes and clocks in tests.
-GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1")
-
-
-@pytest.mark.parametrize("name", GATEWAY_SANS_IO)
-def test_gateway_sans_io_modules_import_no_io(name: str) -> None:
-    path = ROOT / "streamproxy" / "gateway" / f"{name}.py"
-    allowed = {"streamproxy.gateway"} | {f"streamproxy.gateway.{n}" for n in (*GATEWAY_SANS_IO, "metrics")}
-    gateway_io = [m for m in offending(path, ("streamproxy.gateway",)) if m not in allowed]
-    assert offending(path, ("aiohttp", "asyncio", "socket", "streamproxy.http", "streamproxy.cli") + ENGINES) + gateway_io == []
-
-
-@pytest.mark.parametrize("path", modules("streamproxy/gateway"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_gateway_reaches_no_engine(path: Path) -> None:
-    assert offending(path, ("engine_adapter",) + ENGINES) == []
