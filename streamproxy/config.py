@@ -1,4 +1,4 @@
-"""Typed front-end settings, layered: configs/*.yaml < STREAMPROXY_* env < CLI flags.
+"""Typed front-end settings, layered: STREAMPROXY_* env < the YAML file (--config) < CLI flags.
 
 `Settings` is a msgspec Struct, one field per flag of ours; each field's flag
 is `--field-name` and its env var `STREAMPROXY_FIELD_NAME`. The YAML file
@@ -96,7 +96,7 @@ _FLAG_HELP: dict[str, str] = {
     "engine": "vllm (embedded vLLM AsyncLLM) or fake (scripted, for tests/benchmarks)",
     "api_server_count": "front-end processes serving the one port (as vllm serve's flag): with vLLM they share "
     "the engine core(s), with --engine fake each has its own fake engine; limits are split between them "
-    "(see README: when to raise it)",
+    "(docs/serving.md: when to raise it)",
     "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
     "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
