@@ -24,14 +24,13 @@ import json
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from importlib import metadata
 
 from . import loadgen, procstat, report
-from .servers import RESULTS, ROOT, Server, streamproxy_server, vllm_server
+from .servers import RESULTS, ROOT, Server, stop_on_signals, streamproxy_server, vllm_server
 
 DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
 # The tiny model exists to make the model nearly free. In bf16 its 256 x 49,152
@@ -195,7 +194,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the servers
+    stop_on_signals()  # Ctrl-C, SIGTERM: the `finally` stops every server (sys.exit in a handler could be lost in a round)
     levels = [int(x) for x in args.levels.split(",") if x]
     models = [m for m in args.models.split(",") if m]
     which = [s for s in args.servers.split(",") if s]
