@@ -209,7 +209,7 @@ def check(config: GatewayConfig) -> None:
         raise ConfigError("gateway config: `deployments` is empty")
     seen: set[str] = set()
     for d in config.deployments:
-        for name in {d.name, d.id}:  # an id may equal its own name: one deployment, one name
+        for name in dict.fromkeys((d.name, d.id)):  # an id may equal its own name: one deployment, one name (in order)
             if name in seen:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
