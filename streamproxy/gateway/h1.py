@@ -42,10 +42,12 @@ _TEXT = r"[\t\x20-\x7e\x80-\xff]*"  # HTAB, SP, VCHAR, obs-text: a reason phrase
 _STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: (" + _TEXT + r"))?")
 _NAME = re.compile(_TOKEN)
 _VALUE = re.compile(_TEXT)
-_QUOTED = r'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
-_CHUNK_SIZE_LINE = re.compile(r"[0-9A-Fa-f]+((?:[ \t]*;[ \t]*" + _TOKEN + r"(?:[ \t]*=[ \t]*(?:" + _TOKEN + "|" + _QUOTED + r"))?)*)")
+_QUOTED = r'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*+"'
+# Possessive (*+, ++, ?+): no backtracking, so a long bad line costs one pass.
+_CHUNK_SIZE_LINE = re.compile(
+    r"[0-9A-Fa-f]++((?:[ \t]*+;[ \t]*+" + _TOKEN + r"+(?:[ \t]*+=[ \t]*+(?:" + _TOKEN + "+|" + _QUOTED + r"))?+)*+)"
+)
 _DIGITS = re.compile(r"[0-9]+")
-_HEX_PREFIXES = (b"0x", b"0X")  # what int(x, 16) takes besides hex digits, once isalnum() ruled out the rest
 _NAMES: dict[str, str] = {}  # field names found to be tokens -> lower-cased: a replica sends the same few
 
 
@@ -139,24 +141,21 @@ class ResponseParser:
         self.status = int(status[2])
         self.reason = status[3] or ""
         headers = self.headers
-        lengths: list[str] = []
-        for line in lines[1:]:
-            name, value = _field(line)
-            if name == "content-length":
-                lengths += value.split(",")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        connection = {t.strip(" \t") for t in headers.get("connection", "").lower().split(",")}
-        self.keep_alive = "close" not in connection if status[1] == "1" else "keep-alive" in connection
+        _fields(lines, 1, headers)
+        self.keep_alive = status[1] == "1"  # HTTP/1.1 keeps the connection unless told, 1.0 only when told
+        if "connection" in headers:
+            options = {t.strip(" \t") for t in headers["connection"].lower().split(",")}
+            self.keep_alive = "close" not in options if self.keep_alive else "keep-alive" in options
         # Framing, checked whether or not this response has a body (RFC 9112 6.1, 6.3).
         chunked = "transfer-encoding" in headers
         if chunked:
             if headers["transfer-encoding"].lower() != "chunked":  # one field line, one coding (OWS stripped)
                 raise ProtocolError(f"unsupported Transfer-Encoding: {headers['transfer-encoding'][:40]!r}")
-            if lengths:
+            if "content-length" in headers:
                 raise ProtocolError("both Transfer-Encoding and Content-Length")
         length = -1
-        if lengths:  # one value, or the same one repeated (RFC 9110 8.6)
-            values = {v.strip(" \t") for v in lengths}
+        if "content-length" in headers:  # one value, or the same one repeated (RFC 9110 8.6)
+            values = {v.strip(" \t") for v in headers["content-length"].split(",")}
             digits = values.pop()
             if values or not _DIGITS.fullmatch(digits):
                 raise ProtocolError(f"bad Content-Length: {headers['content-length'][:40]!r}")
@@ -208,8 +207,9 @@ class ResponseParser:
                     break
                 line = data[pos:eol]
                 # The common line, hex digits alone: isalnum() is ASCII-only for bytes, and int(x, 16)
-                # refuses any letter past f; the size grammar with its extensions is the other way.
-                if line.isalnum() and len(line) <= 16 and not line.startswith(_HEX_PREFIXES):
+                # refuses any letter past f but takes a 0x prefix (so a leading 0, past two bytes, is
+                # the other way: the size grammar with its extensions).
+                if line.isalnum() and len(line) <= 16 and (line[0] != 48 or len(line) < 3):
                     try:
                         size = int(line, 16)
                     except ValueError:
@@ -256,7 +256,7 @@ class ResponseParser:
                     self._trailers += eol + 2 - pos
                     if self._trailers > MAX_HEAD:
                         raise ProtocolError("the replica's trailers are too long")
-                    _field(data[pos:eol].decode("latin-1"))
+                    _fields([data[pos:eol].decode("latin-1")], 0, {})
                 pos = eol + 2
             else:  # _DONE
                 raise ProtocolError("the replica sent bytes after the end of its response")
@@ -272,23 +272,25 @@ class ResponseParser:
         self._buf = rest
 
 
-def _field(line: str) -> tuple[str, str]:
-    """A field line's lower-cased name and its value without the OWS around it."""
-    name, colon, value = line.partition(":")
-    key = _NAMES.get(name)
-    if key is None or not colon:
-        if not colon or _NAME.fullmatch(name) is None:
-            if line[:1] in (" ", "\t"):
-                raise ProtocolError(f"obs-fold (a header line continued on the next): {line[:80]!r}")
-            raise ProtocolError(f"malformed header line: {line[:80]!r}")
-        key = name.lower()
-        if len(_NAMES) < 256:
-            _NAMES[name] = key
-    value = value.strip(" \t")
-    # isprintable(): only characters the grammar allows (it is False for HTAB, CTLs and some obs-text, which the regex decides).
-    if not value.isprintable() and _VALUE.fullmatch(value) is None:
-        raise ProtocolError(f"malformed header line: {line[:80]!r}")
-    return key, value
+def _fields(lines: list[str], start: int, headers: dict[str, str]) -> None:
+    """Field lines (from lines[start]) into `headers`: lower-cased names, values without the OWS
+    around them, repeated fields joined with ", " (RFC 9110 5.3)."""
+    for i in range(start, len(lines)):
+        name, colon, value = lines[i].partition(":")
+        key = _NAMES.get(name)
+        if key is None or not colon:
+            if not colon or _NAME.fullmatch(name) is None:
+                if name[:1] in (" ", "\t"):
+                    raise ProtocolError(f"obs-fold (a header line continued on the next): {lines[i][:80]!r}")
+                raise ProtocolError(f"malformed header line: {lines[i][:80]!r}")
+            key = name.lower()
+            if len(_NAMES) < 256:
+                _NAMES[name] = key
+        value = value.strip(" \t")
+        # isprintable(): only characters the grammar allows (it is False for HTAB, CTLs and some obs-text: the regex decides)
+        if not value.isprintable() and _VALUE.fullmatch(value) is None:
+            raise ProtocolError(f"malformed header line: {lines[i][:80]!r}")
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
 
 
 def _chunk_size(line: bytes) -> int:

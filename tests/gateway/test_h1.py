@@ -216,6 +216,7 @@ TE = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         (TE + b"3\nabc\r\n0\r\n\r\n", "bad chunk size line"),
         (TE + b"1" * 17 + b"\r\n", "too large"),
         (TE + b"3;" + b"a" * 1100 + b"\r\nabc\r\n0\r\n\r\n", "bad chunk size line|too long"),
+        (TE + b"3" + b";a" * 500 + b" \r\nabc\r\n0\r\n\r\n", "bad chunk size line"),  # (one pass: possessive patterns)
         (TE + b"3\r\nabc\n0\r\n\r\n", "does not end with CRLF"),
         (TE + b"3\r\nabc\r0\r\n\r\n", "does not end with CRLF"),
         (TE + b"3\r\nabc0\r\n\r\n", "does not end with CRLF"),
