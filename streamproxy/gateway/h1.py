@@ -10,21 +10,20 @@ may carry another request. `feed_eof` ends a body read until close, and is an
 error for any other body cut short. Nothing here knows of sockets or time:
 `wire` does the I/O.
 
-Strict, per RFC 9112 (framing) and RFC 9110 (fields): anything else is a
-`ProtocolError` (the only exception `feed` raises; `wire` turns it into
-`upstream_unavailable`), whatever the split. Lines end in CRLF (no bare CR or
-LF); the status line is `HTTP/1.0` or `HTTP/1.1`, SP, a code 100-599 (1xx,
-unasked for, refused), and a reason of HTAB/SP/VCHAR/obs-text; a field line is
-a token, a colon right after it, and a value of HTAB/SP/VCHAR/obs-text (no
-obs-fold, no NUL or other CTL); Content-Length is digits below 2**64, repeated
-only with the same value; Transfer-Encoding is `chunked` alone (we cannot undo
-other codings) and never with Content-Length (RFC 9112 6.3: a smuggling
-sign); a chunk size is 1*HEXDIG below 2**64, its extensions as the grammar
-says (BWS included), each chunk ends in CRLF; trailers are field lines, read
-and dropped. Limits: the head and the trailers MAX_HEAD bytes each, a chunk
-size line _MAX_SIZE_LINE. Bytes after the end of the response are an error (a
-replica does not push unasked answers). tests/fuzz/test_h1_differential.py
-holds it against llhttp and names every deliberate difference.
+Strict, per RFC 9112 (framing) and RFC 9110 (fields), whatever the split:
+anything else is a `ProtocolError`, the one exception `feed` raises (`wire`
+makes it an `upstream_unavailable`). Lines end in CRLF; the status line is
+HTTP/1.0 or 1.1, a code 100-599 (a 1xx, never asked for, is refused) and a
+reason of HTAB/SP/VCHAR/obs-text; a field line is a token, a colon, and such
+a value (no obs-fold, no NUL or other CTL); Content-Length is digits below
+2**64, repeated only with the same value; Transfer-Encoding is `chunked`
+alone (we cannot undo another coding) and never with Content-Length (RFC
+9112 6.3); a chunk size is 1*HEXDIG below 2**64 with extensions as the
+grammar has them, a chunk ends in CRLF; trailers are field lines, dropped.
+The head and the trailers are at most MAX_HEAD bytes, a chunk size line
+_MAX_SIZE_LINE. Bytes after the end are an error (a replica does not push
+unasked answers). tests/fuzz/test_h1_differential.py holds this against
+llhttp and names each deliberate difference.
 """
 
 from __future__ import annotations
