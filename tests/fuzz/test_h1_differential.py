@@ -18,7 +18,7 @@ and `test_each_difference_is_real` shows llhttp still behaves that way.
 
 httptools exposes no `llhttp_finish`: at the end of the input a response
 that llhttp has not finished is read until the close exactly when
-llhttp_message_needs_eof (llhttp's src/native/api.c) says so; `_needs_eof`
+llhttp_message_needs_eof (llhttp's src/native/http.c) says so; `_needs_eof`
 is that function over the headers llhttp reported.
 """
 
@@ -47,8 +47,8 @@ class Outcome:
     headers: tuple[tuple[str, str], ...] = ()
     keep_alive: bool | None = None
     body: bytes = b""
-    why: str = field(default="", compare=False)  # the error, or what llhttp left unread after its response
-    rest: bytes = field(default=b"", compare=False)
+    why: str = field(default="", compare=False)  # the error
+    rest: bytes = field(default=b"", compare=False)  # what llhttp left unread after its response
 
 
 def ours(pieces: list[bytes]) -> Outcome:
