@@ -173,7 +173,8 @@ keys:
          "(while parsing a flow sequence at line 1, column 14)"),
         ("deployments:\n  - name: a\n   id: b\n", "not valid YAML: line 3, column 4: expected <block end>, but found "
          "'<block mapping start>' (while parsing a block collection at line 2, column 3)"),
-        ("deployments: []\nx: '\x00'\n", "not valid YAML: line 2, column 5: unacceptable character #x0000: special characters are not allowed"),
+        ("deployments: []\nx: '\x00'\n",
+         "not valid YAML: line 2, column 5: unacceptable character #x0000: special characters are not allowed"),
         ("deployments: [{name: a, id: b, upstreams: [ftp://x]}]", "http(s)"),
         ("deployments: [{name: a, id: b, upstreams: [http://x]}]\nkeys: [{id: k, key: s, deployments: [zz]}]", "no deployment named zz"),
         ("deployments: [{name: a, id: b, upstream: [http://x]}]", "unknown field"),

@@ -240,12 +240,15 @@ def test_malformed_responses_are_protocol_errors_in_any_split(raw, message):
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na", b"a", {"content-length": "1, 1"}),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 01, 01\t\r\n\r\na", b"a", {"content-length": "01, 01"}),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n", b"", {"content-length": "18446744073709551615"}),
-        (b"HTTP/1.1 200 OK\r\nX:\t \xe9 \x80\xff\t\r\nY:\r\nContent-Length: 0\r\n\r\n", b"", {"x": "\xe9 \x80\xff", "y": "", "content-length": "0"}),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\tChunked \t\r\n\r\n" + b"3 ; a = b ;c; d=\"q\\\" \\x\"\r\nabc\r\n" + b"0" * 30 + b"2;x\r\nde\r\n0;e\r\nT: 1\r\n\r\n",
+        (b"HTTP/1.1 200 OK\r\nX:\t \xe9 \x80\xff\t\r\nY:\r\nContent-Length: 0\r\n\r\n", b"",
+         {"x": "\xe9 \x80\xff", "y": "", "content-length": "0"}),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\tChunked \t\r\n\r\n"
+         + b"3 ; a = b ;c; d=\"q\\\" \\x\"\r\nabc\r\n" + b"0" * 30 + b"2;x\r\nde\r\n0;e\r\nT: 1\r\n\r\n",
          b"abcde", {"transfer-encoding": "Chunked"}),
         (TE + b"ffffffffffffffff\r\nabc", b"abc", {"transfer-encoding": "chunked"}),
     ],
-    ids=["no-reason", "empty-reason", "same-length-twice", "same-length-listed", "largest-length", "field-values", "chunk-extensions", "largest-chunk"],
+    ids=["no-reason", "empty-reason", "same-length-twice", "same-length-listed", "largest-length", "field-values",
+         "chunk-extensions", "largest-chunk"],
 )
 def test_what_the_grammar_allows_is_read_in_any_split(raw, body, headers):
     for pieces in splits(raw):

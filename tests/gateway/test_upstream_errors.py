@@ -276,7 +276,8 @@ async def test_a_bad_chunk_size_mid_stream_ends_it_in_band(stub, gateway, sessio
     error = json.loads(frames[1][len(b"data: "):])["error"]
     assert (error["type"], error["code"], error["param"]) == ("service_unavailable", "upstream_unavailable", None)
     assert error["message"] == (
-        "the replica's stream broke off: the replica's response is not valid HTTP/1.1 (bad chunk size line: b'0x3'); the answer is incomplete"
+        "the replica's stream broke off: the replica's response is not valid HTTP/1.1 (bad chunk size line: b'0x3');"
+        " the answer is incomplete"
     )
     line = line_for(access_log, "hex-1")
     assert (line["status"], line["error_code"]) == (200, "upstream_unavailable")
