@@ -61,7 +61,7 @@ def request_bytes(method: str, target: str, host: str, headers: dict[str, str], 
 
 
 # Parser states.
-_IN_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
 
 class ResponseParser:
@@ -75,7 +75,7 @@ class ResponseParser:
         self.keep_alive = True
         self.head = False  # the status line and headers are in
         self.complete = False  # the body ended
-        self._state = _IN_HEAD
+        self._state = _HEAD
         self._buf = b""  # bytes not yet consumed (an unfinished head, size line or trailer)
         self._left = 0  # body bytes still due (Content-Length), or of the current chunk
         self._head_only = head_only  # a HEAD request: no body, whatever the headers say
@@ -94,7 +94,7 @@ class ResponseParser:
             if data:
                 raise ProtocolError("the replica sent bytes after the end of its response")
             return b""
-        if state == _IN_HEAD:
+        if state == _HEAD:
             old = len(self._buf)
             data = self._buf + data if old else data
             self._buf = b""
