@@ -14,7 +14,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from streamproxy.gateway.config import GatewayConfig
@@ -114,14 +114,25 @@ def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         raise SystemExit("streamproxy gateway needs --config FILE.yaml (see configs/gateway.yaml)")
     at = argv.index("--config")
+    path = argv[at + 1]
     try:
-        config, flags = split(Path(argv[at + 1]).read_text())
-    except (OSError, ConfigError) as exc:
-        raise SystemExit(str(exc)) from None
+        config, flags = split(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        _config_error(path, exc.strerror or str(exc))
+    except UnicodeDecodeError as exc:
+        _config_error(path, f"not UTF-8 text (byte {exc.start})")
+    except ConfigError as exc:
+        _config_error(path, str(exc))
     parser = argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
     ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
     return settings_from_namespace(ns), config
+
+
+def _config_error(path: str, message: str) -> NoReturn:
+    """A config file that cannot be used: one line on stderr naming it, and exit 2 (as argparse does for bad flags)."""
+    print(f"streamproxy gateway: {path}: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 USAGE = """usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]

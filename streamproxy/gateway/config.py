@@ -171,7 +171,10 @@ _SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident")
 
 def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
     """The gateway's own sections, and the rest (server flags) as a mapping."""
-    data = yaml.safe_load(text) or {}
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {_yaml_problem(exc, text)}") from None
     if not isinstance(data, dict):
         raise ConfigError("the gateway config must be a mapping with a `deployments` list")
     own = {k: data.pop(k) for k in _SECTIONS if k in data}
@@ -183,12 +186,30 @@ def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
     return config, data
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """Where and what, on one line: `line 2, column 5: expected ',' or ']', but got ':' (while parsing ...)`."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark, problem = exc.problem_mark, exc.problem or "unreadable"
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        if exc.context and exc.context_mark is not None:
+            problem += f" ({exc.context} at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1})"
+        elif exc.context:
+            problem += f" ({exc.context})"
+    elif isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow, at a character position
+        line, line_start = text.count("\n", 0, exc.position) + 1, text.rfind("\n", 0, exc.position) + 1
+        where = f"line {line}, column {exc.position - line_start + 1}"
+        problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    else:  # pragma: no cover - every error PyYAML raises is one of the above
+        return " ".join(str(exc).split())
+    return f"{where}: {' '.join(problem.split())}"
+
+
 def check(config: GatewayConfig) -> None:
     if not config.deployments:
         raise ConfigError("gateway config: `deployments` is empty")
     seen: set[str] = set()
     for d in config.deployments:
-        for name in (d.name, d.id):
+        for name in dict.fromkeys((d.name, d.id)):  # an id may equal its own name: one deployment, one name (in order)
             if name in seen:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
