@@ -27,6 +27,7 @@ from streamproxy.gateway.wire import Upstreams
 from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
+from streamproxy.ledger.writer import Ledger
 
 
 class RetryBudget:
@@ -68,6 +69,7 @@ class GatewayState:
         self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
         self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
         self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
+        self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
 
     @property
     def deployments(self) -> list[Deployment]:
