@@ -32,6 +32,7 @@ class SqliteStore:
         self.path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite")
         self._db: sqlite3.Connection | None = None
+        self._closed = False
         self._insert = sql.insert("sqlite")
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -98,6 +99,10 @@ class SqliteStore:
         return sort_usage([usage_row(d, k, p, n, a, b, c) for d, k, p, n, a, b, c in rows if n])
 
     async def close(self) -> None:
+        """Once; again is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._drop)
         finally:

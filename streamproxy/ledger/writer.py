@@ -46,12 +46,13 @@ CLOSE_TIMEOUT = 10.0  # s that close() keeps trying to write what is left
 
 class Ledger:
     def __init__(self, store: LedgerStore, *, interval: float = INTERVAL, batch_size: int = BATCH_SIZE,
-                 max_buffered: int = MAX_BUFFERED, close_timeout: float = CLOSE_TIMEOUT) -> None:
+                 max_buffered: int = MAX_BUFFERED, close_timeout: float = CLOSE_TIMEOUT, max_backoff: float = MAX_BACKOFF) -> None:
         self.store = store
         self.interval = interval
         self.batch_size = batch_size
         self.max_buffered = max_buffered
         self.close_timeout = close_timeout
+        self.max_backoff = max_backoff
         self._buffer: deque[LedgerRecord] = deque()
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -91,7 +92,7 @@ class Ledger:
             self._full.clear()
             if self._closing:
                 return
-            backoff = self.interval if await self._write_all() else min(max(backoff * 2, self.interval), MAX_BACKOFF)
+            backoff = self.interval if await self._write_all() else min(max(backoff * 2, self.interval), self.max_backoff)
 
     async def _write_all(self) -> bool:
         """Write what is buffered now, a batch at a time; False at the first failure (the rest waits)."""
