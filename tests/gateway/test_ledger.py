@@ -22,6 +22,7 @@ import pytest
 from engine_adapter.fake import FakeScript
 from streamproxy.ledger.records import LedgerRecord, RequestQuery, UsageQuery
 from streamproxy.ledger.store import LedgerStore, open_store
+from streamproxy.ledger.memory import MemoryStore as MemoryStoreForTests
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, post
@@ -213,3 +214,143 @@ async def test_sqlite_locked_by_another_writer_mid_load_fails_no_request_and_eve
         await _down_for_a_while(replica, gateway, session, store, down, up)
     finally:
         holder.close()
+
+
+# -- the query routes ------------------------------------------------------------------------
+
+T0 = 1_764_547_200  # 2025-12-01T00:00:00Z
+
+
+def book(i: int) -> LedgerRecord:
+    return LedgerRecord(
+        ts_us=(T0 + i * 3000) * 1_000_000 + i, request_id=f"book-{i}", deployment=DEPLOYMENT if i % 4 else "other",
+        replica="http://127.0.0.1:1", key_id=("team-a", "team-b")[i % 2], route="/v1/chat/completions",
+        status=(200, 200, 429, 502)[i % 4 if i % 3 else 0], prompt_tokens=i, cached_prompt_tokens=i % 3,
+        completion_tokens=2 * i, usage_source="billed", ttft_ms=1.5, duration_ms=9.25,
+    )
+
+
+BOOKS = [book(i) for i in range(1, 121)]  # 120 records over about four days
+
+
+async def booked(replica, gateway, store: LedgerStore, monkeypatch):
+    monkeypatch.setenv("LEDGER_ADMIN", ADMIN)
+    await store.write(BOOKS)
+    r = await replica()
+    deployments = [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [r.base]},
+                   {"name": "other", "id": "dep-other", "served_model": SERVED, "upstreams": [r.base]}]
+    gw = await gateway(deployments=deployments, ledger=Ledger(store, interval=3600))
+    gw.state.admin_key = ADMIN.encode()
+    return gw
+
+
+async def get(session, url: str, key: str | None = ADMIN) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with session.get(url, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_paging_through_the_api_returns_every_record_once_newest_first(replica, gateway, session, store, monkeypatch):
+    from tests.gateway.gateway_support import fits
+
+    gw = await booked(replica, gateway, store, monkeypatch)
+    for name in (DEPLOYMENT, DEPLOYMENT_ID):  # by name or id
+        got: list[dict] = []
+        path = f"/v1/deployments/{name}/requests?limit=7"
+        for _ in range(100):
+            status, page = await get(session, gw.url(path))
+            assert status == 200, page
+            fits(path.split("?")[0], "get", 200, page)
+            got += page["data"]
+            if not page["has_more"]:
+                assert page["next_cursor"] is None
+                break
+            path = f"/v1/deployments/{name}/requests?limit=7&cursor={page['next_cursor']}"
+        mine = [r for r in BOOKS if r.deployment == DEPLOYMENT]
+        assert [g["request_id"] for g in got] == [r.request_id for r in sorted(mine, key=lambda r: r.ts_us, reverse=True)]
+        assert got[0] == {f: getattr(mine[-1], f) for f in LedgerRecord.__struct_fields__}  # every field, as written
+    # Filters: key, status class, exact status, time range.
+    _, page = await get(session, gw.url(f"/v1/deployments/{DEPLOYMENT}/requests?key_id=team-b&status=4xx&limit=1000"))
+    assert [g["request_id"] for g in page["data"]] == [
+        r.request_id for r in reversed(BOOKS) if r.deployment == DEPLOYMENT and r.key_id == "team-b" and 400 <= r.status < 500]
+    start, end = T0 + 30 * 3000, T0 + 40 * 3000
+    _, page = await get(session, gw.url(f"/v1/deployments/{DEPLOYMENT}/requests?start={start}&end={end}&status=502"))
+    assert [g["request_id"] for g in page["data"]] == [
+        r.request_id for r in reversed(BOOKS) if r.deployment == DEPLOYMENT and start * 10**6 <= r.ts_us < end * 10**6 and r.status == 502]
+
+
+async def test_usage_sums_equal_the_sums_of_the_records(replica, gateway, session, store, monkeypatch):
+    from tests.gateway.gateway_support import fits
+    from streamproxy.ledger.records import period_of
+
+    gw = await booked(replica, gateway, store, monkeypatch)
+    start, end = T0, T0 + 10 * 86400
+    for group_by in ("deployment,key,day", "key", "month", "deployment"):
+        status, report = await get(session, gw.url(f"/v1/usage?start={start}&end={end}&group_by={group_by}"))
+        assert status == 200, report
+        fits("/v1/usage", "get", 200, report)
+        dims = group_by.split(",")
+        expected: dict[tuple, list[int]] = {}
+        for r in BOOKS:
+            period = "day" if "day" in dims else "month" if "month" in dims else None
+            group = (r.deployment if "deployment" in dims else None, r.key_id if "key" in dims else None,
+                     period_of(r.ts_us, period) if period else None)
+            s = expected.setdefault(group, [0, 0, 0, 0, 0])
+            s[0] += 1
+            s[1] += r.prompt_tokens or 0
+            s[2] += r.cached_prompt_tokens or 0
+            s[3] += r.completion_tokens or 0
+            s[4] += (r.prompt_tokens or 0) + (r.completion_tokens or 0)
+        got = {(u["deployment"], u["key_id"], u["period"]): [u["requests"], u["prompt_tokens"], u["cached_prompt_tokens"],
+                                                            u["completion_tokens"], u["total_tokens"]] for u in report["data"]}
+        assert got == expected, group_by
+        assert (report["start"], report["end"], report["group_by"]) == (start, end, dims)
+    _, report = await get(session, gw.url(f"/v1/usage?start=2025-12-01&end=2025-12-02&group_by=&deployment={DEPLOYMENT_ID}&key_id=team-a"))
+    day_one = [r for r in BOOKS if r.ts_us < (T0 + 86400) * 10**6 and r.deployment == DEPLOYMENT and r.key_id == "team-a"]
+    assert [(u["requests"], u["prompt_tokens"]) for u in report["data"]] == [(len(day_one), sum(r.prompt_tokens or 0 for r in day_one))]
+
+
+def error(message: str, param: str | None, code: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+@pytest.mark.parametrize(("query", "param", "message"), [
+    ("limit=0", "limit", "`limit` must be an integer from 1 to 1000, not '0'"),
+    ("limit=many", "limit", "`limit` must be an integer from 1 to 1000, not 'many'"),
+    ("status=teapot", "status", "`status` must be a status (429) or a class (2xx, 4xx, 5xx), not 'teapot'"),
+    ("start=yesterday", "start", "`start` must be unix seconds or an ISO 8601 date or time, not 'yesterday'"),
+    ("start=200&end=100", "end", "`end` must be later than `start`"),
+    ("key=team-a", "key", "unknown parameter `key`; this route takes start, end, key_id, status, limit, cursor"),
+])
+async def test_bad_parameters_of_the_requests_route_are_400s_naming_them(replica, gateway, session, query, param, message, monkeypatch):
+    gw = await booked(replica, gateway, MemoryStoreForTests(), monkeypatch)
+    status, body = await get(session, gw.url(f"/v1/deployments/{DEPLOYMENT}/requests?{query}"))
+    assert (status, body) == (400, error(message, param, "invalid_parameter"))
+
+
+@pytest.mark.parametrize(("query", "param", "message", "code"), [
+    ("group_by=day,month", "group_by", "`group_by` takes day or month, not both", "invalid_parameter"),
+    ("group_by=year", "group_by", "`group_by` takes deployment, key, day and month (comma-separated), not 'year'", "invalid_parameter"),
+    ("end=2025-13-01", "end", "`end` must be unix seconds or an ISO 8601 date or time, not '2025-13-01'", "invalid_parameter"),
+])
+async def test_bad_parameters_of_the_usage_route_are_400s_naming_them(replica, gateway, session, query, param, message, code,
+                                                                      monkeypatch):
+    gw = await booked(replica, gateway, MemoryStoreForTests(), monkeypatch)
+    status, body = await get(session, gw.url(f"/v1/usage?{query}"))
+    assert (status, body) == (400, error(message, param, code))
+    status, body = await get(session, gw.url(f"/v1/deployments/{DEPLOYMENT}/requests?cursor=12x"))
+    assert (status, body) == (400, error("`cursor` is not one this API returned (use `next_cursor` as it is)", "cursor",
+                                         "invalid_cursor"))
+
+
+async def test_the_query_routes_need_the_admin_key_and_a_ledger(replica, gateway, session, monkeypatch):
+    gw = await booked(replica, gateway, MemoryStoreForTests(), monkeypatch)
+    for path in (f"/v1/deployments/{DEPLOYMENT}/requests", "/v1/usage"):
+        for key in (None, KEY, "sk-wrong"):
+            status, body = await get(session, gw.url(path), key=key)
+            assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    r = await replica()
+    off = await gateway(r)  # no ledger
+    off.state.admin_key = ADMIN.encode()
+    status, body = await get(session, off.url("/v1/usage"))
+    assert (status, body["error"]["code"]) == (404, "ledger_off")
