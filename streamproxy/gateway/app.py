@@ -291,7 +291,8 @@ async def open_ledger(config: GatewayConfig) -> Ledger | None:
         store = await open_store(url)
     except Exception as exc:
         field = "ledger" if config.ledger is not None else "ledger (its default, $STREAMPROXY_LEDGER or ~/.local/state)"
-        raise LedgerStartError(f"gateway config: `{field}`: cannot open {redact(url)}: {type(exc).__name__}: {exc}") from None
+        reason = "; ".join(" ".join(part.split()) for part in str(exc).splitlines() if part.strip())  # one line
+        raise LedgerStartError(f"gateway config: `{field}`: cannot open {redact(url)}: {type(exc).__name__}: {reason}") from None
     w = config.ledger_writer
     log.info("ledger: %s (a batch every %g s or %d records)", redact(url), w.interval, w.batch_size)
     return Ledger(store, interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
