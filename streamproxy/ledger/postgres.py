@@ -1,11 +1,15 @@
 """`PostgresStore`: the ledger in PostgreSQL, for several gateway processes or machines (psycopg 3, async).
 
-psycopg 3 rather than asyncpg: it ships its own type information (mypy checks
-our calls against it), its binary wheel needs no compiler, and its COPY
-writes a batch in one round trip. Two connections, opened on first use and
-again after any failure: one writes (a batch is one `COPY` in one
-transaction: all or nothing), one answers queries, so a slow report never
-holds up the writer. Every operation has a deadline (`TIMEOUT`): a server
+psycopg 3 rather than asyncpg: it has both a blocking and an asyncio API over
+one implementation, ships its own type information (mypy checks our calls
+against it), its binary wheel needs no compiler, and its COPY writes a batch
+in one round trip. Two connections, opened on first use and again after any
+failure. The writer's is a blocking one in a worker thread of its own, as
+SQLite's: encoding a batch's rows for COPY is the ledger's largest CPU cost
+and stays off the event loop (a batch is one `COPY` in one transaction: all
+or nothing). Queries use an asyncio connection, so a slow report never holds
+up the writer. Every operation has a deadline (`TIMEOUT`; for the blocking
+connection libpq's `tcp_user_timeout` and a `statement_timeout`): a server
 that stops answering is an error the writer retries, not a hang. Migrations
 run under an advisory lock, so gateways starting together migrate once.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -40,8 +45,10 @@ _COPY = f"COPY ledger_requests ({', '.join(COLUMNS)}) FROM STDIN"
 class PostgresStore:
     def __init__(self, url: str) -> None:
         self.url = url
-        self._writer: psycopg.AsyncConnection[Any] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-postgres")
+        self._writer: psycopg.Connection[Any] | None = None  # used in the pool's thread only
         self._reader: psycopg.AsyncConnection[Any] | None = None
+        self._closed = False
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger")
@@ -69,23 +76,31 @@ class PostgresStore:
                 await conn.close()
 
     async def write(self, records: Sequence[LedgerRecord]) -> None:
-        rows = [row(r) for r in records]
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._write, records)
+
+    def _write(self, records: Sequence[LedgerRecord]) -> None:
+        """In the pool's thread."""
         try:
-            async with asyncio.timeout(TIMEOUT):
-                if self._writer is None or self._writer.closed:
-                    self._writer = await self._connect()
-                conn = self._writer
-                async with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
-                    for r in rows:
-                        await copy.write_row(r)
+            if self._writer is None or self._writer.closed:
+                self._writer = psycopg.Connection.connect(
+                    self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger",
+                    tcp_user_timeout=int(TIMEOUT * 1000), options=f"-c statement_timeout={int(TIMEOUT * 1000)}",
+                )
+            conn = self._writer
+            with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
+                for r in records:
+                    copy.write_row(row(r))
         except BaseException:
-            await self._drop_writer()
+            self._drop_writer()
             raise
 
-    async def _drop_writer(self) -> None:
+    def _drop_writer(self) -> None:
         conn, self._writer = self._writer, None
         if conn is not None:
-            await _close(conn)
+            try:
+                conn.close()
+            except Exception:
+                pass
 
     async def _query(self, text: str, args: list[object]) -> list[tuple[Any, ...]]:
         try:
@@ -112,10 +127,17 @@ class PostgresStore:
         return sort_usage([usage_row(d, k, p, int(n), int(a), int(b), int(c)) for d, k, p, n, a, b, c in rows if n])
 
     async def close(self) -> None:
-        await self._drop_writer()
-        conn, self._reader = self._reader, None
-        if conn is not None:
-            await _close(conn)
+        """Once; again is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._drop_writer)
+        finally:
+            self._pool.shutdown(wait=True)
+            conn, self._reader = self._reader, None
+            if conn is not None:
+                await _close(conn)
 
 
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
