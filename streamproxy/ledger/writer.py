@@ -6,7 +6,8 @@ every `interval` seconds, or as soon as `batch_size` records wait, and
 writes them a batch at a time. A batch leaves the buffer only once the store
 has it: a store that is down or slow keeps the records buffered (a warning
 when the outage starts and when it ends, `..._write_failures_total`), and the
-task tries again with a backoff up to `MAX_BACKOFF`, so they are written
+task tries again with a backoff up to `MAX_BACKOFF` (new records do not
+hurry it: a store that is down is not hammered), so they are written
 when the store returns. The buffer is bounded (`max_buffered`): past it a
 new record is dropped and counted (`streamproxy_ledger_records_dropped_total`),
 so an outage never costs unbounded memory. `close` (SIGTERM, after the
@@ -55,6 +56,8 @@ class Ledger:
         self.max_backoff = max_backoff
         self._buffer: deque[LedgerRecord] = deque()
         self._full = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._writing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.written = 0
@@ -83,23 +86,29 @@ class Ledger:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
 
     async def _run(self) -> None:
-        backoff = self.interval
+        delay: float | None = None  # while the store refuses: the backoff (a full buffer does not hurry it)
         while not self._closing:
+            event = self._full if delay is None else self._stop
             try:
-                await asyncio.wait_for(self._full.wait(), backoff)
+                await asyncio.wait_for(event.wait(), self.interval if delay is None else delay)
             except TimeoutError:
                 pass
             self._full.clear()
             if self._closing:
                 return
-            backoff = self.interval if await self._write_all() else min(max(backoff * 2, self.interval), self.max_backoff)
+            if await self._write_all():
+                delay = None
+            else:
+                delay = min(max((delay or self.interval) * 2, self.interval), self.max_backoff)
 
     async def _write_all(self) -> bool:
-        """Write what is buffered now, a batch at a time; False at the first failure (the rest waits)."""
-        while self._buffer:
-            if not await self._write_batch():
-                return False
-        return True
+        """Write what is buffered now, a batch at a time; False at the first failure (the rest waits).
+        One writer at a time: the task, `flush` and `close` never write the same batch twice."""
+        async with self._writing:
+            while self._buffer:
+                if not await self._write_batch():
+                    return False
+            return True
 
     async def _write_batch(self) -> bool:
         buffer = self._buffer
@@ -132,6 +141,7 @@ class Ledger:
         """Stop the task and write what is left, trying until `close_timeout`; then close the store."""
         self._closing = True
         self._full.set()
+        self._stop.set()
         if self._task is not None:
             task, self._task = self._task, None
             try:

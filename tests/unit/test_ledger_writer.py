@@ -116,3 +116,38 @@ async def test_close_waits_for_a_slow_store_within_its_bound_and_gives_up_after(
     ledger.add(rec(2))
     await asyncio.wait_for(ledger.close(), 5)
     assert any("1 record(s) not written" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_store_that_is_down_is_tried_at_the_backoff_not_at_every_full_batch() -> None:
+    store = MemoryStore()
+    store.fail = True
+    ledger = Ledger(store, interval=0.01, batch_size=2, max_backoff=0.5)
+    ledger.start()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 0.4
+    n = 0
+    while loop.time() < end:  # a full batch every few adds, for 0.4 s
+        ledger.add(rec(n))
+        n += 1
+        await asyncio.sleep(0.001)
+    # Backoff 0.01, 0.02, 0.04, ... 0.32: at most 6 tries in 0.4 s (a try per full batch would be hundreds).
+    assert 1 <= ledger.failures <= 7, ledger.failures
+    store.fail = False
+    await ledger.close()
+    assert len(store.rows) == n and ledger.dropped == 0
+
+
+async def test_flush_while_the_task_writes_writes_each_record_once() -> None:
+    store = MemoryStore()
+    store.stall = asyncio.Event()
+    ledger = Ledger(store, interval=0.001, batch_size=5)
+    ledger.start()
+    for i in range(5):
+        ledger.add(rec(i))
+    assert await wait_until(lambda: store.stall is not None and ledger._writing.locked(), timeout=5)  # the task is writing
+    flushing = asyncio.ensure_future(ledger.flush())
+    await asyncio.sleep(0.01)
+    store.stall.set()
+    assert await asyncio.wait_for(flushing, 5)
+    await ledger.close()
+    assert ids(store) == [f"r{i}" for i in range(5)]
