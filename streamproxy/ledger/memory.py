@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from streamproxy.ledger import schema
+from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import (
     Cursor,
     LedgerRecord,
@@ -35,6 +36,7 @@ class MemoryStore:
         self.fail = False
         self.stall: asyncio.Event | None = None
         self.writes = 0  # batches stored
+        self.keys: dict[str, StoredKey] = {}
 
     async def migrate(self) -> int:
         schema.check_known(self.version)
@@ -89,6 +91,21 @@ class MemoryStore:
             s[2] += r.cached_prompt_tokens or 0
             s[3] += r.completion_tokens or 0
         return sort_usage([usage_row(d, k, p, *s) for (d, k, p), s in sums.items()])
+
+    async def put_key(self, key: StoredKey) -> None:
+        if key.id in self.keys or any(k.hash == key.hash for k in self.keys.values()):
+            raise KeyExists(key.id)
+        self.keys[key.id] = key
+
+    async def list_keys(self) -> list[StoredKey]:
+        return sorted((k for k in self.keys.values() if k.revoked is None), key=lambda k: (k.created, k.id))
+
+    async def revoke_key(self, key_id: str, when: int) -> bool:
+        key = self.keys.get(key_id)
+        if key is None or key.revoked is not None:
+            return False
+        key.revoked = when
+        return True
 
     async def close(self) -> None:
         pass

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from streamproxy.ledger import schema, sql
+from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import (
     COLUMNS,
     LedgerRecord,
@@ -102,14 +103,29 @@ class PostgresStore:
             except Exception:
                 pass
 
-    async def _query(self, text: str, args: list[object]) -> list[tuple[Any, ...]]:
+    async def put_key(self, key: StoredKey) -> None:
+        try:
+            await self._query(sql.put_key("postgresql"), list(sql.key_row(key)), rows=False)
+        except psycopg.errors.UniqueViolation:
+            raise KeyExists(key.id) from None
+
+    async def list_keys(self) -> list[StoredKey]:
+        return [sql.key_of(r) for r in await self._query(sql.LIST_KEYS, [])]
+
+    async def revoke_key(self, key_id: str, when: int) -> bool:
+        return bool(await self._query(sql.revoke_key("postgresql"), [when, key_id], rows=False))
+
+    async def _query(self, text: str, args: list[object], rows: bool = True) -> Any:
+        """The rows, or (`rows=False`) the count of rows changed."""
         try:
             async with asyncio.timeout(TIMEOUT):
                 if self._reader is None or self._reader.closed:
                     self._reader = await self._connect()
                     await self._reader.set_autocommit(True)
                 cur = await self._reader.execute(text, args)  # built from our own constants
-                return await cur.fetchall()
+                return await cur.fetchall() if rows else cur.rowcount
+        except psycopg.errors.IntegrityError:
+            raise  # the connection is fine: the statement was refused
         except BaseException:
             conn, self._reader = self._reader, None
             if conn is not None:

@@ -43,6 +43,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "CREATE INDEX ledger_requests_deployment_time ON ledger_requests (deployment, ts_us, seq)",
         "CREATE INDEX ledger_requests_time ON ledger_requests (ts_us)",
     )),
+    (2, (
+        # API keys made through POST /v1/keys: the secret's SHA-256, never the secret.
+        """CREATE TABLE ledger_keys (
+            id TEXT PRIMARY KEY,
+            hash TEXT NOT NULL UNIQUE,
+            deployments TEXT NOT NULL,
+            rpm INTEGER NOT NULL,
+            tpm INTEGER NOT NULL,
+            budget_tokens {BIGINT},
+            budget_period TEXT,
+            created {BIGINT} NOT NULL,
+            revoked {BIGINT}
+        )""",
+        # A key's budget: its tokens since the period began.
+        "CREATE INDEX ledger_requests_key_time ON ledger_requests (key_id, ts_us)",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

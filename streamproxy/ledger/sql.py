@@ -7,6 +7,9 @@ computed in the database from `ts_us`, in UTC, as `records.period_of` does.
 
 from __future__ import annotations
 
+import json
+
+from streamproxy.ledger.keys import StoredKey
 from streamproxy.ledger.records import COLUMNS, Cursor, RequestQuery, UsageQuery
 from streamproxy.ledger.schema import Dialect
 
@@ -80,3 +83,30 @@ def usage(dialect: Dialect, q: UsageQuery) -> tuple[str, list[object]]:
         + (f" GROUP BY {', '.join(grouped)}" if grouped else "")
     )
     return text, args
+
+
+KEY_COLUMNS = ("id", "hash", "deployments", "rpm", "tpm", "budget_tokens", "budget_period", "created", "revoked")
+
+
+def put_key(dialect: Dialect) -> str:
+    marks = ", ".join([_PLACEHOLDER[dialect]] * len(KEY_COLUMNS))
+    return f"INSERT INTO ledger_keys ({', '.join(KEY_COLUMNS)}) VALUES ({marks})"
+
+
+def key_row(key: StoredKey) -> tuple[object, ...]:
+    return (key.id, key.hash, json.dumps(key.deployments), key.rpm, key.tpm, key.budget_tokens, key.budget_period, key.created,
+            key.revoked)
+
+
+def key_of(values: tuple) -> StoredKey:
+    fields = dict(zip(KEY_COLUMNS, values))
+    fields["deployments"] = json.loads(fields["deployments"])
+    return StoredKey(**fields)
+
+
+LIST_KEYS = f"SELECT {', '.join(KEY_COLUMNS)} FROM ledger_keys WHERE revoked IS NULL ORDER BY created, id"
+
+
+def revoke_key(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"UPDATE ledger_keys SET revoked = {p} WHERE id = {p} AND revoked IS NULL"

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from streamproxy.ledger import schema, sql
+from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow, row, sort_usage, usage_row
 
 T = TypeVar("T")
@@ -97,6 +98,25 @@ class SqliteStore:
         text, args = sql.usage("sqlite", query)
         rows = await self._run(lambda db: db.execute(text, args).fetchall())
         return sort_usage([usage_row(d, k, p, n, a, b, c) for d, k, p, n, a, b, c in rows if n])
+
+    async def put_key(self, key: StoredKey) -> None:
+        text, values = sql.put_key("sqlite"), sql.key_row(key)
+
+        def put(db: sqlite3.Connection) -> None:
+            db.execute(text, values)
+
+        try:
+            await self._run(put)
+        except sqlite3.IntegrityError:
+            raise KeyExists(key.id) from None
+
+    async def list_keys(self) -> list[StoredKey]:
+        rows = await self._run(lambda db: db.execute(sql.LIST_KEYS).fetchall())
+        return [sql.key_of(r) for r in rows]
+
+    async def revoke_key(self, key_id: str, when: int) -> bool:
+        text = sql.revoke_key("sqlite")
+        return bool(await self._run(lambda db: db.execute(text, (when, key_id)).rowcount))
 
     async def close(self) -> None:
         """Once; again is a no-op."""

@@ -1,9 +1,12 @@
 """`LedgerStore`: what the ledger needs of a database, and `open_store(url)` to pick one.
 
-Four coroutines and close. `write` takes a batch in one transaction: all of it
+`write` takes a batch in one transaction: all of it
 is stored or none (so a failed batch can be written again as a whole).
 `requests` pages one deployment's records newest first; `usage` sums them.
 `migrate` brings the schema to the latest version (`schema`) and says which.
+The keys made through the admin API live here too: `put_key` (KeyExists
+for an id already used, revoked or not), `list_keys` (the ones not revoked),
+`revoke_key` (False when there is no such key not yet revoked).
 Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
 `postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three
 to one contract.
@@ -18,11 +21,18 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow
 
 
 class LedgerStore(Protocol):
     async def migrate(self) -> int: ...
+
+    async def put_key(self, key: StoredKey) -> None: ...
+
+    async def list_keys(self) -> list[StoredKey]: ...
+
+    async def revoke_key(self, key_id: str, when: int) -> bool: ...
 
     async def write(self, records: Sequence[LedgerRecord]) -> None: ...
 
@@ -31,6 +41,9 @@ class LedgerStore(Protocol):
     async def usage(self, query: UsageQuery) -> list[UsageRow]: ...
 
     async def close(self) -> None: ...
+
+
+__all__ = ["KeyExists", "LedgerStore", "LedgerURLError", "open_store"]
 
 
 class LedgerURLError(ValueError):

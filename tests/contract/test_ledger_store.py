@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from streamproxy.ledger import schema
+from streamproxy.ledger.keys import KeyExists, StoredKey, hash_secret
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import Cursor, LedgerRecord, RequestQuery, UsageQuery, period_of
 from streamproxy.ledger.store import LedgerStore, open_store
@@ -204,3 +205,28 @@ async def test_a_batch_is_all_or_nothing(store: LedgerStore) -> None:
     assert [r.request_id for r in (await store.requests(RequestQuery(deployment="bot"))).data] == ["req-3"]
 
 
+
+
+# -- keys made through the admin API ---------------------------------------------------------
+
+
+def stored(key_id: str, secret: str, **kw: object) -> StoredKey:
+    return StoredKey(id=key_id, hash=hash_secret(secret), deployments=["bot", "dep-x"], created=1_764_547_200, **kw)  # type: ignore[arg-type]
+
+
+async def test_keys_are_put_listed_and_revoked(store: LedgerStore) -> None:
+    a = stored("key-a", "sk-a", rpm=60, budget_tokens=1000, budget_period="month")
+    b = stored("key-b", "sk-b")
+    await store.put_key(a)
+    await store.put_key(b)
+    assert await store.list_keys() == [a, b]
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-a", "sk-other"))  # the same id
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-c", "sk-b"))  # the same secret
+    assert await store.revoke_key("key-a", 1_764_547_300) is True
+    assert await store.revoke_key("key-a", 1_764_547_400) is False  # once
+    assert await store.revoke_key("key-zzz", 1_764_547_400) is False
+    assert await store.list_keys() == [b]
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-a", "sk-new"))  # a revoked key's id is not given again
