@@ -30,6 +30,7 @@ from streamproxy.gateway.routes import ROUTES, relayed_paths
 from streamproxy.gateway.state import GatewayState, gateway_state
 from streamproxy.http.accesslog import Finished, Record
 from streamproxy.ledger import params
+from streamproxy.ledger.keys import KeyExists
 from streamproxy.ledger.records import LedgerRecord, UsageReport
 from streamproxy.ledger.writer import Ledger
 
@@ -41,14 +42,12 @@ _LEDGERED: dict[str, str] = {path: route.upstream_path for name, route in ROUTES
 
 
 def recorder(state: GatewayState, ledger: Ledger) -> Finished:
-    keyed = bool(state.keys)
-
     def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
         resource = request.match_info.route.resource
         route = _LEDGERED.get(resource.canonical) if resource is not None else None
-        if route is None or (keyed and rec.key_id is None):
+        if route is None or (rec.key_id is None and (state.keys or state.keyring)):
             return
-        ledger.add(LedgerRecord(
+        record = LedgerRecord(
             ts_us=int((time.time() - duration) * 1_000_000),
             request_id=rec.request_id,
             deployment=rec.deployment,
@@ -63,7 +62,9 @@ def recorder(state: GatewayState, ledger: Ledger) -> Finished:
             usage_source=rec.usage_source,
             ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
             duration_ms=round(duration * 1000.0, 3),
-        ))
+        )
+        if ledger.add(record) and state.keyring and rec.key_id is not None:
+            state.keyring.queued(record)  # its key's budget counts it from now
 
     return finished
 
@@ -79,10 +80,12 @@ def _ledger(request: web.Request) -> tuple[GatewayState, Ledger]:
     return state, state.ledger
 
 
-async def _read(work: Awaitable[T]) -> T:
+async def read_store(work: Awaitable[T]) -> T:
     """A query's answer; the store down is a 503, not a 500."""
     try:
         return await work
+    except KeyExists:
+        raise  # an answer, not a failure
     except Exception as exc:
         log.warning("ledger: a query failed: %s: %s", type(exc).__name__, exc)
         raise ServiceUnavailable("the ledger's store cannot be read now; retry", code="ledger_unavailable", retry_after=5) from None
@@ -100,7 +103,7 @@ async def list_requests(request: web.Request) -> web.Response:
     # A deployment no longer in the config still has its records, under its name.
     deployment = pool.deployment.name if pool is not None else name
     query = params.requests_query(deployment, request.query, _now_us())
-    page = await _read(ledger.store.requests(query))
+    page = await read_store(ledger.store.requests(query))
     return web.Response(body=_encode(page), content_type="application/json")
 
 
@@ -110,6 +113,6 @@ async def usage(request: web.Request) -> web.Response:
     query = params.usage_query(request.query, _now_us())
     if query.deployment is not None and query.deployment in state.pools:  # an id or a name: the name
         query = dataclasses.replace(query, deployment=state.pools[query.deployment].deployment.name)
-    rows = await _read(ledger.store.usage(query))
+    rows = await read_store(ledger.store.usage(query))
     report = UsageReport(data=rows, start=query.start_us // 1_000_000, end=-(-query.end_us // 1_000_000), group_by=list(query.group_by))
     return web.Response(body=_encode(report), content_type="application/json")

@@ -30,6 +30,7 @@ from msgspec import UNSET, UnsetType
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
 from streamproxy.ledger.params import MAX_LIMIT
+from streamproxy.ledger.keys import KeyCreate, KeyCreated, KeyDeleted, KeyList
 from streamproxy.ledger.records import RequestPage, UsageReport
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo
 
@@ -91,7 +92,9 @@ RELAY_ERRORS = (
     UNAUTHORIZED,
     NOT_FOUND,
     ErrorStatus(413, "`request_too_large`: the body is over --max-body-bytes (said by Content-Length: before it is read)"),
-    ErrorStatus(429, "`rate_limit_exceeded`: over the key's rpm or tpm; or the replicas' own 429", retry_after=True),
+    ErrorStatus(429, "`rate_limit_exceeded`: over the key's rpm or tpm; `insufficient_quota`: a key made through "
+                     "POST /v1/keys over its token budget, until the day or month turns (Retry-After; x-should-retry: "
+                     "false); or the replicas' own 429", retry_after=True),
     ErrorStatus(503, "`upstream_unavailable`: no replica can take the request now; `deployment_waking`: a managed "
                      "deployment is starting (Retry-After: its last boot's seconds); `deployment_failed` "
                      "(x-should-retry: false); `max_resident`; " + _DRAINING, retry_after=True),
@@ -158,13 +161,22 @@ GATEWAY_OPERATIONS: tuple[Operation, ...] = (
              RequestPage, _BAD_PARAMETER, _ADMIN, _LEDGER_404, _LEDGER_503, query=LEDGER_REQUESTS_QUERY),
     _gateway("get", "/v1/usage", "Admin: requests and tokens from the ledger, summed by deployment, key, day or month",
              UsageReport, _BAD_PARAMETER, _ADMIN, _LEDGER_404, _LEDGER_503, query=USAGE_QUERY),
+    _gateway("post", "/v1/keys", "Admin: make an API key (its secret is in this answer only; the store keeps a hash)",
+             KeyCreated, ErrorStatus(400, "`invalid_parameter` (the field named), `invalid_json`"), _ADMIN, _LEDGER_404,
+             ErrorStatus(409, "`key_exists`: the id is taken (also by a revoked key, or the config file)"), _LEDGER_503,
+             request=KeyCreate),
+    _gateway("get", "/v1/keys", "Admin: the API keys (the config file's and the API's; never a secret)", KeyList, _ADMIN, _LEDGER_404,
+             _LEDGER_503),
+    _gateway("delete", "/v1/keys/{key_id}", "Admin: revoke a key made through the API, at once (other gateways: within a second)",
+             KeyDeleted, ErrorStatus(400, "a key of the config file (edit the file)"), _ADMIN,
+             ErrorStatus(404, "`key_not_found`; or `ledger_off`"), _LEDGER_503),
     _gateway("get", "/health", "200 while every deployment can take requests (a parked one wakes on demand); 503 otherwise",
              GatewayHealth, also=(503,)),
     _gateway("get", "/version", "The gateway's version", VersionInfo),
     _gateway("get", "/metrics", "Prometheus metrics (the edge's and streamproxy_gateway_*)", None, media=METRICS),
     _gateway("get", "/openapi.json", "This document", None, media="application/json"),
 )
-PARAMETERS = {"deployment": "A deployment's id or name", "model_id": "A deployment's name or id"}
+PARAMETERS = {"deployment": "A deployment's id or name", "model_id": "A deployment's name or id", "key_id": "An API key's id"}
 
 
 def build() -> dict[str, Any]:

@@ -66,6 +66,7 @@ class KeyInfo(msgspec.Struct, kw_only=True):
     budget_tokens: int | None
     budget_period: Literal["day", "month"] | None
     created: int
+    revoked: int | None = None  # unix seconds: refused since
     source: Literal["api", "config"] = "api"
     object: Literal["api_key"] = "api_key"
 
@@ -141,7 +142,7 @@ def new_id() -> str:
 
 def info(key: StoredKey) -> KeyInfo:
     return KeyInfo(id=key.id, deployments=key.deployments, rpm=key.rpm, tpm=key.tpm, budget_tokens=key.budget_tokens,
-                   budget_period=key.budget_period, created=key.created)
+                   budget_period=key.budget_period, created=key.created, revoked=key.revoked)
 
 
 def period_start(now: float, period: Literal["day", "month"]) -> tuple[int, int]:

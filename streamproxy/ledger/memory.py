@@ -98,7 +98,7 @@ class MemoryStore:
         self.keys[key.id] = key
 
     async def list_keys(self) -> list[StoredKey]:
-        return sorted((k for k in self.keys.values() if k.revoked is None), key=lambda k: (k.created, k.id))
+        return sorted(self.keys.values(), key=lambda k: (k.created, k.id))
 
     async def revoke_key(self, key_id: str, when: int) -> bool:
         key = self.keys.get(key_id)

@@ -104,7 +104,7 @@ def key_of(values: tuple) -> StoredKey:
     return StoredKey(**fields)
 
 
-LIST_KEYS = f"SELECT {', '.join(KEY_COLUMNS)} FROM ledger_keys WHERE revoked IS NULL ORDER BY created, id"
+LIST_KEYS = f"SELECT {', '.join(KEY_COLUMNS)} FROM ledger_keys ORDER BY created, id"
 
 
 def revoke_key(dialect: Dialect) -> str:

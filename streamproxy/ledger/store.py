@@ -5,7 +5,7 @@ is stored or none (so a failed batch can be written again as a whole).
 `requests` pages one deployment's records newest first; `usage` sums them.
 `migrate` brings the schema to the latest version (`schema`) and says which.
 The keys made through the admin API live here too: `put_key` (KeyExists
-for an id already used, revoked or not), `list_keys` (the ones not revoked),
+for an id already used, revoked or not), `list_keys` (all, the revoked with their time),
 `revoke_key` (False when there is no such key not yet revoked).
 Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
 `postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three

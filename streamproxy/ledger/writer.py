@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 
 from prometheus_client import Counter, Gauge
@@ -47,13 +48,15 @@ CLOSE_TIMEOUT = 10.0  # s that close() keeps trying to write what is left
 
 class Ledger:
     def __init__(self, store: LedgerStore, *, interval: float = INTERVAL, batch_size: int = BATCH_SIZE,
-                 max_buffered: int = MAX_BUFFERED, close_timeout: float = CLOSE_TIMEOUT, max_backoff: float = MAX_BACKOFF) -> None:
+                 max_buffered: int = MAX_BUFFERED, close_timeout: float = CLOSE_TIMEOUT, max_backoff: float = MAX_BACKOFF,
+                 on_written: Callable[[list[LedgerRecord]], None] | None = None) -> None:
         self.store = store
         self.interval = interval
         self.batch_size = batch_size
         self.max_buffered = max_buffered
         self.close_timeout = close_timeout
         self.max_backoff = max_backoff
+        self.on_written = on_written  # each batch once the store has it (the keyring's budgets)
         self._buffer: deque[LedgerRecord] = deque()
         self._full = asyncio.Event()
         self._stop = asyncio.Event()
@@ -70,16 +73,17 @@ class Ledger:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def add(self, record: LedgerRecord) -> None:
-        """Queue one record (the event loop's thread; O(1), never waits)."""
+    def add(self, record: LedgerRecord) -> bool:
+        """Queue one record (the event loop's thread; O(1), never waits); False: dropped (the buffer is full)."""
         buffer = self._buffer
         if len(buffer) >= self.max_buffered:
             self.dropped += 1
             DROPPED.inc()
-            return
+            return False
         buffer.append(record)
         if len(buffer) >= self.batch_size and not self._full.is_set():
             self._full.set()
+        return True
 
     def start(self) -> None:
         if self._task is None:
@@ -127,6 +131,8 @@ class Ledger:
             buffer.popleft()
         self.written += len(batch)
         WRITTEN.inc(len(batch))
+        if self.on_written is not None:
+            self.on_written(batch)
         if self._down_since is not None:
             log.warning("ledger: the store is back after %.1f s; %d record(s) still buffered",
                         time.monotonic() - self._down_since, len(buffer))

@@ -227,6 +227,7 @@ async def test_keys_are_put_listed_and_revoked(store: LedgerStore) -> None:
     assert await store.revoke_key("key-a", 1_764_547_300) is True
     assert await store.revoke_key("key-a", 1_764_547_400) is False  # once
     assert await store.revoke_key("key-zzz", 1_764_547_400) is False
-    assert await store.list_keys() == [b]
+    a.revoked = 1_764_547_300
+    assert await store.list_keys() == [a, b]  # the revoked with their time
     with pytest.raises(KeyExists):
         await store.put_key(stored("key-a", "sk-new"))  # a revoked key's id is not given again
