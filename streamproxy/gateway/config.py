@@ -15,7 +15,8 @@ deployments:
       idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
       boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
       wait_for_wake: false       # true: requests wait for the wake instead of a 503
-admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park
+admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park, the ledger's
+                                 # GET .../requests and /v1/usage, and /v1/keys
 max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
 keys:                            # none: no key is asked for
   - id: team-a                   # what the access log says; the key itself never is

@@ -7,7 +7,8 @@ on the Messages routes), plus the errors the gateway itself answers
 (`RELAY_ERRORS`: 401 keys, 413 the body cap, 429 a key's limits, 503 no
 replica / a managed deployment waking, both with Retry-After). A replica's
 own error answers pass through unchanged: 4XX and 5XX, as serve documents
-them. The gateway's own routes (the deployments and their admin, /health)
+them. The gateway's own routes (the deployments and their admin, the
+ledger's queries and keys, /health)
 answer JSON built in `app.py`; the Structs below only describe it (nothing
 encodes them), and tests/gateway/test_openapi.py checks real answers
 against them.

@@ -1,6 +1,7 @@
 """The request ledger: one record per request, written in batches off the request path, and queried.
 
 Sans-IO: `records` (the record, the queries and their answers, the cursor),
+`keys` (API keys made through the admin API: their structs, secrets, rules),
 `params` (an HTTP query string -> a query, OpenAI-shaped 400s), `schema`
 (the versioned migrations of both SQL dialects). With I/O: `store` (the
 `LedgerStore` protocol and `open_store(url)`), its implementations `memory`
