@@ -137,6 +137,7 @@ def _config_error(path: str, message: str) -> NoReturn:
 
 USAGE = """usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]
        streamproxy gateway --config FILE.yaml [--host H] [--port P] [flags]
+       streamproxy usage [--since 7d] [--by key] [--ledger URL | --config FILE.yaml]   the ledger's sums
        streamproxy serve --help | streamproxy gateway --help   for every flag"""
 
 
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, rest = args[0], args[1:]
+    if command == "usage":
+        from streamproxy.ledger.usage_cli import main as usage_main
+
+        raise SystemExit(usage_main(rest))
     if command not in ("serve", "gateway"):
         raise SystemExit(f"unknown command {command!r}\n{USAGE}")
     # Logging first (INFO), so start-up decisions (default model, KV cache) are seen;
