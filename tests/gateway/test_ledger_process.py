@@ -45,8 +45,8 @@ def test_a_ledger_that_cannot_be_opened_is_a_start_up_error_naming_the_field(tmp
     last = _start_fails(tmp_path, f"sqlite://{tmp_path}/file/ledger.db")  # its folder is a file
     assert last.startswith(f"gateway config: `ledger`: cannot open sqlite://{tmp_path}/file/ledger.db: ")
     last = _start_fails(tmp_path, "mysql://127.0.0.1/ledger")
-    assert last == ("gateway config: `ledger`: 'mysql://127.0.0.1/ledger' is not a ledger URL: use sqlite:///path/to/ledger.db, "
-                    "postgresql://..., or off")
+    assert last == (f"streamproxy gateway: {tmp_path / 'gw.yaml'}: gateway config: `ledger`: 'mysql://127.0.0.1/ledger' is not "
+                    "a ledger URL: use sqlite:///path/to/ledger.db, postgresql://..., or off")  # a config error names its file
 
 
 def _records(path: Path) -> list[str]:
