@@ -1,0 +1,515 @@
+"""`kubernetes:` deployments: replicas are pods found through the Kubernetes API, woken and parked through it.
+
+The client is kubernetes_asyncio (imported here only, on first use): asyncio
+native on aiohttp, the HTTP stack the gateway already runs (lightkube, also
+maintained, brings httpx2 and a second connection pool), generated from the
+API's OpenAPI description so the scale subresource of a Deployment or
+StatefulSet is a typed call, and its config loaders read a kubeconfig file or
+the in-cluster service account. Responses are taken raw (`_preload_content=
+False`) and read as JSON: a pod's readiness, IP and ports are all the gateway
+needs, and the watch stream's lines are parsed here (the library's `Watch`
+retries a 410 with the same stale resourceVersion; the API's rules need a
+re-list).
+
+Discovery (`_discover_forever`): list the pods with the `labelSelector`, then
+watch from the list's resourceVersion with `allowWatchBookmarks`; each event
+and bookmark moves the resourceVersion, and a watch that ends (its
+`timeoutSeconds`, a cut connection, the API server gone) is resumed from the
+last one. A 410 Gone (an ERROR event, or the response's status) re-lists and
+reconciles (`kube_pods.PodTable.reset`: the pool keeps its replicas by URL,
+so none is dropped or duplicated). While the API server cannot be reached,
+or refuses (403: RBAC), the pods last seen stay in the pool (probes and
+ejection still guard them) and the next attempt waits a bounded, jittered
+backoff. Each fault is one log line when it starts and one when it ends.
+
+Wake and park (with `scale:`), the managed mode's contract and life cycle
+(`lifecycle.Lifecycle`): a request to a parked deployment gets 503
+`deployment_waking` + Retry-After (the last wake's duration) or is held
+(`wait_for_wake`), and the wake reads the workload's scale and, when it is 0,
+patches `spec.replicas` to `scale.replicas` (a count someone else set, e.g.
+an HPA, is left alone). No Ready pod within `boot_timeout`: `deployment_failed`
+(and the scale the gateway set goes back to 0). Idle for `idle_park_after`:
+the scale is patched to 0; its pods leave the pool at once (no new request)
+and their streams finish while Kubernetes drains them. Ready pods the gateway
+did not wake (an autoscaler scaled the workload up) make it ready; all pods
+gone makes it parked. Without `scale:` the gateway only discovers: no Ready
+pod is 503 `upstream_unavailable` + Retry-After (`boot_guess`), or a held
+request with `wait_for_wake`. Requests that find no Ready pod are counted per
+deployment in /metrics (`streamproxy_gateway_cold_requests`, and the held ones
+in `streamproxy_gateway_waiting_requests`): the signal for an external autoscaler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import aiohttp
+import orjson
+
+from streamproxy.errors import ServiceUnavailable
+from streamproxy.gateway import metrics as M
+from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.config import Deployment, Kubernetes
+from streamproxy.gateway.kube_pods import Backoff, PodTable
+from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
+
+log = logging.getLogger("streamproxy.gateway")
+
+
+class ApiStatus(Exception):
+    """The API server answered with an error status (or an ERROR event in a watch)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status} {message}")
+        self.status = status
+        self.message = message
+
+
+class Gone(ApiStatus):
+    """410: the resourceVersion is too old; re-list."""
+
+
+_UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
+
+
+async def _json(response: Any) -> Any:
+    """A raw response's JSON, or ApiStatus with the API's own message."""
+    try:
+        raw = await response.read()
+    finally:
+        response.release()
+    if 200 <= response.status < 300:
+        return orjson.loads(raw)
+    try:
+        message = orjson.loads(raw).get("message") or ""
+    except (orjson.JSONDecodeError, AttributeError):
+        message = raw[:200].decode("utf-8", "replace")
+    raise (Gone if response.status == 410 else ApiStatus)(response.status, message or response.reason or "")
+
+
+class KubernetesSource:
+    """A `source.ReplicaSource` over the pods a label selector finds."""
+
+    def __init__(self, deployment: Deployment, k: Kubernetes, pool: Pool) -> None:
+        self.deployment = deployment
+        self.k = k
+        self.pool = pool
+        self.table = PodTable(k.port)
+        self.lifecycle = Lifecycle(k, time.monotonic())
+        self.retired: set[str] = set()  # pods that were serving when the gateway parked the deployment
+        self.fault: str | None = None  # what is wrong now, for the log and the 503s
+        self.resource_version: str | None = None
+        self.api: Any = None  # kubernetes_asyncio's ApiClient
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._wake_after_park = False
+        self._scaled_up = False  # the last wake patched the scale (a failed boot sets it back)
+        self._problems: list[str] = []
+        self._empty_logged = False
+
+    # -- the ReplicaSource interface ----------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.deployment.name
+
+    @property
+    def managed(self) -> bool:
+        return self.k.scale is not None
+
+    why_not_managed = "its `kubernetes` section has no `scale`: the gateway only discovers its pods"
+
+    @property
+    def serving(self) -> bool:
+        if self.k.scale is None:
+            return bool(self.pool.replicas)
+        return self.lifecycle.serving
+
+    def begin(self, now: float) -> None:
+        self.lifecycle.begin(now)
+
+    def end(self, now: float) -> None:
+        self.lifecycle.end(now)
+
+    def down(self, now: float) -> bool:
+        if self.k.scale is not None:
+            return self.lifecycle.phase is Phase.FAILED
+        return not any(r.health.routable(now) for r in self.pool.replicas)
+
+    def admit(self) -> None:
+        if self.serving:
+            return
+        M.COLD_REQUESTS.labels(self.name).inc()
+        if self.k.scale is None:
+            if self.k.wait_for_wake:
+                return
+            raise self._unavailable()
+        lc = self.lifecycle
+        if lc.phase is Phase.FAILED:
+            exc = ServiceUnavailable(
+                f"deployment `{self.name}` failed to wake: {self.fault or 'no pod became Ready'}; an operator must wake it",
+                code="deployment_failed",
+            )
+            exc.should_retry = False
+            raise exc
+        self.wake()
+        if self.k.wait_for_wake:
+            return
+        wait = lc.retry_after()
+        raise ServiceUnavailable(
+            f"deployment `{self.name}` is waking up; retry after {wait} s", code="deployment_waking", retry_after=wait
+        )
+
+    def _unavailable(self) -> ServiceUnavailable:
+        why = self.fault or f"no Ready pod matches {self.k.label_selector()} in namespace {self.k.namespace}"
+        return ServiceUnavailable(
+            f"deployment `{self.name}` has no replica: {why}", code="upstream_unavailable",
+            retry_after=max(1, math.ceil(self.k.boot_guess)),
+        )
+
+    async def until_ready(self, timeout: float) -> None:
+        waiting = M.WAITING.labels(self.name)
+        waiting.inc()
+        try:
+            async with asyncio.timeout(timeout or None):
+                while not self.serving:
+                    if self.k.scale is not None:
+                        if self.lifecycle.phase is Phase.FAILED:
+                            self.admit()  # raises deployment_failed
+                        if self.lifecycle.phase is Phase.PARKED:
+                            self.wake()
+                    await self._changed.wait()
+        except TimeoutError:
+            if self.k.scale is None:
+                raise self._unavailable() from None
+            raise ServiceUnavailable(
+                f"deployment `{self.name}` did not wake within {timeout:g} s", code="deployment_waking",
+                retry_after=self.lifecycle.retry_after(),
+            ) from None
+        finally:
+            waiting.dec()
+
+    def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
+        pods = {p.url: p.name for p in self.table.pods.values() if p.url is not None}
+        for r in replicas:
+            name = pods.get(str(r["url"]))
+            if name is not None:
+                r["pod"] = name
+        described: dict[str, object] = {"managed": self.managed}
+        if self.k.scale is None:
+            described["state"] = "ready" if any(r["available"] for r in replicas) else "unavailable"
+        else:
+            lc = self.lifecycle
+            described.update(
+                state=lc.phase.value,
+                last_boot_seconds=None if lc.last_boot is None else round(lc.last_boot, 3),
+                requests_in_flight=lc.in_flight, boots=lc.boots, parks=lc.parks, restarts=lc.restarts,
+            )
+        described["problem"] = self.fault or (self._problems[0] if self._problems else None)
+        return described
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        self._sync()
+        self._spawn(self._discover_forever())
+        if self.k.scale is not None and self.k.idle_seconds > 0:
+            self._spawn(self._tick_forever())
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.api is not None:
+            api, self.api = self.api, None
+            await api.close()
+
+    # -- the API ------------------------------------------------------------------------
+    async def _client(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        conf = client.Configuration()
+        path = self.k.kubeconfig or os.environ.get("KUBECONFIG")
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=conf)
+        else:  # the file given, $KUBECONFIG, or ~/.kube/config
+            await config.load_kube_config(config_file=path, context=self.k.context, client_configuration=conf, persist_config=False)
+        return client.ApiClient(conf)
+
+    def _core(self) -> Any:
+        from kubernetes_asyncio import client
+
+        return client.CoreV1Api(self.api)
+
+    def _say(self, fault: str | None) -> None:
+        """One log line when a fault starts or changes, one when it ends."""
+        if fault == self.fault:
+            return
+        if fault is None:
+            log.info("deployment %s: kubernetes: %s is over", self.name, self.fault)
+        else:
+            log.warning("deployment %s: kubernetes: %s", self.name, fault)
+        self.fault = fault
+        self._sync()
+
+    def _refused(self, verb: str, what: str, exc: ApiStatus) -> str:
+        where = f"in namespace {self.k.namespace}"
+        if exc.status == 403:
+            return f"the gateway may not {verb} {what} {where} (403 Forbidden: {exc.message}); its RBAC must grant it"
+        if exc.status == 404:
+            return f"cannot {verb} {what} {where}: 404 Not Found ({exc.message})"
+        if exc.status == 401:
+            return f"the API server refused the gateway's credentials to {verb} {what} (401: {exc.message})"
+        return f"cannot {verb} {what} {where}: {exc.status} {exc.message}"
+
+    # -- discovery ----------------------------------------------------------------------
+    async def _discover_forever(self) -> None:
+        backoff = Backoff(self.k.backoff_initial, self.k.backoff_max)
+        while True:
+            try:
+                if self.api is None:
+                    self.api = await self._client()
+                if self.resource_version is None:
+                    await self._list()
+                    backoff.reset()
+                if await self._watch():
+                    backoff.reset()
+                    continue  # a watch that ended after doing its job: resume at once
+            except Gone:
+                log.info("deployment %s: kubernetes: resourceVersion %s is gone (410); listing again", self.name, self.resource_version)
+                self.resource_version = None
+                continue
+            except ApiStatus as exc:
+                self._say(self._refused("watch" if self.resource_version else "list", "pods", exc))
+            except _UNREACHABLE as exc:
+                self._say(f"the API server cannot be reached ({type(exc).__name__}: {exc}); retrying")
+            except Exception as exc:  # a kubeconfig that does not load, or anything else: logged, retried, never a crash
+                self._say(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(backoff.next())
+
+    async def _list(self) -> None:
+        response = await self._core().list_namespaced_pod(
+            self.k.namespace, label_selector=self.k.label_selector(), _preload_content=False,
+            _request_timeout=self.k.request_timeout,
+        )
+        data = await _json(response)
+        items = data.get("items") or []
+        self.table.reset(items)
+        self.resource_version = str((data.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._say(None)
+        if not items and not self._empty_logged:
+            self._empty_logged = True
+            log.warning(
+                "deployment %s: kubernetes: no pod matches %s in namespace %s (is the namespace or the selector wrong?)",
+                self.name, self.k.label_selector(), self.k.namespace,
+            )
+        self._sync()
+
+    async def _watch(self) -> bool:
+        """One watch request from `resource_version`; True when it ended cleanly having done something."""
+        k = self.k
+        started = time.monotonic()
+        events = 0
+        response = await self._core().list_namespaced_pod(
+            k.namespace, label_selector=k.label_selector(), watch=True, resource_version=self.resource_version,
+            allow_watch_bookmarks=True, timeout_seconds=max(1, int(k.watch_timeout)), _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(connect=k.request_timeout, sock_read=k.watch_timeout + k.request_timeout),
+        )
+        try:
+            if response.status != 200:
+                await _json(response)  # raises the status
+            self._say(None)
+            async for line in response.content:
+                if line.strip():
+                    self._event(orjson.loads(line))
+                    events += 1
+        finally:
+            response.release()
+        return events > 0 or time.monotonic() - started >= 1.0
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise (Gone if code == 410 else ApiStatus)(code, str(obj.get("message") or obj.get("reason") or ""))
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self.table.apply(kind, obj)
+            self._empty_logged = False
+            self._sync()
+        if rv:
+            self.resource_version = str(rv)  # BOOKMARK too
+
+    # -- the pool and the life cycle ------------------------------------------------------
+    def _sync(self) -> None:
+        ready = self.table.replicas(exclude=self.retired)
+        self.retired &= set(self.table.pods)
+        lc = self.lifecycle
+        if self.k.scale is not None:
+            self._follow(len(ready))
+            if lc.phase in (Phase.DRAINING, Phase.PARKED):
+                ready = []
+            M.MANAGED_STATE.labels(self.name).set(GAUGE[lc.phase])
+        self.pool.set_replicas([url for _, url in ready])
+        problems = self.table.problems()
+        for problem in problems:
+            if problem not in self._problems:
+                log.warning("deployment %s: kubernetes: %s; it takes no request", self.name, problem)
+        self._problems = problems
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _follow(self, ready: int) -> None:
+        lc = self.lifecycle
+        now = time.monotonic()
+        if ready and lc.phase is Phase.WAKING:
+            lc.replica_up(now)
+            if lc.last_boot is not None:
+                M.BOOTS.labels(self.name).inc()
+                M.BOOT_SECONDS.labels(self.name).observe(lc.last_boot)
+                log.info("deployment %s: a pod is Ready %.1f s after the wake", self.name, lc.last_boot)
+        elif ready and lc.phase in (Phase.PARKED, Phase.FAILED):
+            log.info("deployment %s: %d Ready pod(s) the gateway did not wake: ready", self.name, ready)
+            lc.adopted(now)
+        elif not ready and lc.phase is Phase.READY:
+            log.info("deployment %s: no Ready pod left: parked (a request wakes it)", self.name)
+            lc.lost_all()
+        lc.up = ready
+
+    # -- wake and park ------------------------------------------------------------------
+    def wake(self, *, admin: bool = False) -> None:
+        lc = self.lifecycle
+        if self.k.scale is None:
+            return
+        if lc.phase is Phase.DRAINING:
+            self._wake_after_park = True
+            return
+        if not lc.want(time.monotonic(), admin=admin):
+            return
+        self._spawn(self._wake())
+        self._sync()
+
+    async def _wake(self) -> None:
+        scale = self.k.scale
+        assert scale is not None
+        lc = self.lifecycle
+        deadline = time.monotonic() + self.k.boot_seconds
+        backoff = Backoff(self.k.backoff_initial, self.k.backoff_max)
+        while lc.phase is Phase.WAKING:
+            verb = "get"
+            try:
+                current = await self._get_scale()
+                if current == 0:
+                    verb = "patch"
+                    log.info("deployment %s: waking: %s/%s scaled to %d", self.name, scale.kind, scale.name, scale.replicas)
+                    await self._patch_scale(scale.replicas)
+                    self._scaled_up = True
+                else:
+                    log.info("deployment %s: waking: %s/%s is already at %d replicas", self.name, scale.kind, scale.name, current)
+                break
+            except ApiStatus as exc:
+                self._fail(self._refused(verb, f"the scale of {scale.kind}/{scale.name}", exc))
+                return
+            except _UNREACHABLE as exc:
+                if time.monotonic() > deadline:
+                    self._fail(f"the API server could not be reached to wake it ({type(exc).__name__})")
+                    return
+                self._say(f"the API server cannot be reached to wake the deployment ({type(exc).__name__}: {exc}); retrying")
+                await asyncio.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # a kubeconfig that does not load: logged, never a crash
+                self._fail(f"{type(exc).__name__}: {exc}")
+                return
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                while lc.phase is Phase.WAKING:
+                    await self._changed.wait()
+        except TimeoutError:
+            self._fail(f"no pod became Ready within boot_timeout ({self.k.boot_seconds:g} s)")
+            if self._scaled_up:
+                self._scaled_up = False
+                try:
+                    await self._patch_scale(0)
+                    log.info("deployment %s: %s/%s scaled back to 0", self.name, scale.kind, scale.name)
+                except (ApiStatus, *_UNREACHABLE) as exc:
+                    log.warning("deployment %s: cannot scale %s/%s back to 0: %s", self.name, scale.kind, scale.name, exc)
+
+    def _fail(self, why: str) -> None:
+        log.error("deployment %s: failed to wake: %s", self.name, why)
+        self.fault = why
+        self.lifecycle.failed_to_wake()
+        self._sync()
+
+    async def park(self, reason: str) -> None:
+        scale = self.k.scale
+        lc = self.lifecycle
+        if scale is None or not lc.park():
+            return
+        log.info("deployment %s: parking (%s): %s/%s scaled to 0", self.name, reason, scale.kind, scale.name)
+        for task in list(self._tasks):
+            if task.get_name() == "wake":
+                task.cancel()
+        self.retired = {uid for uid, _ in self.table.replicas()}
+        self._sync()
+        try:
+            await self._patch_scale(0)
+        except (ApiStatus, *_UNREACHABLE) as exc:
+            why = self._refused("patch", f"the scale of {scale.kind}/{scale.name}", exc) if isinstance(exc, ApiStatus) else str(exc)
+            log.error("deployment %s: cannot park: %s; it stays up", self.name, why)
+            lc.phase = Phase.READY
+            self.retired.clear()
+            self._sync()
+            return
+        self._scaled_up = False
+        lc.parked()
+        M.PARKS.labels(self.name).inc()
+        self._sync()
+        if self._wake_after_park:
+            self._wake_after_park = False
+            self.wake()
+
+    async def _tick_forever(self) -> None:
+        interval = max(0.02, min(1.0, self.k.idle_seconds / 4))
+        while True:
+            await asyncio.sleep(interval)
+            if self.lifecycle.park_due(time.monotonic()):
+                self._spawn(self.park("idle"))
+
+    def _scale_api(self) -> tuple[Any, Any]:
+        from kubernetes_asyncio import client
+
+        apps = client.AppsV1Api(self.api)
+        scale = self.k.scale
+        assert scale is not None
+        if scale.kind == "StatefulSet":
+            return apps.read_namespaced_stateful_set_scale, apps.patch_namespaced_stateful_set_scale
+        return apps.read_namespaced_deployment_scale, apps.patch_namespaced_deployment_scale
+
+    async def _get_scale(self) -> int:
+        if self.api is None:
+            self.api = await self._client()
+        read, _ = self._scale_api()
+        assert self.k.scale is not None
+        data = await _json(await read(self.k.scale.name, self.k.namespace, _preload_content=False, _request_timeout=self.k.request_timeout))
+        return int((data.get("spec") or {}).get("replicas") or 0)
+
+    async def _patch_scale(self, replicas: int) -> None:
+        if self.api is None:
+            self.api = await self._client()
+        _, patch = self._scale_api()
+        assert self.k.scale is not None
+        await _json(await patch(
+            self.k.scale.name, self.k.namespace, {"spec": {"replicas": replicas}}, _preload_content=False,
+            _request_timeout=self.k.request_timeout,
+        ))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        name = getattr(coro, "__name__", "")
+        task.set_name("wake" if name == "_wake" else name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
