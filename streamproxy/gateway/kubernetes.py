@@ -105,6 +105,7 @@ class KubernetesSource:
         self.retired: set[str] = set()  # pods that were serving when the gateway parked the deployment
         self.fault: str | None = None  # what is wrong now, for the log and the 503s
         self.resource_version: str | None = None
+        self._listed: str | None = None  # the last list's resourceVersion
         self.api: Any = None  # kubernetes_asyncio's ApiClient
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -281,8 +282,10 @@ class KubernetesSource:
                     continue  # a watch that ended after doing its job: resume at once
             except Gone:
                 log.info("deployment %s: kubernetes: resourceVersion %s is gone (410); listing again", self.name, self.resource_version)
+                fresh = self.resource_version == self._listed
                 self.resource_version = None
-                continue
+                if not fresh:
+                    continue  # a re-list at once; a list's own resourceVersion gone already: after the backoff
             except ApiStatus as exc:
                 self._say(self._refused("watch" if self.resource_version else "list", "pods", exc))
             except _UNREACHABLE as exc:
@@ -299,7 +302,7 @@ class KubernetesSource:
         data = await _json(response)
         items = data.get("items") or []
         self.table.reset(items)
-        self.resource_version = str((data.get("metadata") or {}).get("resourceVersion") or "") or None
+        self.resource_version = self._listed = str((data.get("metadata") or {}).get("resourceVersion") or "") or None
         self._say(None)
         if not items and not self._empty_logged:
             self._empty_logged = True

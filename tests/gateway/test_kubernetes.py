@@ -1,0 +1,370 @@
+"""`kubernetes:` deployments against a fake API server (tests/support/fake_kube.py) driven by
+kubernetes_asyncio: pods found by label, Ready / unready / deleted with a stream running, a watch
+cut and resumed from its resourceVersion, a 410 re-list that keeps every replica once, wake and
+park through the scale subresource, the API server down at start and gone for a while, 403s and a
+port name no container has. Replicas are in-process fake-engine servers on loopback (`replica`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from engine_adapter.fake import FakeScript
+from streamproxy.gateway.kubernetes import KubernetesSource
+from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, error_body, post, sample
+from tests.support import wait_until
+from tests.support.fake_kube import FakeKube
+
+BOUND = 10.0
+LABELS = {"app": "qwen3-8b"}
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+async def kube(replica, tmp_path):
+    async def start_replica():
+        r = await replica()
+        return r.port, r.stop
+
+    fake = FakeKube(start_replica=start_replica)
+    fake.kubeconfig_path = tmp_path / "kubeconfig"  # type: ignore[attr-defined]
+    yield fake
+    await fake.close()
+
+
+def k8s(fake: FakeKube, **extra: Any) -> list[dict]:
+    section = {
+        "namespace": "llm", "selector": LABELS, "port": "http", "kubeconfig": fake.kubeconfig(fake.kubeconfig_path),  # type: ignore[attr-defined]
+        "backoff_initial": 0.02, "backoff_max": 0.1, "request_timeout": 2, **extra,
+    }
+    return [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "kubernetes": section}]
+
+
+def source(gw) -> KubernetesSource:
+    s = gw.state.sources[DEPLOYMENT]
+    assert isinstance(s, KubernetesSource)
+    return s
+
+
+def urls(gw) -> list[str]:
+    return [r.url for r in gw.pool().replicas]
+
+
+async def describe(session, gw) -> dict:
+    async with session.get(gw.url(f"/v1/deployments/{DEPLOYMENT}")) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+async def ok(session, gw) -> None:
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    assert status == 200, body
+
+
+# -- discovery -------------------------------------------------------------------------
+
+
+async def test_pods_appear_become_ready_and_take_requests(replica, gateway, kube, session):
+    a, b = await replica(), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port)  # not Ready yet
+    kube.add_pod("other", {"app": "else"}, port=b.port, ready=True)  # another selector's pod
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    assert urls(gw) == []
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["Retry-After"] == "60"
+    assert json.loads(body) == error_body(
+        f"deployment `{DEPLOYMENT}` has no replica: no Ready pod matches app=qwen3-8b in namespace llm",
+        "service_unavailable", "upstream_unavailable",
+    )
+    kube.set_ready("qwen-a")
+    assert await wait_until(lambda: urls(gw) == [a.base], BOUND)
+    await ok(session, gw)
+    assert len(a.inference()) == 1
+    kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+    view = await describe(session, gw)
+    assert [(r["url"], r["pod"]) for r in view["replicas"]] == [(a.base, "qwen-a"), (b.base, "qwen-b")]
+    assert (view["managed"], view["state"], view["problem"]) == (False, "ready", None)
+    # One list, then one watch from the list's resourceVersion, with bookmarks.
+    assert kube.calls == [("list", "pods"), ("watch", "pods")]
+    assert kube.watch_from == ["102"]
+
+
+async def test_a_pod_turning_unready_takes_no_new_request(replica, gateway, kube, session):
+    a, b = await replica(), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)
+    kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+    kube.set_ready("qwen-b", False)
+    assert await wait_until(lambda: urls(gw) == [a.base], BOUND)
+    for _ in range(4):
+        await ok(session, gw)
+    assert (len(a.inference()), len(b.inference())) == (4, 0)
+    kube.set_ready("qwen-b")
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+
+
+async def test_a_pod_deleted_with_a_stream_running_finishes_the_stream(replica, gateway, kube, session):
+    slow = await replica(FakeScript(tokens=[f"t{i} " for i in range(12)], token_delay=0.05))
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=slow.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: urls(gw) == [slow.base], BOUND)
+    async with session.post(gw.url(CHAT), json=chat(stream=True)) as resp:
+        assert resp.status == 200
+        first = await resp.content.readline()
+        assert first.startswith(b"data: ")
+        kube.mark_deleting("qwen-a")  # deletionTimestamp: no new request, the running stream goes on
+        assert await wait_until(lambda: urls(gw) == [], BOUND)
+        status, _, body = await post(session, gw.url(CHAT), chat())
+        assert status == 503 and json.loads(body)["error"]["code"] == "upstream_unavailable"
+        rest = await resp.read()
+    text = (first + rest).decode()
+    assert text.endswith("data: [DONE]\n\n")
+    assert "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                   for line in text.splitlines() if line.startswith("data: {") and json.loads(line[6:])["choices"]) == "".join(
+        f"t{i} " for i in range(12))
+    kube.remove_pod("qwen-a")
+    assert await wait_until(lambda: not source(gw).table.pods, BOUND)
+
+
+async def test_a_watch_cut_midway_resumes_from_the_last_resource_version(replica, gateway, kube, session):
+    a, b = await replica(), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: urls(gw) == [a.base] and kube.open_watches() == 1, BOUND)
+    kube.set_ready("qwen-a", False)
+    kube.set_ready("qwen-a", True)  # resourceVersion 103
+    kube.bookmark()  # carries 103 too
+    assert await wait_until(lambda: source(gw).resource_version == "103", BOUND)
+    kube.cut_watches()
+    assert await wait_until(lambda: len(kube.watch_from) == 2 and kube.open_watches() == 1, BOUND)
+    assert kube.watch_from == ["101", "103"]  # resumed, not listed again
+    assert kube.count("list", "pods") == 1
+    kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+    await ok(session, gw)
+
+
+async def test_a_410_lists_again_and_keeps_every_replica_once(replica, gateway, kube, session):
+    a, b, c = await replica(FakeScript(tokens=[f"t{i} " for i in range(10)], token_delay=0.05)), await replica(), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)
+    kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    gw.in_order()
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+    kept = gw.pool().replicas[0]
+    async with session.post(gw.url(CHAT), json=chat(stream=True)) as resp:  # goes to qwen-a (in order, both idle)
+        assert resp.status == 200
+        await resp.content.readline()
+        assert kept.outstanding == 1
+        # Changes the watch misses, then its history is gone: an ERROR 410, and resuming fails with 410 too.
+        kube.remove_pod("qwen-b", quiet=True)
+        kube.add_pod("qwen-c", LABELS, port=c.port, ready=True, quiet=True)
+        kube.expire_watches()
+        assert await wait_until(lambda: urls(gw) == [a.base, c.base], BOUND)
+        body = await resp.read()
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert gw.pool().replicas[0] is kept and kept.outstanding == 0  # the same replica: its load and index kept
+    assert kube.count("list", "pods") == 2
+    assert kube.watch_from[-1] == str(kube.rv)  # watching from the new list's resourceVersion
+
+
+# -- the API server ----------------------------------------------------------------------
+
+
+async def test_the_api_server_down_at_start_then_back(replica, gateway, kube, session, caplog):
+    caplog.set_level(logging.INFO, "streamproxy.gateway")
+    a = await replica()
+    kube.reserve_port()  # nothing listens there yet
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: source(gw).fault is not None, BOUND)
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["Retry-After"] == "60"
+    error = json.loads(body)["error"]
+    assert error["code"] == "upstream_unavailable" and "the API server cannot be reached" in error["message"]
+    assert (await describe(session, gw))["problem"].startswith("the API server cannot be reached")
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)
+    await kube.start_server()
+    assert await wait_until(lambda: urls(gw) == [a.base], BOUND)
+    await ok(session, gw)
+    assert (await describe(session, gw))["problem"] is None
+    lines = [r.getMessage() for r in caplog.records if "kubernetes:" in r.getMessage()]
+    assert lines[0].startswith(f"deployment {DEPLOYMENT}: kubernetes: the API server cannot be reached")
+    assert lines[-1].endswith("is over") and len(lines) == 2  # one line when it starts, one when it ends
+
+
+async def test_the_api_server_gone_for_a_while_keeps_the_pods_and_resumes(replica, gateway, kube, session):
+    a, b = await replica(), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: urls(gw) == [a.base] and kube.open_watches() == 1, BOUND)
+    await kube.stop_server()
+    assert await wait_until(lambda: source(gw).fault is not None, BOUND)
+    await ok(session, gw)  # the pods last seen still serve
+    kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)  # while the gateway cannot see it
+    await kube.start_server()
+    assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
+    assert kube.count("list", "pods") == 1 and kube.watch_from[-1] == "101"  # resumed from where it was
+
+
+async def test_403_on_list_is_a_clear_503_and_log_line(gateway, kube, session, caplog):
+    await kube.start_server()
+    kube.forbid.add(("list", "pods"))
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: source(gw).fault is not None, BOUND)
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["Retry-After"] == "60"
+    message = json.loads(body)["error"]["message"]
+    assert message.startswith(f"deployment `{DEPLOYMENT}` has no replica: the gateway may not list pods in namespace llm (403 Forbidden: ")
+    assert any("403 Forbidden" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
+async def test_a_port_name_no_container_has(replica, gateway, kube, session, caplog):
+    a = await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, port_name="metrics", ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: source(gw).table.pods, BOUND)
+    assert urls(gw) == []
+    status, _, _ = await post(session, gw.url(CHAT), chat())
+    assert status == 503
+    assert (await describe(session, gw))["problem"] == "pod qwen-a has no container port named 'http'"
+    assert any("pod qwen-a has no container port named 'http'; it takes no request" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_port_number(replica, gateway, kube, session):
+    a = await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=1, port_name="other", ready=True)
+    gw = await gateway(deployments=k8s(kube, port=a.port))
+    assert await wait_until(lambda: urls(gw) == [a.base], BOUND)
+    await ok(session, gw)
+
+
+# -- wake and park through the scale subresource ----------------------------------------------
+
+
+def scaled(fake: FakeKube, **extra: Any) -> list[dict]:
+    return k8s(fake, scale={"kind": "Deployment", "name": "qwen3-8b", "replicas": 1}, boot_guess=7, **extra)
+
+
+async def test_a_parked_deployment_wakes_through_the_scale_and_parks_again(replica, gateway, kube, session):
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=0)
+    gw = await gateway(deployments=scaled(kube, idle_park_after=0.5))
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    assert (await describe(session, gw))["state"] == "parked"
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["Retry-After"] == "7"
+    assert json.loads(body) == error_body(
+        f"deployment `{DEPLOYMENT}` is waking up; retry after 7 s", "service_unavailable", "deployment_waking"
+    )
+    assert await wait_until(lambda: source(gw).serving, BOUND)
+    assert w.replicas == 1 and kube.calls[2:4] == [("get", "deployments/scale"), ("patch", "deployments/scale")]
+    await ok(session, gw)
+    view = await describe(session, gw)
+    assert (view["state"], view["boots"], view["managed"]) == ("ready", 1, True)
+    assert sample("streamproxy_gateway_cold_requests_total", deployment=DEPLOYMENT) >= 1
+    # Idle for 0.5 s: scaled to 0, its pod deleted; nothing was in flight.
+    assert await wait_until(lambda: w.replicas == 0 and not w.pods, BOUND)
+    assert await wait_until(lambda: source(gw).lifecycle.phase.value == "parked", BOUND)
+    view = await describe(session, gw)
+    assert (view["state"], view["parks"], view["replicas"]) == ("parked", 1, [])
+    # Woken again: Retry-After is now the boot it timed.
+    status, headers, _ = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and int(headers["Retry-After"]) == max(1, -(-view["last_boot_seconds"] // 1))
+    assert await wait_until(lambda: source(gw).serving, BOUND)
+    await ok(session, gw)
+
+
+async def test_wait_for_wake_holds_requests_and_counts_them(replica, gateway, kube, session):
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=0)
+    kube.hold_ready = True
+    gw = await gateway(deployments=scaled(kube, wait_for_wake=True))
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    held = asyncio.ensure_future(post(session, gw.url(CHAT), chat()))
+    assert await wait_until(lambda: sample("streamproxy_gateway_waiting_requests", deployment=DEPLOYMENT) == 1, BOUND)
+    assert await wait_until(lambda: w.pods and kube._held, BOUND)
+    kube.release()
+    status, _, _ = await held
+    assert status == 200
+    assert sample("streamproxy_gateway_waiting_requests", deployment=DEPLOYMENT) == 0
+
+
+async def test_no_pod_ready_within_boot_timeout_fails_the_deployment(replica, gateway, kube, session, caplog):
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=0)
+    kube.hold_ready = True
+    gw = await gateway(deployments=scaled(kube, boot_timeout=0.5))
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    status, _, _ = await post(session, gw.url(CHAT), chat())
+    assert status == 503
+    assert await wait_until(lambda: source(gw).lifecycle.phase.value == "failed" and w.replicas == 0, BOUND)
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["x-should-retry"] == "false"
+    assert json.loads(body) == error_body(
+        f"deployment `{DEPLOYMENT}` failed to wake: no pod became Ready within boot_timeout (0.5 s); an operator must wake it",
+        "service_unavailable", "deployment_failed",
+    )
+    async with session.get(gw.url("/health")) as resp:
+        assert resp.status == 503 and (await resp.json())["unavailable"] == [DEPLOYMENT]
+
+
+async def test_403_on_patch_fails_the_wake_with_a_clear_503(replica, gateway, kube, session, caplog):
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=0)
+    kube.forbid.add(("patch", "deployments/scale"))
+    gw = await gateway(deployments=scaled(kube))
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and json.loads(body)["error"]["code"] == "deployment_waking"
+    assert await wait_until(lambda: source(gw).lifecycle.phase.value == "failed", BOUND)
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    error = json.loads(body)["error"]
+    assert status == 503 and error["code"] == "deployment_failed"
+    assert error["message"].startswith(
+        f"deployment `{DEPLOYMENT}` failed to wake: the gateway may not patch the scale of Deployment/qwen3-8b in namespace llm (403 Forbidden: "
+    )
+    assert w.replicas == 0 and ("patch", "deployments/scale") in kube.calls
+    assert any(r.levelno == logging.ERROR and "403 Forbidden" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unknown_workload_or_namespace_is_a_clear_503(replica, gateway, kube, session):
+    await kube.start_server()
+    gw = await gateway(deployments=scaled(kube))  # no such Deployment (and nothing in namespace llm)
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    await post(session, gw.url(CHAT), chat())
+    assert await wait_until(lambda: source(gw).lifecycle.phase.value == "failed", BOUND)
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and json.loads(body)["error"]["message"] == (
+        f"deployment `{DEPLOYMENT}` failed to wake: cannot get the scale of Deployment/qwen3-8b in namespace llm: "
+        '404 Not Found (deployments.apps "qwen3-8b" not found); an operator must wake it'
+    )
+
+
+async def test_admin_park_and_wake(replica, gateway, kube, session, monkeypatch):
+    monkeypatch.setenv("K8S_ADMIN", "admin-secret")
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=1)  # up already: the gateway adopts it
+    gw = await gateway(deployments=scaled(kube), admin_key="admin-secret")
+    assert await wait_until(lambda: source(gw).serving, BOUND)
+    headers = {"Authorization": "Bearer admin-secret"}
+    async with session.post(gw.url(f"/v1/deployments/{DEPLOYMENT}/park"), headers=headers) as resp:
+        assert resp.status == 200 and (await resp.json())["state"] == "parked"
+    assert w.replicas == 0
+    async with session.post(gw.url(f"/v1/deployments/{DEPLOYMENT}/wake"), headers=headers) as resp:
+        assert resp.status == 200 and (await resp.json())["state"] == "waking"
+    assert await wait_until(lambda: source(gw).serving and w.replicas == 1, BOUND)
