@@ -251,7 +251,7 @@ class KubernetesSource:
         if fault == self.fault:
             return
         if fault is None:
-            log.info("deployment %s: kubernetes: %s is over", self.name, self.fault)
+            log.info("deployment %s: kubernetes: back to normal (it was: %s)", self.name, self.fault)
         else:
             log.warning("deployment %s: kubernetes: %s", self.name, fault)
         self.fault = fault
@@ -304,7 +304,7 @@ class KubernetesSource:
         self.table.reset(items)
         self.resource_version = self._listed = str((data.get("metadata") or {}).get("resourceVersion") or "") or None
         self._say(None)
-        if not items and not self._empty_logged:
+        if not items and not self._empty_logged and self.k.scale is None:
             self._empty_logged = True
             log.warning(
                 "deployment %s: kubernetes: no pod matches %s in namespace %s (is the namespace or the selector wrong?)",
@@ -326,10 +326,15 @@ class KubernetesSource:
             if response.status != 200:
                 await _json(response)  # raises the status
             self._say(None)
-            async for line in response.content:
-                if line.strip():
-                    self._event(orjson.loads(line))
-                    events += 1
+            try:
+                async for line in response.content:
+                    if line.strip():
+                        self._event(orjson.loads(line))
+                        events += 1
+            except (aiohttp.ClientPayloadError, ConnectionResetError) as exc:
+                # Cut mid-stream (a proxy's idle timeout, the API server restarting): resumed from the last resourceVersion.
+                log.info("deployment %s: kubernetes: the pods' watch was cut (%s); resuming from resourceVersion %s",
+                         self.name, type(exc).__name__, self.resource_version)
         finally:
             response.release()
         return events > 0 or time.monotonic() - started >= 1.0

@@ -189,11 +189,11 @@ class FakeKube:
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
         if (verb, resource) in self.forbid:
-            kind, _, sub = resource.partition("/")
-            what = f'resource "{kind}"' + (f' in subresource "{sub}"' if sub else "")
+            kind = resource.partition("/")[0]
             group = '""' if kind == "pods" else '"apps"'
-            message = (f'{resource.replace("/", "")} is forbidden: User "system:serviceaccount:llm:gateway" cannot {verb} '
-                       f'{what} in API group {group} in the namespace "{request.match_info["ns"]}"')
+            subject = "pods" if kind == "pods" else f'{kind}.apps "{request.match_info["name"]}"'
+            message = (f'{subject} is forbidden: User "system:serviceaccount:llm:gateway" cannot {verb} resource "{resource}" '
+                       f'in API group {group} in the namespace "{request.match_info["ns"]}"')
             return web.json_response(_status(403, "Forbidden", message), status=403)
         return None
 
