@@ -108,6 +108,7 @@ class KubernetesSource:
         self._listed: str | None = None  # the last list's resourceVersion
         self.api: Any = None  # kubernetes_asyncio's ApiClient
         self._tasks: set[asyncio.Task[None]] = set()
+        self._connecting = asyncio.Lock()
         self._changed = asyncio.Event()
         self._wake_after_park = False
         self._scaled_up = False  # the last wake patched the scale (a failed boot sets it back)
@@ -230,6 +231,13 @@ class KubernetesSource:
             await api.close()
 
     # -- the API ------------------------------------------------------------------------
+    async def _connect(self) -> Any:
+        """The API client, made once (discovery and a wake may both ask first)."""
+        async with self._connecting:
+            if self.api is None:
+                self.api = await self._client()
+        return self.api
+
     async def _client(self) -> Any:
         from kubernetes_asyncio import client, config
 
@@ -272,8 +280,7 @@ class KubernetesSource:
         backoff = Backoff(self.k.backoff_initial, self.k.backoff_max)
         while True:
             try:
-                if self.api is None:
-                    self.api = await self._client()
+                await self._connect()
                 if self.resource_version is None:
                     await self._list()
                     backoff.reset()
@@ -498,16 +505,14 @@ class KubernetesSource:
         return apps.read_namespaced_deployment_scale, apps.patch_namespaced_deployment_scale
 
     async def _get_scale(self) -> int:
-        if self.api is None:
-            self.api = await self._client()
+        await self._connect()
         read, _ = self._scale_api()
         assert self.k.scale is not None
         data = await _json(await read(self.k.scale.name, self.k.namespace, _preload_content=False, _request_timeout=self.k.request_timeout))
         return int((data.get("spec") or {}).get("replicas") or 0)
 
     async def _patch_scale(self, replicas: int) -> None:
-        if self.api is None:
-            self.api = await self._client()
+        await self._connect()
         _, patch = self._scale_api()
         assert self.k.scale is not None
         await _json(await patch(

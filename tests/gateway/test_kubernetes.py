@@ -233,6 +233,24 @@ async def test_403_on_list_is_a_clear_503_and_log_line(kube, gateway, session, c
     assert any("403 Forbidden" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
+async def test_a_selector_matching_nothing_or_an_unknown_namespace(kube, replica, gateway, session, caplog):
+    a = await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=a.port, ready=True)  # in namespace llm
+    gw = await gateway(deployments=k8s(kube, namespace="nowhere"))  # lists nothing there, as the real API server
+    assert await wait_until(lambda: kube.open_watches() == 1, BOUND)
+    status, headers, body = await post(session, gw.url(CHAT), chat())
+    assert status == 503 and headers["Retry-After"] == "60"
+    assert json.loads(body)["error"]["message"] == (
+        f"deployment `{DEPLOYMENT}` has no replica: no Ready pod matches app=qwen3-8b in namespace nowhere"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"deployment {DEPLOYMENT}: kubernetes: no pod matches app=qwen3-8b in namespace nowhere (is the namespace or the selector wrong?)"
+    ]
+    async with session.get(gw.url(f"/v1/models/{DEPLOYMENT}")) as resp:
+        assert resp.status == 200  # configured: never a 404
+
+
 async def test_a_port_name_no_container_has(kube, replica, gateway, session, caplog):
     a = await replica()
     await kube.start_server()
