@@ -14,7 +14,7 @@ API server does:
   PATCH the same, `{"spec": {"replicas": n}}`: the workload's desired count,
        which the kubelet stand-in makes true;
   401 without the token, 403 (a Status, the real message's shape) for a
-  (verb, resource) in `forbid`, 404 for a workload that does not exist.
+  (verb, resource) in `forbid` or, given `grants` (a Role's rules), not in it, 404 for a workload that does not exist.
 Every call is recorded as (verb, resource) in `calls` (resource "pods",
 "deployments/scale", ...), and each watch's resourceVersion in `watch_from`.
 
@@ -107,8 +107,10 @@ class _Watch:
 
 
 class FakeKube:
-    def __init__(self, *, start_replica: StartReplica | None = None, grace: float = 0.05, port: int = 0) -> None:
+    def __init__(self, *, start_replica: StartReplica | None = None, grace: float = 0.05, port: int = 0,
+                 grants: set[tuple[str, str]] | None = None) -> None:
         self.start_replica = start_replica
+        self.grants = grants  # None: every verb; else 403 for any (verb, resource) not in it (an RBAC Role's rules)
         self.grace = grace
         self.port = port
         self.rv = 100
@@ -188,7 +190,7 @@ class FakeKube:
         self.calls.append((verb, resource))
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
-        if (verb, resource) in self.forbid:
+        if (verb, resource) in self.forbid or (self.grants is not None and (verb, resource) not in self.grants):
             kind = resource.partition("/")[0]
             group = '""' if kind == "pods" else '"apps"'
             subject = "pods" if kind == "pods" else f'{kind}.apps "{request.match_info["name"]}"'
