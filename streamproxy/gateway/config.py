@@ -198,6 +198,9 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the longest share of its prefix when that share is at least `cache_threshold`, unless the
     # replicas' loads are imbalanced (both thresholds exceeded), when it goes to the least loaded.
     prefix_affinity: bool = True
+    # A prefix no replica holds yet goes to its rendezvous-hash home (the same in every gateway and
+    # after a restart), under the same load guard; false: to the less loaded of two random replicas.
+    rendezvous: bool = True
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 1.5

@@ -388,3 +388,45 @@ async def test_admin_park_and_wake(kube, replica, gateway, session, monkeypatch)
     async with session.post(gw.url(f"/v1/deployments/{DEPLOYMENT}/wake"), headers=headers) as resp:
         assert resp.status == 200 and (await resp.json())["state"] == "waking"
     assert await wait_until(lambda: source(gw).serving and w.replicas == 1, BOUND)
+
+
+# -- two gateways over the same pods -------------------------------------------------------
+
+
+def prefixes(n: int) -> list[dict]:
+    """`n` conversations, each with its own long system prompt (more than one prefix block)."""
+    return [chat(messages=[{"role": "system", "content": f"You are assistant number {i}. " + "Be brief and exact. " * 30},
+                           {"role": "user", "content": "hi"}]) for i in range(n)]
+
+
+async def served_by(session, gw, body: dict, pods: dict[str, Any]) -> str:
+    async with session.post(gw.url(CHAT), json=body) as resp:
+        assert resp.status == 200
+        await resp.read()
+        request_id = resp.headers["X-Request-ID"]
+    [pod] = [name for name, r in pods.items() if any(s.request_id == request_id for s in r.seen)]
+    return pod
+
+
+async def test_two_gateways_send_a_prefix_to_the_same_pod_and_so_does_a_restarted_one(kube, replica, gateway, session):
+    pods = {f"qwen-{i}": await replica() for i in range(3)}
+    await kube.start_server()
+    for name, r in pods.items():
+        kube.add_pod(name, LABELS, port=r.port, ready=True)
+    first, second = await gateway(deployments=k8s(kube)), await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: len(urls(first)) == 3 and len(urls(second)) == 3, BOUND)
+    bodies = prefixes(24)
+    homes: dict[int, list[str]] = {i: [] for i in range(len(bodies))}
+    for round_ in range(4):  # each prefix through both gateways, twice each, in turn
+        for i, body in enumerate(bodies):
+            homes[i].append(await served_by(session, first if (round_ + i) % 2 == 0 else second, body, pods))
+    same = sum(h.count(max(set(h), key=h.count)) for h in homes.values())
+    assert same / (4 * len(bodies)) >= 0.95, homes
+    assert len({max(set(h), key=h.count) for h in homes.values()}) == 3  # and the prefixes spread over every pod
+    # The first gateway restarts (nothing of its index kept): the prefixes keep their pods.
+    await first.runner.cleanup()
+    restarted = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: len(urls(restarted)) == 3, BOUND)
+    after = [await served_by(session, restarted, body, pods) for body in bodies]
+    kept = sum(after[i] == max(set(h), key=h.count) for i, h in homes.items())
+    assert kept / len(bodies) >= 0.95
