@@ -30,6 +30,9 @@ watches open now, a change they miss), `cut_watches` (connections dropped
 mid-stream), `expire_watches` (an ERROR 410 to each open watch),
 `stop_server` / `start_server` (the API server down and back on its port,
 its state kept, as etcd keeps it).
+
+`ThreadedFakeKube` runs one on its own event loop in a thread, for tests
+that are not async (a `streamproxy gateway` process's API server).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -409,3 +413,32 @@ class FakeKube:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class ThreadedFakeKube:
+    """A `FakeKube` on its own loop in a daemon thread; `call(fn, *args)` runs `fn` there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-kube", daemon=True)
+        self.kube = FakeKube()
+
+    def start(self) -> FakeKube:
+        self.thread.start()
+        self._run(self.kube.start_server())
+        return self.kube
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        async def run() -> Any:
+            return fn(*args, **kwargs)
+
+        return self._run(run())
+
+    def stop(self) -> None:
+        self._run(self.kube.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
