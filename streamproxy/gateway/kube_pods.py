@@ -11,7 +11,10 @@ gives (uid, URL) in pod-name order; the pool keeps a replica's health, load
 and prefix index across calls by URL, so a re-list never drops or duplicates
 one. `problems()` says which pods cannot be replicas and why (a port name no
 container has). `Backoff` is the bounded, jittered wait between attempts
-while the API server cannot be reached.
+while the API server cannot be reached. `PodActivity` reads the pods' own
+/metrics (streamproxy's or vLLM's request gauges and counters) and says
+whether any pod served something since the last look: other gateways'
+traffic too, so a gateway does not park pods another one keeps busy.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +127,43 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+# In progress now (gauges), and finished so far (counters): streamproxy serve's, and vLLM's own server's.
+_BUSY = frozenset({"streamproxy_requests_running", "streamproxy_requests_queued", "vllm:num_requests_running", "vllm:num_requests_waiting"})
+_DONE = frozenset({"streamproxy_request_duration_seconds_count", "vllm:request_success_total"})
+
+
+def activity(text: str) -> tuple[float, float] | None:
+    """(requests in progress, requests finished) in a pod's /metrics text; None when it has neither."""
+    busy = done = 0.0
+    seen = False
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in _BUSY:
+                    busy += sample.value
+                    seen = True
+                elif sample.name in _DONE:
+                    done += sample.value
+                    seen = True
+    except ValueError:
+        return None
+    return (busy, done) if seen else None
+
+
+class PodActivity:
+    """Per pod URL, the finished-requests count of the last look."""
+
+    def __init__(self) -> None:
+        self.finished: dict[str, float] = {}
+
+    def saw(self, url: str, busy: float, done: float) -> bool:
+        """True when the pod is serving now or finished something since the last look."""
+        before = self.finished.get(url)
+        self.finished[url] = done
+        return busy > 0 or (before is not None and done != before)
+
+    def keep(self, urls: AbstractSet[str]) -> None:
+        for url in [u for u in self.finished if u not in urls]:
+            del self.finished[url]

@@ -32,7 +32,10 @@ an HPA, is left alone). No Ready pod within `boot_timeout`: `deployment_failed`
 the scale is patched to 0; its pods leave the pool at once (no new request)
 and their streams finish while Kubernetes drains them. Ready pods the gateway
 did not wake (an autoscaler scaled the workload up) make it ready; all pods
-gone makes it parked. Without `scale:` the gateway only discovers: no Ready
+gone makes it parked. Idle means idle on the pods too: the ticker looks at
+each pod's /metrics (streamproxy's or vLLM's request counters) and counts a
+request another gateway sent as a use, so two gateways in front of the same
+pods do not park them under each other's traffic. Without `scale:` the gateway only discovers: no Ready
 pod is 503 `upstream_unavailable` + Retry-After (`boot_guess`), or a held
 request with `wait_for_wake`. Requests that find no Ready pod are counted per
 deployment in /metrics (`streamproxy_gateway_cold_requests`, and the held ones
@@ -56,7 +59,7 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment, Kubernetes
-from streamproxy.gateway.kube_pods import Backoff, PodTable
+from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 
 log = logging.getLogger("streamproxy.gateway")
@@ -109,6 +112,8 @@ class KubernetesSource:
         self.api: Any = None  # kubernetes_asyncio's ApiClient
         self._tasks: set[asyncio.Task[None]] = set()
         self._connecting = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None  # the gateway's, for the pods' /metrics
+        self._activity = PodActivity()
         self._changed = asyncio.Event()
         self._wake_after_park = False
         self._scaled_up = False  # the last wake patched the scale (a failed boot sets it back)
@@ -216,6 +221,7 @@ class KubernetesSource:
         return described
 
     def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
         self._sync()
         self._spawn(self._discover_forever())
         if self.k.scale is not None and self.k.idle_seconds > 0:
@@ -488,11 +494,40 @@ class KubernetesSource:
             self.wake()
 
     async def _tick_forever(self) -> None:
-        interval = max(0.02, min(1.0, self.k.idle_seconds / 4))
+        """Idle parking. Idle means idle on the pods too: each look at their /metrics that shows a
+        request in progress or finished (through another gateway, say) counts as a use."""
+        idle = self.k.idle_seconds
+        interval = max(0.02, min(1.0, idle / 4))
+        look_every = max(interval, min(idle / 10, 10.0))
+        looked = 0.0
         while True:
             await asyncio.sleep(interval)
+            now = time.monotonic()
+            if self.lifecycle.phase is Phase.READY and now - looked >= look_every:
+                looked = now
+                if await self._pods_busy():
+                    self.lifecycle.last_used = max(self.lifecycle.last_used, time.monotonic())
             if self.lifecycle.park_due(time.monotonic()):
                 self._spawn(self.park("idle"))
+
+    async def _pods_busy(self) -> bool:
+        urls = [r.url for r in self.pool.replicas]
+        self._activity.keep(set(urls))
+        if self._session is None or not urls:
+            return False
+        looks = await asyncio.gather(*(self._look(url) for url in urls))
+        return any(looks)
+
+    async def _look(self, url: str) -> bool:
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.k.request_timeout):
+                async with self._session.get(url + "/metrics", headers=self.pool.upstream_headers) as response:
+                    text = await response.text() if response.status == 200 else ""
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            return False  # its probes and the gateway's own requests judge it
+        seen = activity(text)
+        return seen is not None and self._activity.saw(url, *seen)
 
     def _scale_api(self) -> tuple[Any, Any]:
         from kubernetes_asyncio import client

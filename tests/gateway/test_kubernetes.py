@@ -430,3 +430,16 @@ async def test_two_gateways_send_a_prefix_to_the_same_pod_and_so_does_a_restarte
     after = [await served_by(session, restarted, body, pods) for body in bodies]
     kept = sum(after[i] == max(set(h), key=h.count) for i, h in homes.items())
     assert kept / len(bodies) >= 0.95
+
+
+async def test_a_gateway_does_not_park_pods_another_gateway_keeps_busy(kube, replica, gateway, session):
+    await kube.start_server()
+    w = kube.workload("qwen3-8b", LABELS, replicas=1)
+    quiet = await gateway(deployments=scaled(kube, idle_park_after=0.4))
+    busy = await gateway(deployments=scaled(kube, idle_park_after=0.4))
+    assert await wait_until(lambda: source(quiet).serving and source(busy).serving, BOUND)
+    for _ in range(20):  # 2 s of traffic through one gateway only: five idle periods of the other
+        await ok(session, busy)
+        await asyncio.sleep(0.1)
+    assert kube.count("patch", "deployments/scale") == 0 and w.replicas == 1
+    assert await wait_until(lambda: w.replicas == 0, BOUND)  # once nobody sends anything, parked

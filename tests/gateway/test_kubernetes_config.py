@@ -115,3 +115,21 @@ def test_the_life_cycle_of_a_source_someone_else_scales():
     assert lc.want(2.0)
     lc.failed_to_wake()
     assert lc.phase is Phase.FAILED and not lc.want(3.0) and lc.want(3.0, admin=True)
+
+
+def test_pod_activity_from_streamproxy_and_vllm_metrics():
+    from streamproxy.gateway.kube_pods import PodActivity, activity
+
+    ours = ("# TYPE streamproxy_requests_running gauge\nstreamproxy_requests_running 2.0\n"
+            "# TYPE streamproxy_request_duration_seconds histogram\nstreamproxy_request_duration_seconds_bucket{le=\"+Inf\"} 7.0\n"
+            "streamproxy_request_duration_seconds_count 7.0\nstreamproxy_request_duration_seconds_sum 1.5\n")
+    vllm = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="q"} 0.0\n'
+            '# TYPE vllm:request_success counter\nvllm:request_success_total{finished_reason="stop",model_name="q"} 3.0\n'
+            'vllm:request_success_total{finished_reason="length",model_name="q"} 4.0\n')
+    assert activity(ours) == (2.0, 7.0) and activity(vllm) == (0.0, 7.0)
+    assert activity("# nothing we know\nother_metric 1\n") is None and activity("not { prometheus") is None
+    seen = PodActivity()
+    assert not seen.saw("u", 0.0, 7.0)  # the first look: nothing to compare with, nothing in progress
+    assert not seen.saw("u", 0.0, 7.0) and seen.saw("u", 0.0, 8.0) and seen.saw("u", 1.0, 8.0)
+    seen.keep(set())
+    assert seen.finished == {}
