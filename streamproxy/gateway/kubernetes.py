@@ -106,7 +106,8 @@ class KubernetesSource:
         self.table = PodTable(k.port)
         self.lifecycle = Lifecycle(k, time.monotonic())
         self.retired: set[str] = set()  # pods that were serving when the gateway parked the deployment
-        self.fault: str | None = None  # what is wrong now, for the log and the 503s
+        self.fault: str | None = None  # what keeps discovery from working now, for the log and the 503s
+        self.wake_fault: str | None = None  # why the last wake failed
         self.resource_version: str | None = None
         self._listed: str | None = None  # the last list's resourceVersion
         self.api: Any = None  # kubernetes_asyncio's ApiClient
@@ -159,7 +160,7 @@ class KubernetesSource:
         lc = self.lifecycle
         if lc.phase is Phase.FAILED:
             exc = ServiceUnavailable(
-                f"deployment `{self.name}` failed to wake: {self.fault or 'no pod became Ready'}; an operator must wake it",
+                f"deployment `{self.name}` failed to wake: {self.wake_fault or 'no pod became Ready'}; an operator must wake it",
                 code="deployment_failed",
             )
             exc.should_retry = False
@@ -217,7 +218,8 @@ class KubernetesSource:
                 last_boot_seconds=None if lc.last_boot is None else round(lc.last_boot, 3),
                 requests_in_flight=lc.in_flight, boots=lc.boots, parks=lc.parks, restarts=lc.restarts,
             )
-        described["problem"] = self.fault or (self._problems[0] if self._problems else None)
+        failed = self.wake_fault if self.lifecycle.phase is Phase.FAILED else None
+        described["problem"] = self.fault or failed or (self._problems[0] if self._problems else None)
         return described
 
     def start(self, session: aiohttp.ClientSession) -> None:
@@ -461,7 +463,7 @@ class KubernetesSource:
 
     def _fail(self, why: str) -> None:
         log.error("deployment %s: failed to wake: %s", self.name, why)
-        self.fault = why
+        self.wake_fault = why
         self.lifecycle.failed_to_wake()
         self._sync()
 

@@ -359,6 +359,11 @@ async def test_403_on_patch_fails_the_wake_with_a_clear_503(kube, replica, gatew
         f"deployment `{DEPLOYMENT}` failed to wake: the gateway may not patch the scale of Deployment/qwen3-8b in namespace llm (403 Forbidden: "
     )
     assert w.replicas == 0 and ("patch", "deployments/scale") in kube.calls
+    kube.cut_watches()  # discovery reconnecting (and fine) does not hide why the wake failed
+    assert await wait_until(lambda: len(kube.watch_from) == 2 and kube.open_watches() == 1, BOUND)
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    assert json.loads(body)["error"]["message"] == error["message"]
+    assert (await describe(session, gw))["problem"] == error["message"][len(f"deployment `{DEPLOYMENT}` failed to wake: "):-len("; an operator must wake it")]
     assert any(r.levelno == logging.ERROR and "403 Forbidden" in r.getMessage() for r in caplog.records)
 
 
