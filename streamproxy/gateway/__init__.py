@@ -8,7 +8,8 @@ managed deployment's states). With I/O: `upstream` (sending with failover),
 `proxy` (the relaying handlers), `probes` (active health checks), `source`
 (where a deployment's replicas come from: one interface, `ReplicaSource`),
 `managed` and `replicas` (the replicas the gateway runs itself), `kubernetes`
-(pods found through the Kubernetes API; `kube_pods` is its sans-IO part),
+(pods found through the Kubernetes API: `kube_api` its calls, `kube_pods` its
+sans-IO part),
 `routes` (the route
 table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
 life cycle), `metrics`.

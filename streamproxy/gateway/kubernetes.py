@@ -1,15 +1,6 @@
 """`kubernetes:` deployments: replicas are pods found through the Kubernetes API, woken and parked through it.
 
-The client is kubernetes_asyncio (imported here only, on first use): asyncio
-native on aiohttp, the HTTP stack the gateway already runs (lightkube, also
-maintained, brings httpx2 and a second connection pool), generated from the
-API's OpenAPI description so the scale subresource of a Deployment or
-StatefulSet is a typed call, and its config loaders read a kubeconfig file or
-the in-cluster service account. Responses are taken raw (`_preload_content=
-False`) and read as JSON: a pod's readiness, IP and ports are all the gateway
-needs, and the watch stream's lines are parsed here (the library's `Watch`
-retries a 410 with the same stale resourceVersion; the API's rules need a
-re-list).
+The API calls are `kube_api.KubeApi`'s (kubernetes_asyncio, imported there only).
 
 Discovery (`_discover_forever`): list the pods with the `labelSelector`, then
 watch from the list's resourceVersion with `allowWatchBookmarks`; each event
@@ -35,8 +26,9 @@ did not wake (an autoscaler scaled the workload up) make it ready; all pods
 gone makes it parked. Idle means idle on the pods too: the ticker looks at
 each pod's /metrics (streamproxy's or vLLM's request counters) and counts a
 request another gateway sent as a use, so two gateways in front of the same
-pods do not park them under each other's traffic. Without `scale:` the gateway only discovers: no Ready
-pod is 503 `upstream_unavailable` + Retry-After (`boot_guess`), or a held
+pods do not park them under each other's traffic.
+
+Without `scale:` the gateway only discovers: no Ready pod is 503 `upstream_unavailable` + Retry-After (`boot_guess`), or a held
 request with `wait_for_wake`. Requests that find no Ready pod are counted per
 deployment in /metrics (`streamproxy_gateway_cold_requests`, and the held ones
 in `streamproxy_gateway_waiting_requests`): the signal for an external autoscaler.
@@ -47,53 +39,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
-import orjson
 
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment, Kubernetes
+from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, WatchCut, refused
 from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 
 log = logging.getLogger("streamproxy.gateway")
-
-
-class ApiStatus(Exception):
-    """The API server answered with an error status (or an ERROR event in a watch)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status} {message}")
-        self.status = status
-        self.message = message
-
-
-class Gone(ApiStatus):
-    """410: the resourceVersion is too old; re-list."""
-
-
-_UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
-
-
-async def _json(response: Any) -> Any:
-    """A raw response's JSON, or ApiStatus with the API's own message."""
-    try:
-        raw = await response.read()
-    finally:
-        response.release()
-    if 200 <= response.status < 300:
-        return orjson.loads(raw)
-    try:
-        message = orjson.loads(raw).get("message") or ""
-    except (orjson.JSONDecodeError, AttributeError):
-        message = raw[:200].decode("utf-8", "replace")
-    raise (Gone if response.status == 410 else ApiStatus)(response.status, message or response.reason or "")
 
 
 class KubernetesSource:
@@ -110,9 +70,8 @@ class KubernetesSource:
         self.wake_fault: str | None = None  # why the last wake failed
         self.resource_version: str | None = None
         self._listed: str | None = None  # the last list's resourceVersion
-        self.api: Any = None  # kubernetes_asyncio's ApiClient
+        self.api = KubeApi(k)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._connecting = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None  # the gateway's, for the pods' /metrics
         self._activity = PodActivity()
         self._changed = asyncio.Event()
@@ -234,34 +193,9 @@ class KubernetesSource:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.api is not None:
-            api, self.api = self.api, None
-            await api.close()
+        await self.api.close()
 
-    # -- the API ------------------------------------------------------------------------
-    async def _connect(self) -> Any:
-        """The API client, made once (discovery and a wake may both ask first)."""
-        async with self._connecting:
-            if self.api is None:
-                self.api = await self._client()
-        return self.api
-
-    async def _client(self) -> Any:
-        from kubernetes_asyncio import client, config
-
-        conf = client.Configuration()
-        path = self.k.kubeconfig or os.environ.get("KUBECONFIG")
-        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=conf)
-        else:  # the file given, $KUBECONFIG, or ~/.kube/config
-            await config.load_kube_config(config_file=path, context=self.k.context, client_configuration=conf, persist_config=False)
-        return client.ApiClient(conf)
-
-    def _core(self) -> Any:
-        from kubernetes_asyncio import client
-
-        return client.CoreV1Api(self.api)
-
+    # -- faults -------------------------------------------------------------------------
     def _say(self, fault: str | None) -> None:
         """One log line when a fault starts or changes, one when it ends."""
         if fault == self.fault:
@@ -274,21 +208,14 @@ class KubernetesSource:
         self._sync()
 
     def _refused(self, verb: str, what: str, exc: ApiStatus) -> str:
-        where = f"in namespace {self.k.namespace}"
-        if exc.status == 403:
-            return f"the gateway may not {verb} {what} {where} (403 Forbidden: {exc.message}); its RBAC must grant it"
-        if exc.status == 404:
-            return f"cannot {verb} {what} {where}: 404 Not Found ({exc.message})"
-        if exc.status == 401:
-            return f"the API server refused the gateway's credentials to {verb} {what} (401: {exc.message})"
-        return f"cannot {verb} {what} {where}: {exc.status} {exc.message}"
+        return refused(self.k, verb, what, exc)
 
     # -- discovery ----------------------------------------------------------------------
     async def _discover_forever(self) -> None:
         backoff = Backoff(self.k.backoff_initial, self.k.backoff_max)
         while True:
             try:
-                await self._connect()
+                await self.api.connect()
                 if self.resource_version is None:
                     await self._list()
                     backoff.reset()
@@ -303,21 +230,16 @@ class KubernetesSource:
                     continue  # a re-list at once; a list's own resourceVersion gone already: after the backoff
             except ApiStatus as exc:
                 self._say(self._refused("watch" if self.resource_version else "list", "pods", exc))
-            except _UNREACHABLE as exc:
+            except UNREACHABLE as exc:
                 self._say(f"the API server cannot be reached ({type(exc).__name__}: {exc}); retrying")
             except Exception as exc:  # a kubeconfig that does not load, or anything else: logged, retried, never a crash
                 self._say(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(backoff.next())
 
     async def _list(self) -> None:
-        response = await self._core().list_namespaced_pod(
-            self.k.namespace, label_selector=self.k.label_selector(), _preload_content=False,
-            _request_timeout=self.k.request_timeout,
-        )
-        data = await _json(response)
-        items = data.get("items") or []
+        items, self.resource_version = await self.api.list_pods()
+        self._listed = self.resource_version
         self.table.reset(items)
-        self.resource_version = self._listed = str((data.get("metadata") or {}).get("resourceVersion") or "") or None
         self._say(None)
         if not items and not self._empty_logged and self.k.scale is None:
             self._empty_logged = True
@@ -328,38 +250,24 @@ class KubernetesSource:
         self._sync()
 
     async def _watch(self) -> bool:
-        """One watch request from `resource_version`; True when it ended cleanly having done something."""
-        k = self.k
+        """One watch request from `resource_version`; True when it ended having done something."""
         started = time.monotonic()
         events = 0
-        response = await self._core().list_namespaced_pod(
-            k.namespace, label_selector=k.label_selector(), watch=True, resource_version=self.resource_version,
-            allow_watch_bookmarks=True, timeout_seconds=max(1, int(k.watch_timeout)), _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(connect=k.request_timeout, sock_read=k.watch_timeout + k.request_timeout),
-        )
         try:
-            if response.status != 200:
-                await _json(response)  # raises the status
-            self._say(None)
-            try:
-                async for line in response.content:
-                    if line.strip():
-                        self._event(orjson.loads(line))
-                        events += 1
-            except (aiohttp.ClientPayloadError, ConnectionResetError) as exc:
-                # Cut mid-stream (a proxy's idle timeout, the API server restarting): resumed from the last resourceVersion.
-                log.info("deployment %s: kubernetes: the pods' watch was cut (%s); resuming from resourceVersion %s",
-                         self.name, type(exc).__name__, self.resource_version)
-        finally:
-            response.release()
+            async for event in self.api.watch_pods(self.resource_version):
+                if not events:
+                    self._say(None)
+                self._event(event)
+                events += 1
+        except WatchCut as exc:
+            # Cut mid-stream (a proxy's idle timeout, the API server restarting): resumed from the last resourceVersion.
+            log.info("deployment %s: kubernetes: the pods' watch was cut (%s); resuming from resourceVersion %s",
+                     self.name, exc, self.resource_version)
         return events > 0 or time.monotonic() - started >= 1.0
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         obj = event.get("object") or {}
-        if kind == "ERROR":
-            code = int(obj.get("code") or 0)
-            raise (Gone if code == 410 else ApiStatus)(code, str(obj.get("message") or obj.get("reason") or ""))
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self.table.apply(kind, obj)
@@ -426,11 +334,11 @@ class KubernetesSource:
         while lc.phase is Phase.WAKING:
             verb = "get"
             try:
-                current = await self._get_scale()
+                current = await self.api.get_scale()
                 if current == 0:
                     verb = "patch"
                     log.info("deployment %s: waking: %s/%s scaled to %d", self.name, scale.kind, scale.name, scale.replicas)
-                    await self._patch_scale(scale.replicas)
+                    await self.api.patch_scale(scale.replicas)
                     self._scaled_up = True
                 else:
                     log.info("deployment %s: waking: %s/%s is already at %d replicas", self.name, scale.kind, scale.name, current)
@@ -438,7 +346,7 @@ class KubernetesSource:
             except ApiStatus as exc:
                 self._fail(self._refused(verb, f"the scale of {scale.kind}/{scale.name}", exc))
                 return
-            except _UNREACHABLE as exc:
+            except UNREACHABLE as exc:
                 if time.monotonic() > deadline:
                     self._fail(f"the API server could not be reached to wake it ({type(exc).__name__})")
                     return
@@ -456,9 +364,9 @@ class KubernetesSource:
             if self._scaled_up:
                 self._scaled_up = False
                 try:
-                    await self._patch_scale(0)
+                    await self.api.patch_scale(0)
                     log.info("deployment %s: %s/%s scaled back to 0", self.name, scale.kind, scale.name)
-                except (ApiStatus, *_UNREACHABLE) as exc:
+                except (ApiStatus, *UNREACHABLE) as exc:
                     log.warning("deployment %s: cannot scale %s/%s back to 0: %s", self.name, scale.kind, scale.name, exc)
 
     def _fail(self, why: str) -> None:
@@ -479,8 +387,8 @@ class KubernetesSource:
         self.retired = {uid for uid, _ in self.table.replicas()}
         self._sync()
         try:
-            await self._patch_scale(0)
-        except (ApiStatus, *_UNREACHABLE) as exc:
+            await self.api.patch_scale(0)
+        except (ApiStatus, *UNREACHABLE) as exc:
             why = self._refused("patch", f"the scale of {scale.kind}/{scale.name}", exc) if isinstance(exc, ApiStatus) else str(exc)
             log.error("deployment %s: cannot park: %s; it stays up", self.name, why)
             lc.phase = Phase.READY
@@ -530,32 +438,6 @@ class KubernetesSource:
             return False  # its probes and the gateway's own requests judge it
         seen = activity(text)
         return seen is not None and self._activity.saw(url, *seen)
-
-    def _scale_api(self) -> tuple[Any, Any]:
-        from kubernetes_asyncio import client
-
-        apps = client.AppsV1Api(self.api)
-        scale = self.k.scale
-        assert scale is not None
-        if scale.kind == "StatefulSet":
-            return apps.read_namespaced_stateful_set_scale, apps.patch_namespaced_stateful_set_scale
-        return apps.read_namespaced_deployment_scale, apps.patch_namespaced_deployment_scale
-
-    async def _get_scale(self) -> int:
-        await self._connect()
-        read, _ = self._scale_api()
-        assert self.k.scale is not None
-        data = await _json(await read(self.k.scale.name, self.k.namespace, _preload_content=False, _request_timeout=self.k.request_timeout))
-        return int((data.get("spec") or {}).get("replicas") or 0)
-
-    async def _patch_scale(self, replicas: int) -> None:
-        await self._connect()
-        _, patch = self._scale_api()
-        assert self.k.scale is not None
-        await _json(await patch(
-            self.k.scale.name, self.k.namespace, {"spec": {"replicas": replicas}}, _preload_content=False,
-            _request_timeout=self.k.request_timeout,
-        ))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
