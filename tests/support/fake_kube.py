@@ -241,10 +241,8 @@ class FakeKube:
                     await response.write(orjson.dumps(event) + b"\n")
                     if event["type"] == "ERROR":
                         return response
-        except TimeoutError:
+        except (TimeoutError, ConnectionError):  # the watch's time is up, or its client went away
             return response
-        except (ConnectionError, asyncio.CancelledError):
-            raise
         finally:
             if w in self._watches:
                 self._watches.remove(w)
