@@ -448,3 +448,13 @@ async def test_a_gateway_does_not_park_pods_another_gateway_keeps_busy(kube, rep
         await asyncio.sleep(0.1)
     assert kube.count("patch", "deployments/scale") == 0 and w.replicas == 1
     assert await wait_until(lambda: w.replicas == 0, BOUND)  # once nobody sends anything, parked
+
+
+async def test_a_kubeconfig_that_does_not_load_is_a_clear_503(kube, gateway, session, tmp_path, caplog):
+    section = {**k8s(kube)[0]["kubernetes"], "kubeconfig": str(tmp_path / "missing")}
+    gw = await gateway(deployments=[{**k8s(kube)[0], "kubernetes": section}])
+    assert await wait_until(lambda: source(gw).fault is not None, BOUND)
+    status, _, body = await post(session, gw.url(CHAT), chat())
+    message = json.loads(body)["error"]["message"]
+    assert status == 503 and message.startswith(f"deployment `{DEPLOYMENT}` has no replica: ConfigException: ") and "missing" in message
+    assert [r.levelno for r in caplog.records if "ConfigException" in r.getMessage()] == [logging.WARNING]
