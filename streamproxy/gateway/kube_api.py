@@ -50,6 +50,10 @@ class WatchCut(Exception):
     """The watch's connection broke mid-stream: resume from the last resourceVersion."""
 
 
+class KubeConfigMissing(Exception):
+    """The kubeconfig named does not exist (kubernetes_asyncio would say "Expected key current-context")."""
+
+
 UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
@@ -98,6 +102,8 @@ class KubeApi:
 
                 conf = client.Configuration()
                 path = self.k.kubeconfig or os.environ.get("KUBECONFIG")
+                if path is not None and not any(os.path.exists(p) for p in path.split(os.pathsep) if p):
+                    raise KubeConfigMissing(f"the kubeconfig {path} does not exist")
                 if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
                     config.load_incluster_config(client_configuration=conf)
                 else:

@@ -49,7 +49,7 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment, Kubernetes
-from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, WatchCut, refused
+from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, KubeConfigMissing, WatchCut, refused
 from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 
@@ -232,6 +232,8 @@ class KubernetesSource:
                 self._say(self._refused("watch" if self.resource_version else "list", "pods", exc))
             except UNREACHABLE as exc:
                 self._say(f"the API server cannot be reached ({type(exc).__name__}: {exc}); retrying")
+            except KubeConfigMissing as exc:
+                self._say(str(exc))
             except Exception as exc:  # a kubeconfig that does not load, or anything else: logged, retried, never a crash
                 self._say(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(backoff.next())
