@@ -440,12 +440,12 @@ async def test_two_gateways_send_a_prefix_to_the_same_pod_and_so_does_a_restarte
 async def test_a_gateway_does_not_park_pods_another_gateway_keeps_busy(kube, replica, gateway, session):
     await kube.start_server()
     w = kube.workload("qwen3-8b", LABELS, replicas=1)
-    quiet = await gateway(deployments=scaled(kube, idle_park_after=0.4))
-    busy = await gateway(deployments=scaled(kube, idle_park_after=0.4))
+    quiet = await gateway(deployments=scaled(kube, idle_park_after=0.6))
+    busy = await gateway(deployments=scaled(kube, idle_park_after=0.6))
     assert await wait_until(lambda: source(quiet).serving and source(busy).serving, BOUND)
-    for _ in range(20):  # 2 s of traffic through one gateway only: five idle periods of the other
+    for _ in range(30):  # 1.5 s of traffic through one gateway only (12 requests an idle period): the other's idle timer runs out twice
         await ok(session, busy)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
     assert kube.count("patch", "deployments/scale") == 0 and w.replicas == 1
     assert await wait_until(lambda: w.replicas == 0, BOUND)  # once nobody sends anything, parked
 
