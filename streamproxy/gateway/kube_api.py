@@ -12,7 +12,7 @@ library's `Watch` retries a 410 with the same stale resourceVersion, where
 the API's rules ask for a re-list).
 
 `KubeApi`: `list_pods` (items and the list's resourceVersion), `watch_pods`
-(the events after a resourceVersion, with bookmarks, until the server ends
+(None once the watch is accepted, then the events after a resourceVersion, with bookmarks, until the server ends
 the watch; `WatchCut` when the connection breaks mid-stream; an ERROR event
 raises like an error status), `get_scale` / `patch_scale`. Errors:
 `ApiStatus` (the API's status and message; `Gone` for 410) and the
@@ -129,7 +129,8 @@ class KubeApi:
         data = await _json(response)
         return data.get("items") or [], str((data.get("metadata") or {}).get("resourceVersion") or "") or None
 
-    async def watch_pods(self, resource_version: str | None) -> AsyncIterator[dict[str, Any]]:
+    async def watch_pods(self, resource_version: str | None) -> AsyncIterator[dict[str, Any] | None]:
+        """None first, once the API server accepted the watch; then its events."""
         k = self.k
         core = await self._core()
         response = await core.list_namespaced_pod(
@@ -140,6 +141,7 @@ class KubeApi:
         try:
             if response.status != 200:
                 await _json(response)  # raises the status
+            yield None
             try:
                 async for line in response.content:
                     if not line.strip():

@@ -257,8 +257,9 @@ class KubernetesSource:
         events = 0
         try:
             async for event in self.api.watch_pods(self.resource_version):
-                if not events:
+                if event is None:  # accepted: the API server is back, if it was away
                     self._say(None)
+                    continue
                 self._event(event)
                 events += 1
         except WatchCut as exc:

@@ -215,6 +215,9 @@ async def test_the_api_server_gone_for_a_while_keeps_the_pods_and_resumes(kube, 
     await kube.stop_server()
     assert await wait_until(lambda: source(gw).fault is not None, BOUND)
     await ok(session, gw)  # the pods last seen still serve
+    await kube.start_server()  # back, with nothing new: the fault ends once a watch is accepted
+    assert await wait_until(lambda: source(gw).fault is None and kube.open_watches() == 1, BOUND)
+    await kube.stop_server()
     kube.add_pod("qwen-b", LABELS, port=b.port, ready=True)  # while the gateway cannot see it
     await kube.start_server()
     assert await wait_until(lambda: urls(gw) == [a.base, b.base], BOUND)
