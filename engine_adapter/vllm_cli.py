@@ -38,7 +38,8 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     return p
 
 
-def engine(ns: argparse.Namespace, *, direct_outputs: bool, client: tuple[int, int, Any] | None = None) -> VllmEngine:
+def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool = False,
+           client: tuple[int, int, Any] | None = None) -> VllmEngine:
     """The engine the parsed flags describe; `ns.model` and `ns.served_model_name` are filled in.
     `client`: (index, count, client config) of an API server sharing engine cores (vllm_shared.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -62,7 +63,7 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, client: tuple[int, i
     ns.served_model_name = ns.served_model_name or [model]
     _default_cpu_kv_cache(ns)
     return VllmEngine(AsyncEngineArgs.from_cli_args(ns), ns.served_model_name, root=model, direct_outputs=direct_outputs,
-                      client=client)
+                      cpu_placement=cpu_placement, client=client)
 
 
 def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:

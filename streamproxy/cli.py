@@ -68,7 +68,7 @@ def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[
     _check_reasoning_flag(settings, vllm_parsers=True)
     _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))
     shared = client if client is not None and client[2] is not None else None
-    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, client=shared)
+    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, cpu_placement=settings.cpu_placement, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
 
