@@ -5,8 +5,12 @@ with the model renamed and usage metered), `prefix` (prompt-prefix keys and
 the per-replica index), `balance` (choosing a replica), `health` (outlier
 ejection and probes' verdicts), `limits` (per-key rates), `lifecycle` (a
 managed deployment's states). With I/O: `upstream` (sending with failover),
-`proxy` (the relaying handlers), `probes` (active health checks), `managed`
-and `replicas` (the replicas the gateway runs itself), `routes` (the route
+`proxy` (the relaying handlers), `probes` (active health checks), `source`
+(where a deployment's replicas come from: one interface, `ReplicaSource`),
+`managed` and `replicas` (the replicas the gateway runs itself), `kubernetes`
+(pods found through the Kubernetes API: `kube_api` its calls, `kube_pods` its
+sans-IO part),
+`routes` (the route
 table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
 life cycle), `metrics`, `books` (a ledger record per request; the ledger's
 query routes), `keyring` and `keyadmin` (keys made through the admin API).

@@ -27,13 +27,12 @@ from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
 from streamproxy.gateway import books, keyadmin
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.keyring import Keyring
-from streamproxy.gateway.lifecycle import Phase
-from streamproxy.gateway.managed import ManagedDeployment
 from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
 from streamproxy.gateway.routes import MODELS_PATHS, ROUTES, relayed_paths
+from streamproxy.gateway.source import ReplicaSource
 from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
@@ -132,21 +131,7 @@ def _describe(state: GatewayState, name: str) -> dict[str, object]:
     ]
     d = pool.deployment
     described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
-    managed = state.managed.get(name)
-    if managed is None:
-        described["managed"] = False
-        described["state"] = "ready" if any(r["available"] for r in replicas) else "unavailable"
-        return described
-    processes = {p.url: p for p in managed.running()}
-    for r in replicas:
-        process = processes.get(str(r["url"]))
-        if process is not None:
-            r.update(port=process.port, pid=process.pid)
-    # Replicas still booting (not in the pool yet) are shown too.
-    booting = [{"url": p.url, "port": p.port, "pid": p.pid, "booting": True} for p in processes.values() if not p.up]
-    described["replicas"] = replicas + booting
-    described["managed"] = True
-    described.update(managed.describe())
+    described.update(state.sources[name].describe(replicas))
     return described
 
 
@@ -163,16 +148,16 @@ async def get_deployment(request: web.Request) -> web.Response:
     return _json(_describe(state, pool.deployment.name))
 
 
-def _managed(request: web.Request) -> ManagedDeployment:
+def _managed(request: web.Request) -> ReplicaSource:
     state = gateway_state(request)
     state.authorize_admin(request)
     name = request.match_info["deployment"]
-    managed = state.managed.get(name)
-    if managed is None:
-        if name in state.pools:
-            raise InvalidRequest(f"deployment `{name}` is not managed (it has `upstreams`, not `launch`)")
+    source = state.sources.get(name)
+    if source is None:
         raise ModelNotFound(f"no deployment `{name}`")
-    return managed
+    if not source.managed:
+        raise InvalidRequest(f"deployment `{name}` is not managed ({source.why_not_managed})")
+    return source
 
 
 async def wake_deployment(request: web.Request) -> web.Response:
@@ -195,13 +180,7 @@ async def health(request: web.Request) -> web.Response:
     state = gateway_state(request)
     now = time.monotonic()
 
-    def down(name: str) -> bool:
-        managed = state.managed.get(name)
-        if managed is not None:
-            return managed.lifecycle.phase is Phase.FAILED
-        return not any(r.health.routable(now) for r in state.pools[name].replicas)
-
-    down_names = [d.name for d in state.deployments if down(d.name)]
+    down_names = [d.name for d in state.deployments if state.sources[d.name].down(now)]
     if state.inflight.draining:
         return _json({"status": "draining"}, status=503)
     if down_names:
@@ -227,7 +206,7 @@ async def _start(app: web.Application) -> None:
         keepalive=policy.keepalive,
     )
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
-    state.supervisor.start(state.session)
+    state.start_sources(state.session)
     if state.ledger is not None:
         state.ledger.start()
     if state.keyring is not None:
@@ -239,8 +218,8 @@ async def _start(app: web.Application) -> None:
 
 
 async def _stop_replicas(app: web.Application) -> None:
-    """After the gateway's own drain: every managed replica drains and exits."""
-    await app[STATE_KEY].supervisor.shutdown()
+    """After the gateway's own drain: every managed replica drains and exits; watches end."""
+    await app[STATE_KEY].stop_sources()
 
 
 async def _stop(app: web.Application) -> None:
@@ -317,7 +296,15 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
     listener = accesslog.configure(settings.access_log)
     app = create_gateway_app(settings, config, ledger)
     for d in config.deployments:
-        where = ", ".join(d.upstreams) if d.launch is None else f"managed: {d.launch.replicas} x {d.launch.model}"
+        if d.launch is not None:
+            where = f"managed: {d.launch.replicas} x {d.launch.model}"
+        elif d.kubernetes is not None:
+            k = d.kubernetes
+            where = f"kubernetes: pods {k.label_selector()} in {k.namespace}, port {k.port}"
+            if k.scale is not None:
+                where += f"; scale {k.scale.kind}/{k.scale.name} to {k.scale.replicas}"
+        else:
+            where = ", ".join(d.upstreams)
         log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, where)
     try:
         await run_app(app, settings, stop=asyncio.Event(), ready=ready)

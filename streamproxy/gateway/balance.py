@@ -9,6 +9,12 @@ Per deployment, `Pool.choose(keys, exclude, now)`:
      of the request's prefix keys gets it, if that share is at least
      `cache_threshold` and its load is within `balance_abs_threshold` of the
      least loaded (so a hot prefix spreads when its replica is busy);
+     a prefix no replica holds (yet) goes to its home, under the same load
+     guard: the replica with the highest rendezvous score of the prefix's
+     first key (the same in every process) and the replica's URL, so
+     gateways that share nothing, or one that restarted, send a prefix to
+     the same replica (`rendezvous`; a replica that goes moves only its
+     own prefixes);
   3. otherwise power of two choices: two random candidates, the one with
      fewer outstanding requests (counted here, at dispatch and completion);
      with `policy: round_robin`, the candidates in turn instead (no
@@ -26,7 +32,18 @@ from dataclasses import dataclass, field
 from streamproxy.gateway.config import Deployment, UpstreamPolicy
 from streamproxy.gateway.health import Health
 from streamproxy.gateway.metrics import DeploymentSeries, ReplicaSeries
-from streamproxy.gateway.prefix import PrefixIndex
+from streamproxy.gateway.prefix import PrefixIndex, stable_hash
+
+
+_MASK = (1 << 64) - 1
+
+
+def rendezvous_score(key: int, anchor: int) -> int:
+    """A replica's score for a prefix: splitmix64's finalizer of the two, the same in every process."""
+    z = (key ^ anchor) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 @dataclass(eq=False)
@@ -38,9 +55,11 @@ class Replica:
     outstanding: int = 0
     requests: int = 0
     series: ReplicaSeries = field(init=False, repr=False)
+    anchor: int = field(init=False, repr=False)  # its URL's stable hash, for rendezvous scores
 
     def __post_init__(self) -> None:
         self.series = ReplicaSeries(self.deployment, self.url)
+        self.anchor = stable_hash(self.url.encode())
 
 
 class Pool:
@@ -84,6 +103,11 @@ class Pool:
             best, matched = max(((r, r.index.matched(keys)) for r in candidates), key=lambda rm: (rm[1], -rm[0].outstanding))
             if matched / len(keys) >= policy.cache_threshold and best.outstanding <= low + policy.balance_abs_threshold:
                 return best, matched
+            if policy.rendezvous:
+                first = keys[0]
+                home = max(candidates, key=lambda r: rendezvous_score(first, r.anchor))
+                if home.outstanding <= low + policy.balance_abs_threshold:
+                    return home, home.index.matched(keys)
         a, b = self._rng.sample(candidates, 2)
         chosen = a if a.outstanding <= b.outstanding else b
         return chosen, chosen.index.matched(keys) if keys else 0

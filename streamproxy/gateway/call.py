@@ -54,9 +54,9 @@ class Call:
 
 
 async def open_call(call: Call) -> Attempt:
-    managed = call.state.managed.get(call.pool.deployment.name)
-    if managed is not None and not managed.lifecycle.serving:
-        await managed.until_ready(call.state.settings.request_timeout)  # wait_for_wake
+    source = call.state.sources[call.pool.deployment.name]
+    if not source.serving:
+        await source.until_ready(call.state.settings.request_timeout)  # wait_for_wake
     attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys, call.rec)
     M.ADDED_LATENCY.observe(attempt.sent_at - call.rec.start)
     return attempt

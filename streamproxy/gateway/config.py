@@ -15,6 +15,14 @@ deployments:
       idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
       boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
       wait_for_wake: false       # true: requests wait for the wake instead of a 503
+  - name: qwen                   # replicas found on Kubernetes (kubernetes.py)
+    id: dep-qwen
+    kubernetes:
+      namespace: llm
+      selector: {app: qwen3-8b}  # the pods' labels
+      port: http                 # container port name or number
+      scale: {kind: Deployment, name: qwen3-8b, replicas: 2}   # optional: the gateway wakes and parks it
+      idle_park_after: 30m       # with `scale`
 admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park, the ledger's
                                  # GET .../requests and /v1/usage, and /v1/keys
 max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
@@ -42,6 +50,7 @@ Every other top-level key is one of the server's flags (`sse_heartbeat`,
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -85,11 +94,54 @@ class Launch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return seconds(self.idle_park_after)
 
 
+class Scale(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The workload whose `scale` subresource the gateway sets: `replicas` to wake, 0 to park."""
+
+    kind: Literal["Deployment", "StatefulSet"] = "Deployment"
+    name: str
+    replicas: int = 1
+
+
+class Kubernetes(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A deployment whose replicas are pods found through the Kubernetes API (`kubernetes.py`)."""
+
+    namespace: str = "default"
+    selector: dict[str, str]  # the pods' labels (a labelSelector of `key=value` terms)
+    port: int | str = "http"  # the container port's name, or its number
+    scale: Scale | None = None  # None: discover only (an HPA, KEDA or a person owns the replica count)
+    kubeconfig: str | None = None  # a kubeconfig file; else $KUBECONFIG, else the in-cluster service account
+    context: str | None = None  # the kubeconfig's context (its current one when None)
+    idle_park_after: float | str = 0  # with `scale`: scaled to 0 after this long idle; 0: never
+    boot_guess: float = 60.0  # Retry-After (s) while no pod is Ready, until a wake was timed
+    boot_timeout: float | str = 900  # with `scale`: no pod Ready this long after the wake: `deployment_failed`
+    wait_for_wake: bool = False  # true: requests wait for a Ready pod instead of a 503
+    watch_timeout: float = 300.0  # a watch request's `timeoutSeconds` (it is renewed from the last resourceVersion)
+    request_timeout: float = 10.0  # one list, get or patch
+    backoff_initial: float = 0.5  # the first retry's delay while the API server cannot be reached
+    backoff_max: float = 30.0  # the longest (jittered, doubled per failure in a row)
+
+    # What the wake/park life cycle (`lifecycle.py`) needs of it, as it needs of `Launch`.
+    max_failures: int = 1
+    restart_backoff: float = 1.0
+
+    @property
+    def idle_seconds(self) -> float:
+        return seconds(self.idle_park_after)
+
+    @property
+    def boot_seconds(self) -> float:
+        return seconds(self.boot_timeout)
+
+    def label_selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
     upstreams: list[str] = []
     launch: Launch | None = None  # instead of `upstreams`: the gateway runs the replicas
+    kubernetes: Kubernetes | None = None  # instead of either: pods found through the Kubernetes API
     served_model: str | None = None  # None: the same as `name`
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
@@ -156,6 +208,9 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the longest share of its prefix when that share is at least `cache_threshold`, unless the
     # replicas' loads are imbalanced (both thresholds exceeded), when it goes to the least loaded.
     prefix_affinity: bool = True
+    # A prefix no replica holds yet goes to its rendezvous-hash home (the same in every gateway and
+    # after a restart), under the same load guard; false: to the less loaded of two random replicas.
+    rendezvous: bool = True
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 1.5
@@ -234,7 +289,11 @@ def check(config: GatewayConfig) -> None:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
         d.upstream_headers()
-        if (d.launch is None) == (not d.upstreams):
+        if d.kubernetes is not None:
+            if d.upstreams or d.launch is not None:
+                raise ConfigError(f"deployment {d.name!r}: give exactly one of `upstreams`, `launch` and `kubernetes`")
+            check_kubernetes(d.name, d.kubernetes)
+        elif (d.launch is None) == (not d.upstreams):
             raise ConfigError(f"deployment {d.name!r}: give exactly one of `upstreams` (a non-empty list) and `launch`")
         if d.launch is not None:
             launch = d.launch
@@ -269,3 +328,52 @@ def check(config: GatewayConfig) -> None:
         unknown = [n for n in key.deployments if n != "*" and n not in names]
         if unknown:
             raise ConfigError(f"key {key.id!r}: no deployment named {', '.join(unknown)}")
+
+
+# Kubernetes' own rules for names, label keys and values, and port names (apimachinery's validation).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return len(name) <= 63 and bool(_LABEL_NAME.fullmatch(name))
+
+
+def check_kubernetes(name: str, k: Kubernetes) -> None:
+    """A `kubernetes:` section: each mistake named by its field."""
+    where = f"deployment {name!r}: `kubernetes."
+    if len(k.namespace) > 63 or not _DNS_LABEL.fullmatch(k.namespace):
+        raise ConfigError(f"{where}namespace` {k.namespace!r} is not a namespace name (lowercase letters, digits, '-')")
+    if not k.selector:
+        raise ConfigError(f"{where}selector` is empty: give the labels of the deployment's pods, e.g. {{app: qwen3-8b}}")
+    for key, value in k.selector.items():
+        if not _label_key(key):
+            raise ConfigError(f"{where}selector` key {key!r} is not a label name")
+        if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
+            raise ConfigError(f"{where}selector` value {value!r} (of {key!r}) is not a label value")
+    if isinstance(k.port, int):
+        if not 1 <= k.port <= 65535:
+            raise ConfigError(f"{where}port` {k.port} is not a port number (1-65535)")
+    elif len(k.port) > 15 or not _PORT_NAME.fullmatch(k.port) or not any(c.isalpha() for c in k.port):
+        raise ConfigError(f"{where}port` {k.port!r} is neither a port number nor a container port name")
+    for field in ("idle_park_after", "boot_timeout"):
+        if seconds(getattr(k, field)) < 0:
+            raise ConfigError(f"{where}{field}` must be >= 0")
+    for field in ("boot_guess", "watch_timeout", "request_timeout", "backoff_initial", "backoff_max"):
+        if getattr(k, field) <= 0:
+            raise ConfigError(f"{where}{field}` must be > 0")
+    if k.scale is None:
+        if k.idle_seconds:
+            raise ConfigError(f"{where}idle_park_after` needs `kubernetes.scale` (the workload the gateway parks)")
+        return
+    if k.scale.replicas < 1:
+        raise ConfigError(f"{where}scale.replicas` must be at least 1")
+    if len(k.scale.name) > 253 or not _DNS_SUBDOMAIN.fullmatch(k.scale.name):
+        raise ConfigError(f"{where}scale.name` {k.scale.name!r} is not a {k.scale.kind}'s name")
+    if k.boot_seconds <= 0:
+        raise ConfigError(f"{where}boot_timeout` must be > 0 with `scale`")

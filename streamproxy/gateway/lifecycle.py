@@ -12,6 +12,12 @@ failed; stop everything), `park_due` says the deployment was idle long enough.
 Requests in flight (`begin`/`end`) keep a deployment from parking and date its
 last use. `retry_after` is the last boot's duration (the first time:
 `boot_guess`), what a 503 `deployment_waking` tells the client to wait.
+
+A source whose replicas someone else may start or stop (Kubernetes: an HPA,
+KEDA, a person) also reports `adopted` (replicas came up without a wake),
+`lost_all` (every replica went away: parked by someone else), and
+`failed_to_wake` (no replica up within the boot timeout, or the wake itself
+was refused).
 """
 
 from __future__ import annotations
@@ -19,7 +25,20 @@ from __future__ import annotations
 import math
 from enum import Enum
 
-from streamproxy.gateway.config import Launch
+from typing import Protocol
+
+
+class Timings(Protocol):
+    """What the life cycle needs of a deployment's settings (`Launch`, `Kubernetes`)."""
+
+    @property
+    def idle_seconds(self) -> float: ...
+    @property
+    def boot_guess(self) -> float: ...
+    @property
+    def max_failures(self) -> int: ...
+    @property
+    def restart_backoff(self) -> float: ...
 
 
 class Phase(str, Enum):
@@ -34,7 +53,7 @@ GAUGE = {Phase.PARKED: 0, Phase.WAKING: 1, Phase.READY: 2, Phase.DRAINING: 3, Ph
 
 
 class Lifecycle:
-    def __init__(self, launch: Launch, now: float = 0.0) -> None:
+    def __init__(self, launch: Timings, now: float = 0.0) -> None:
         self.launch = launch
         self.phase = Phase.PARKED
         self.up = 0  # replicas answering /health
@@ -125,6 +144,27 @@ class Lifecycle:
         if self.phase is Phase.DRAINING:
             self.phase = Phase.PARKED
             self.parks += 1
+
+    def adopted(self, now: float) -> None:
+        """Replicas are up that no wake of ours started (someone else scaled the deployment up)."""
+        if self.phase in (Phase.PARKED, Phase.FAILED):
+            self.phase = Phase.READY
+            self.failures = 0
+            self.wake_started = None
+            self.last_used = now
+
+    def lost_all(self) -> None:
+        """Every replica of a ready deployment went away without a park of ours: parked (a
+        request wakes it again)."""
+        if self.phase is Phase.READY:
+            self.phase = Phase.PARKED
+            self.up = 0
+
+    def failed_to_wake(self) -> None:
+        if self.phase is Phase.WAKING:
+            self.phase = Phase.FAILED
+            self.wake_started = None
+            self.failures += 1
 
     def stopped_all(self) -> None:
         """The replicas of a failed deployment were stopped."""

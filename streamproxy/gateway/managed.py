@@ -50,6 +50,11 @@ _KILL_GRACE = 5.0  # seconds past the replica's own drain before SIGKILL
 
 
 class ManagedDeployment:
+    """A `source.ReplicaSource`: the `launch:` deployment's replicas are its child processes."""
+
+    managed = True
+    why_not_managed = ""
+
     def __init__(self, deployment: Deployment, pool: Pool, supervisor: Supervisor) -> None:
         assert deployment.launch is not None
         self.deployment = deployment
@@ -68,11 +73,31 @@ class ManagedDeployment:
         return self.deployment.name
 
     # -- requests ---------------------------------------------------------------------
+    @property
+    def serving(self) -> bool:
+        return self.lifecycle.serving
+
+    def begin(self, now: float) -> None:
+        self.lifecycle.begin(now)
+
+    def end(self, now: float) -> None:
+        self.lifecycle.end(now)
+
+    def down(self, now: float) -> bool:
+        return self.lifecycle.phase is Phase.FAILED
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        return  # the `Supervisor` starts and stops every managed deployment
+
+    async def stop(self) -> None:
+        return
+
     def admit(self) -> None:
         """Before a request is relayed: raises the 503 it gets when the deployment cannot serve it now."""
         lc = self.lifecycle
         if lc.serving:
             return
+        M.COLD_REQUESTS.labels(self.name).inc()
         if lc.phase is Phase.FAILED:
             exc = ServiceUnavailable(
                 f"deployment `{self.name}` failed: its replicas kept exiting; an operator must wake it",
@@ -90,6 +115,8 @@ class ManagedDeployment:
 
     async def until_ready(self, timeout: float) -> None:
         """Wait (at most `timeout` s; 0: no bound) until the deployment can serve (`wait_for_wake`)."""
+        waiting = M.WAITING.labels(self.name)
+        waiting.inc()
         try:
             async with asyncio.timeout(timeout or None):
                 while not self.lifecycle.serving:
@@ -103,6 +130,8 @@ class ManagedDeployment:
                 f"deployment `{self.name}` did not wake within {timeout:g} s", code="deployment_waking",
                 retry_after=self.lifecycle.retry_after(),
             ) from None
+        finally:
+            waiting.dec()
 
     # -- wake -------------------------------------------------------------------------
     def wake(self, *, admin: bool = False) -> None:
@@ -253,9 +282,18 @@ class ManagedDeployment:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def describe(self) -> dict[str, object]:
+    def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
+        processes = {p.url: p for p in self.running()}
+        for r in replicas:
+            process = processes.get(str(r["url"]))
+            if process is not None:
+                r.update(port=process.port, pid=process.pid)
+        # Replicas still booting (not in the pool yet) are shown too.
+        booting = [{"url": p.url, "port": p.port, "pid": p.pid, "booting": True} for p in processes.values() if not p.up]
         lc = self.lifecycle
         return {
+            "replicas": replicas + booting,
+            "managed": True,
             "state": lc.phase.value,
             "last_boot_seconds": None if lc.last_boot is None else round(lc.last_boot, 3),
             "requests_in_flight": lc.in_flight,

@@ -50,6 +50,18 @@ BOOT_SECONDS = Histogram(
 PARKS = Counter("streamproxy_gateway_parks", "Managed deployments parked (idle, admin, or room for another)", ["deployment"])
 RESTARTS = Counter("streamproxy_gateway_restarts", "Replicas of managed deployments restarted after exiting on their own", ["deployment"])
 
+# Demand for a deployment that has no ready replica (parked, waking, or scaled to zero by someone
+# else): what an external autoscaler (KEDA's prometheus scaler, an HPA on external metrics) wakes it on.
+WAITING = Gauge(
+    "streamproxy_gateway_waiting_requests", "Requests held now for a deployment with no ready replica (wait_for_wake)",
+    ["deployment"],
+)
+COLD_REQUESTS = Counter(
+    "streamproxy_gateway_cold_requests",
+    "Requests that found their deployment with no ready replica (parked or waking): held or answered 503",
+    ["deployment"],
+)
+
 
 class ReplicaSeries:
     """One replica's children of the per-upstream series."""

@@ -51,10 +51,12 @@ class DeploymentReplica(msgspec.Struct):
     port: int | UnsetType = UNSET  # managed replicas
     pid: int | UnsetType = UNSET
     booting: bool | UnsetType = UNSET
+    pod: str | UnsetType = UNSET  # `kubernetes:` replicas: the pod's name
 
 
 class DeploymentInfo(msgspec.Struct):
-    """GET /v1/deployments/{deployment}; the managed-only fields are there for `launch:` deployments."""
+    """GET /v1/deployments/{deployment}; the managed-only fields are there for `launch:` deployments
+    and `kubernetes:` ones with `scale`."""
 
     id: str
     name: str
@@ -67,6 +69,7 @@ class DeploymentInfo(msgspec.Struct):
     boots: int | UnsetType = UNSET
     parks: int | UnsetType = UNSET
     restarts: int | UnsetType = UNSET
+    problem: str | None | UnsetType = UNSET  # `kubernetes:`: what keeps the API from telling its pods, or a pod from serving
 
 
 class DeploymentList(msgspec.Struct):

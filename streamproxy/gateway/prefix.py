@@ -5,7 +5,11 @@ of its canonical form: the tools first, then every message in order (role
 and content), the way a chat template lays them out, so two requests that
 share a system prompt and tools share their first keys, and a conversation's
 next turn shares every key of the turn before. Each key hashes the key
-before it with its block, so equal keys mean equal prefixes.
+before it with its block, so equal keys mean equal prefixes. The first key
+is the same in every process (a BLAKE2b digest of the first block, not
+Python's seeded `hash`): gateways that share nothing agree on it, and
+`balance` hashes it with each replica's URL (rendezvous hashing) to give a
+new prefix the same home replica in every gateway, across restarts.
 
 `PrefixIndex` remembers, per replica, the keys of the requests sent there
 (bounded, least recently used out first) and answers how many leading keys
@@ -17,6 +21,7 @@ drops those keys. Sans-IO.
 from __future__ import annotations
 
 from collections import OrderedDict
+from hashlib import blake2b
 from typing import Any
 
 import msgspec
@@ -42,11 +47,19 @@ def canonical(body: dict[str, Any]) -> bytes:
     return b"".join(map(_sorted_json, parts))
 
 
+def stable_hash(data: bytes) -> int:
+    """64 bits that are the same in every process and on every machine."""
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
 def prefix_keys(body: dict[str, Any], block: int) -> list[int]:
     data = canonical(body)
     keys: list[int] = []
-    key = 0
-    for start in range(0, len(data) - block + 1, block):
+    if len(data) < block:
+        return keys
+    key = stable_hash(data[:block])  # shared by every gateway: the rendezvous key
+    keys.append(key)
+    for start in range(block, len(data) - block + 1, block):
         key = hash((key, data[start : start + block]))  # one process's index: its hash seed is fine
         keys.append(key)
     return keys

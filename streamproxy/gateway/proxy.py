@@ -45,17 +45,15 @@ async def relay(request: web.Request, route: Route) -> web.StreamResponse:
     call = await _prepare(request, route)
     state = call.state
     state.retries.active += 1
-    managed = state.managed.get(call.pool.deployment.name)
-    if managed is not None:
-        managed.lifecycle.begin(time.monotonic())
+    source = state.sources[call.pool.deployment.name]
+    source.begin(time.monotonic())
     try:
         if call.stream:
             return await stream(request, call)
         return await _nonstream(request, call)
     finally:
         state.retries.active -= 1
-        if managed is not None:
-            managed.lifecycle.end(time.monotonic())
+        source.end(time.monotonic())
         meter(call)
 
 
@@ -73,9 +71,8 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     deployment = pool.deployment
     rec.deployment = rec.model = deployment.name
     limiter = state.authorize(key, deployment)
-    managed = state.managed.get(deployment.name)
-    if managed is not None:
-        managed.admit()  # 503 deployment_waking / deployment_failed (and the wake), unless wait_for_wake
+    # 503 deployment_waking / deployment_failed / upstream_unavailable (and the wake), unless wait_for_wake
+    state.sources[deployment.name].admit()
     model = data.get("model")
     public = model if isinstance(model, str) else deployment.name
     data["model"] = deployment.upstream_model

@@ -26,7 +26,8 @@ from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
-from streamproxy.gateway.managed import ManagedDeployment, Supervisor
+from streamproxy.gateway.managed import Supervisor
+from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.wire import Upstreams
 from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
@@ -56,12 +57,11 @@ class GatewayState:
         self.started = int(time.time())
         self.pools: dict[str, Pool] = {}
         self.supervisor = Supervisor(settings, config.max_resident)
-        self.managed: dict[str, ManagedDeployment] = {}  # by name and by id
+        self.sources: dict[str, ReplicaSource] = {}  # by name and by id
         for d in config.deployments:
             pool = Pool(d, config.upstream)
             self.pools[d.name] = self.pools[d.id] = pool
-            if d.launch is not None:
-                self.managed[d.name] = self.managed[d.id] = self.supervisor.add(d, pool)
+            self.sources[d.name] = self.sources[d.id] = self._source(d, pool)
         admin = os.environ.get(config.admin_key_env, "") if config.admin_key_env else (settings.admin_key or "")
         self.admin_key = admin.encode()
         self.keys: list[tuple[bytes, ApiKey, KeyLimiter]] = [
@@ -75,6 +75,26 @@ class GatewayState:
         self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
         self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
         self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
+
+    def _source(self, d: Deployment, pool: Pool) -> ReplicaSource:
+        if d.launch is not None:
+            return self.supervisor.add(d, pool)
+        if d.kubernetes is not None:
+            from streamproxy.gateway.kubernetes import KubernetesSource  # its client library is imported only then
+
+            return KubernetesSource(d, d.kubernetes, pool)
+        return FixedSource(pool)
+
+    def start_sources(self, session: aiohttp.ClientSession) -> None:
+        self.supervisor.start(session)
+        for d in self.deployments:
+            self.sources[d.name].start(session)
+
+    async def stop_sources(self) -> None:
+        """Every source's replicas (managed: SIGTERM, drain, SIGKILL after the drain timeout; others: their watches)."""
+        await self.supervisor.shutdown()
+        for d in self.deployments:
+            await self.sources[d.name].stop()
 
     @property
     def deployments(self) -> list[Deployment]:

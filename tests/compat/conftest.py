@@ -23,14 +23,17 @@ Servers (one per test session each, all subprocesses on free loopback ports):
   `fake`: every name in and out is rewritten); `gateway_wire_server` the
   same in front of a replica like `fake_wire_server`'s, as deployment
   `fake` of a replica serving `fake-replica`, so the exact bytes expected
-  of `fake_wire_server` are expected of it too.
+  of `fake_wire_server` are expected of it too. `kubernetes_gateway_server`:
+  a gateway like `gateway_server`'s whose replica is a pod it found
+  through a fake Kubernetes API server (a `kubernetes:` deployment).
 
 The fake engine repeats its text until `max_tokens`; the scripted tool and
 JSON answers end in `END`, which the tests pass as a stop sequence so the
 answer ends with finish_reason "stop" (or "tool_calls"), as a model's would.
 
 `target` runs a test on the fake engine, through the gateway in front of
-the fake engine, and (marked `engine`) on the real one; `wire_server` runs
+the fake engine (its replica configured, and found through Kubernetes),
+and (marked `engine`) on the real one; `wire_server` runs
 a byte-exact test on `fake_wire_server` and on `gateway_wire_server`. `node_runner` and `llamaindex_runner` run the out-of-process clients:
 when their runtime is missing a test fails under CI (CI=true) and skips
 with the command to fix it on a developer's machine, so a laptop without
@@ -49,6 +52,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import ThreadedFakeKube
 from tests.support.server import FAKE_ARGS, ServerProcess, start_gateway, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,6 +200,26 @@ def gateway_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def kubernetes_gateway_server(tmp_path_factory: pytest.TempPathFactory):
+    """The gateway in front of a replica like fake_server's, found as a pod through a fake Kubernetes API
+    server (tests/support/fake_kube.py, in a thread) by a `kubernetes:` deployment `support-bot`."""
+    replica = _start_fake(tmp_path_factory, "k8s-replica", ["--fake-token-delay", str(TOKEN_DELAY), "--fake-text", FAKE_TEXT])
+    threaded = ThreadedFakeKube()
+    kube = threaded.start()
+    port = int(replica.base.rsplit(":", 1)[1])
+    threaded.call(kube.add_pod, "fake-0", {"app": "fake"}, port=port, ready=True)
+    folder = tmp_path_factory.mktemp("k8s-gateway")
+    kubeconfig = kube.kubeconfig(folder / "kubeconfig")
+    section = {"namespace": "llm", "selector": {"app": "fake"}, "port": "http", "kubeconfig": kubeconfig}
+    config = {"access_log": "off", "deployments": [{"name": GATEWAY_MODEL, "id": "dep-k8s", "served_model": "fake", "kubernetes": section}]}
+    gateway = start_gateway(config, folder, name="k8s-gateway", timeout=START_TIMEOUT)
+    yield gateway.base
+    gateway.stop()
+    threaded.stop()
+    replica.stop()
+
+
+@pytest.fixture(scope="session")
 def gateway_wire_server(tmp_path_factory: pytest.TempPathFactory):
     """The gateway in front of a replica like fake_wire_server's that serves `fake-replica`, as deployment `fake`."""
     replica = _start_fake(
@@ -227,12 +251,15 @@ class Target:
         return self.kind == "engine"
 
 
-@pytest.fixture(params=[pytest.param("fake"), pytest.param("gateway"), pytest.param("engine", marks=pytest.mark.engine)])
+@pytest.fixture(params=[pytest.param("fake"), pytest.param("gateway"), pytest.param("kubernetes"),
+                        pytest.param("engine", marks=pytest.mark.engine)])
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "fake":
         return Target("fake", request.getfixturevalue("fake_server"), "fake")
     if request.param == "gateway":
         return Target("gateway", request.getfixturevalue("gateway_server"), GATEWAY_MODEL)
+    if request.param == "kubernetes":  # the same gateway, its replica found through the Kubernetes API
+        return Target("gateway", request.getfixturevalue("kubernetes_gateway_server"), GATEWAY_MODEL)
     return Target("engine", request.getfixturevalue("engine_server"), request.getfixturevalue("model_name"))
 
 

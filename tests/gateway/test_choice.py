@@ -184,3 +184,40 @@ keys:
     # An id equal to its own name: one deployment, two equal names.
     config, _ = split("deployments: [{name: d0, id: d0, upstreams: [http://127.0.0.1:1]}]")
     assert [(d.name, d.id) for d in config.deployments] == [("d0", "d0")]
+
+
+def test_a_prefix_has_the_same_first_key_and_home_in_every_process():
+    """Two gateways are two processes with their own hash seeds: the rendezvous key and score must not use them."""
+    import subprocess
+    import sys
+
+    script = (
+        "from streamproxy.gateway.prefix import prefix_keys; from streamproxy.gateway.balance import rendezvous_score;"
+        "from streamproxy.gateway.prefix import stable_hash;"
+        "body = {'messages': [{'role': 'system', 'content': 'You are the support bot. ' * 40}]};"
+        "k = prefix_keys(body, 256)[0];"
+        "urls = [f'http://127.0.0.{i + 1}:8000' for i in range(8)];"
+        "print(k, max(urls, key=lambda u: rendezvous_score(k, stable_hash(u.encode()))))"
+    )
+    answers = {
+        subprocess.run([sys.executable, "-c", script], env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+                       capture_output=True, text=True, check=True).stdout
+        for seed in ("1", "2")
+    }
+    assert len(answers) == 1
+
+
+def test_a_new_prefix_goes_to_its_rendezvous_home_and_a_removed_replica_moves_only_its_own():
+    p = pool(5)
+    bodies = [chat("q", system={"role": "system", "content": f"Bot {i}. " + "Answer well. " * 40}) for i in range(40)]
+    keys = [prefix_keys(b, p.policy.prefix_block_bytes) for b in bodies]
+    homes = [p.choose(k, set(), 0.0)[0] for k in keys]
+    assert len({h.url for h in homes}) == 5  # type: ignore[union-attr]
+    fresh = pool(5)  # another gateway: no index, the same homes
+    assert [fresh.choose(k, set(), 0.0)[0].url for k in keys] == [h.url for h in homes]  # type: ignore[union-attr]
+    gone = homes[0].url  # type: ignore[union-attr]
+    fresh.set_replicas([r.url for r in fresh.replicas if r.url != gone])
+    moved = [fresh.choose(k, set(), 0.0)[0].url for k in keys]  # type: ignore[union-attr]
+    assert [m for m, h in zip(moved, homes, strict=True) if h.url != gone] == [h.url for h in homes if h.url != gone]  # type: ignore[union-attr]
+    without = pool(5, rendezvous=False)
+    assert [without.choose(k, set(), 0.0)[0].url for k in keys] != [h.url for h in homes]  # type: ignore[union-attr]

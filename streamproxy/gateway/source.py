@@ -1,0 +1,112 @@
+"""Where a deployment's replicas come from: one interface, one implementation per source.
+
+`ReplicaSource` is what the rest of the gateway asks of a deployment's source;
+balancing (`balance.Pool`), probes and outlier ejection only ever see the
+pool's URLs, which the source keeps current with `Pool.set_replicas`. The
+implementations:
+  upstreams:   `FixedSource` (here): a fixed list of URLs, always "serving";
+  launch:      `managed.ManagedDeployment`: `streamproxy serve` child processes,
+               woken on demand and parked when idle (`lifecycle.Lifecycle`);
+  kubernetes:  `kubernetes.KubernetesSource`: pods found by label through the
+               API server, woken and parked through a workload's scale subresource.
+The request path is the same for all: `admit()` before anything is sent
+(raises the 503 the deployment gives now, and wakes it), `until_ready` when
+`serving` is false and the source holds requests (`wait_for_wake`), and
+`begin`/`end` around each request (idle parking). The admin routes call
+`wake`/`park` when `managed`; `/health` asks `down`; `/v1/deployments` adds
+`describe`'s fields to the replicas' view.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import aiohttp
+
+from streamproxy.gateway.balance import Pool
+
+
+class ReplicaSource(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def managed(self) -> bool:
+        """The gateway wakes and parks it (the admin routes apply)."""
+
+    @property
+    def why_not_managed(self) -> str:
+        """When not `managed`: why, for the admin routes' 400."""
+
+    @property
+    def serving(self) -> bool:
+        """A request may be sent now; False: `until_ready` first."""
+
+    def admit(self) -> None:
+        """Before a request is relayed: raises the 503 it gets now (and starts a wake)."""
+
+    async def until_ready(self, timeout: float) -> None:
+        """Hold a request until the deployment serves (at most `timeout` s; 0: no bound), or raise its 503."""
+
+    def begin(self, now: float) -> None: ...
+
+    def end(self, now: float) -> None: ...
+
+    def wake(self, *, admin: bool = False) -> None: ...
+
+    async def park(self, reason: str) -> None: ...
+
+    def down(self, now: float) -> bool:
+        """For /health: the deployment cannot take requests, and will not on demand either."""
+
+    def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
+        """`/v1/deployments` fields beyond id, name and served_model (`replicas`: the pool's view)."""
+
+    def start(self, session: aiohttp.ClientSession) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class FixedSource:
+    """`upstreams:`: the URLs are the replicas; health probes and ejection decide which take requests."""
+
+    managed = False
+    why_not_managed = "it has `upstreams`, not `launch`"
+    serving = True
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    @property
+    def name(self) -> str:
+        return self.pool.deployment.name
+
+    def admit(self) -> None:
+        return
+
+    async def until_ready(self, timeout: float) -> None:
+        return
+
+    def begin(self, now: float) -> None:
+        return
+
+    def end(self, now: float) -> None:
+        return
+
+    def wake(self, *, admin: bool = False) -> None:
+        return
+
+    async def park(self, reason: str) -> None:
+        return
+
+    def down(self, now: float) -> bool:
+        return not any(r.health.routable(now) for r in self.pool.replicas)
+
+    def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
+        return {"managed": False, "state": "ready" if any(r["available"] for r in replicas) else "unavailable"}
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        return
+
+    async def stop(self) -> None:
+        return
