@@ -15,7 +15,8 @@ batches (waking once per batch, at most every `FLUSH_INTERVAL` s), so a slow
 sink never blocks the loop and a busy server does not hand the GIL to a
 logging thread per request. Handlers added to the `streamproxy.access` logger
 (an embedding application's, the tests') get each line as a record too.
-aiohttp's own access log is off (server.py).
+aiohttp's own access log is off (server.py). Paths named by
+`--disable-access-log-for-endpoints` (vLLM's flag) get no line.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
         REQUEST_DURATION.observe(duration)
         if rec.ttfb is not None:
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
-    if enabled():
+    if enabled() and request.path not in QUIET_PATHS:
         write(line(request, rec, status, duration))
 
 
@@ -237,6 +238,8 @@ FLUSH_INTERVAL = 0.05
 ATOMIC_WRITE = 4096
 
 _writer: BatchWriter | None = None
+# Paths that get no line (--disable-access-log-for-endpoints).
+QUIET_PATHS: frozenset[str] = frozenset()
 
 
 def enabled() -> bool:
@@ -374,9 +377,11 @@ def _whole_lines(lines: list[str], limit: int) -> list[str]:
     return chunks
 
 
-def configure(target: str) -> BatchWriter | None:
-    """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off")."""
-    global _writer
+def configure(target: str, quiet: str | None = None) -> BatchWriter | None:
+    """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off"), none for the
+    comma-separated paths `quiet`."""
+    global _writer, QUIET_PATHS
+    QUIET_PATHS = frozenset(p.strip() for p in (quiet or "").split(",") if p.strip())
     if _writer is not None:
         _writer.stop()
         _writer = None

@@ -37,7 +37,7 @@ from streamproxy.apis.anthropic import protocol as anthropic
 from streamproxy.apis.responses import protocol as responses
 from streamproxy.errors import ErrorEnvelope
 from streamproxy.http.state import VERSION
-from streamproxy.protocol import embeddings, lora, openai_chat, openai_completions, tokenize
+from streamproxy.protocol import embeddings, lora, openai_chat, openai_completions, render, tokenize
 from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, VersionInfo
 
 SSE = "text/event-stream"
@@ -67,6 +67,7 @@ class Operation:
     tag: str = "OpenAI"
     also: tuple[int, ...] = ()  # statuses other than 200 and the errors, with the 200's body
     statuses: tuple[ErrorStatus, ...] = ()  # error statuses described one by one
+    array: bool = False  # a 200's JSON body is a list of `response`
 
 
 _CHUNKS = "`data:` frames of `chat.completion.chunk` objects, an optional usage chunk, then `data: [DONE]`"
@@ -84,6 +85,11 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=anthropic.ErrorEnvelope, tag="Anthropic"),
     Operation("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic Messages API)",
               anthropic.CountTokensRequest, anthropic.TokenCount, errors=anthropic.ErrorEnvelope, tag="Anthropic"),
+    Operation("post", "/v1/chat/completions/render", "The prompt's token ids and sampling parameters a chat completion "
+              "would generate from, without generating (vLLM)", openai_chat.ChatCompletionRequest, render.RenderedRequest, tag="vLLM"),
+    Operation("post", "/v1/completions/render", "The prompts' token ids and sampling parameters a completion would "
+              "generate from, one per prompt, without generating (vLLM)", openai_completions.CompletionRequest,
+              render.RenderedRequest, tag="vLLM", array=True),
     Operation("get", "/v1/models", "List the served models", response=ModelList),
     Operation("get", "/v1/models/{model_id}", "Retrieve a served model", response=ModelCard),
     *(
@@ -98,6 +104,16 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation("get", "/health", "Readiness: 200 once the engine is ready, 503 while it loads or after it died",
               response=HealthStatus, tag="Server", also=(503,)),
+    *(
+        Operation(method, "/ping", "Readiness as vLLM's SageMaker route answers it: 200 (empty) once the engine is "
+                  "ready, 503 while it loads or after it died", media="text/plain", tag="vLLM", also=(503,))
+        for method in ("get", "post")
+    ),
+    Operation("post", "/invocations", "SageMaker's inference route (vLLM): a body with `messages` is a chat completion, "
+              "with `prompt` a completion, with `input` an embedding (embedding models)", media="application/json",
+              stream="as the route the body is dispatched to", tag="vLLM"),
+    Operation("get", "/load", "Generation requests in flight (with --enable-server-load-tracking; else 0) (vLLM)",
+              response=render.ServerLoad, tag="vLLM"),
     Operation("get", "/version", "The server's version", response=VersionInfo, tag="Server"),
     Operation("get", "/metrics", "Prometheus metrics (vLLM's and the server's)", media=METRICS, tag="Server"),
     Operation("get", "/openapi.json", "This document", media="application/json", tag="Server"),
@@ -130,7 +146,7 @@ _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying"
 
 def _operation(op: Operation, refs: dict[type, dict[str, Any]], parameters: Mapping[str, str]) -> dict[str, Any]:
     if op.response is not None:
-        content = _json_content(refs[op.response])
+        content = _json_content({"type": "array", "items": refs[op.response]} if op.array else refs[op.response])
     else:
         content = {(op.media or "application/json").split(";")[0]: {"schema": {"type": "object"} if op.media == "application/json" else {"type": "string"}}}
     ok: dict[str, Any] = {"description": "OK", "content": content}

@@ -97,6 +97,7 @@ def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> Runn
         shutdown_timeout=DRAIN_GRACE,
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
+        max_headers=settings.max_header_count,
         **kwargs,
     )
 
@@ -126,7 +127,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
     engine failure hangs. `sock`: a listening socket from the parent (one of --api-server-count
     workers, streamproxy/workers.py) instead of binding host:port."""
-    listener = accesslog.configure(settings.access_log)
+    listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     if sock is not None:
         accesslog.PID = os.getpid()  # the log says which of the workers served each request
     app = create_app(settings, engine)

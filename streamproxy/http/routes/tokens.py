@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from streamproxy.core import params as P
 from streamproxy.core.prepare import render_prompt
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.routes.body import decode_body
@@ -29,7 +28,7 @@ async def tokenize(request: web.Request) -> web.Response:
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequest("send exactly one of 'prompt' or 'messages'", param="prompt")
     if req.messages is not None:
-        ids = render_prompt(engine, P.chat_messages(req.messages), req)
+        ids = render_prompt(state.settings, engine, req.messages, req)
     else:
         ids = engine.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
     strs = [engine.decode([t]) for t in ids] if req.return_token_strs else None
