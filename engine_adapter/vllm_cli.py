@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from engine_adapter.vllm_engine import VllmEngine
@@ -44,7 +45,8 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     return p
 
 
-def frontend_actions() -> list[argparse.Action]:
+@cache
+def frontend_actions() -> tuple[argparse.Action, ...]:
     """The options of `vllm serve`'s parser (vLLM's `make_arg_parser`) that are not engine flags:
     the front end's, with vLLM's own types, defaults and choices."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -53,7 +55,7 @@ def frontend_actions() -> list[argparse.Action]:
 
     engine_options = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False))._option_string_actions
     serve = make_arg_parser(FlexibleArgumentParser(add_help=False))
-    return [a for a in serve._actions if a.option_strings and not any(o in engine_options for o in a.option_strings)]
+    return tuple(a for a in serve._actions if a.option_strings and not any(o in engine_options for o in a.option_strings))
 
 
 def frontend_defaults(ns: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,183 @@
+"""Every front-end flag of the installed vLLM's `vllm serve` parser, through `streamproxy serve`'s
+argument parsing (no engine is built): accepted with the setting it maps to, or refused naming it.
+
+The flags and a value other than vLLM's default for each come from vLLM's own
+parser (`make_arg_parser`, minus the engine's flags): a boolean flag is given
+alone (or as `--no-...` where vLLM's default is on), a flag with choices gets
+one that is not the default, a number 7; only values a flag cannot take from
+its type (a file, a JSON list) are written here. A flag that a newer vLLM
+adds and `streamproxy/frontend_flags.py` has not decided about fails
+`test_every_flag_is_decided`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_adapter import vllm_cli  # noqa: E402
+from streamproxy import cli, frontend_flags  # noqa: E402
+from streamproxy.config import Settings  # noqa: E402
+
+from vllm.entrypoints.launchers.cli_args import FrontendArgs  # noqa: E402
+
+ACTIONS = {a.dest: a for a in vllm_cli.frontend_actions() if a.dest != "help"}
+# The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it).
+HINTS = typing.get_type_hints(FrontendArgs)
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+# Values a flag's type cannot make up.
+VALUES: dict[str, Any] = {
+    "allowed_origins": '["https://a.example"]',
+    "allowed_methods": '["GET"]',
+    "allowed_headers": '["x-a"]',
+    "api_key": "k1",
+    "lora_modules": "ada=/tmp/ada",
+    "default_chat_template_kwargs": '{"enable_thinking": false}',
+    "chat_template": TEMPLATE,
+    "tool_call_parser": "hermes",
+    "root_path": "/proxy",
+    "host": "127.0.0.1",
+    "disable_access_log_for_endpoints": "/health,/metrics",
+    "tool_parser_plugin": "",  # (a file: test_tool_parser_plugin)
+}
+
+# Ours and aliases: the setting each maps to and its value after the flag.
+EXPECT: dict[str, tuple[str, Any]] = {
+    "api_server_count": ("api_server_count", 7),
+    "host": ("host", "127.0.0.1"),
+    "port": ("port", 7),
+    "root_path": ("root_path", "/proxy"),
+    "h11_max_incomplete_event_size": ("max_header_bytes", 7),
+    "h11_max_header_count": ("max_header_count", 7),
+    "allow_credentials": ("allow_credentials", True),
+    "allowed_origins": ("allowed_origins", ["https://a.example"]),
+    "allowed_methods": ("allowed_methods", ["GET"]),
+    "allowed_headers": ("allowed_headers", ["x-a"]),
+    "api_key": ("api_key", ["k1"]),
+    "disable_fastapi_docs": ("disable_fastapi_docs", True),
+    "sse_keep_alive_interval": ("sse_heartbeat", 7.0),
+    "uvicorn_log_level": ("http_log_level", None),  # the first choice that is not vLLM's default: below
+    "disable_uvicorn_access_log": ("access_log", "off"),
+    "disable_access_log_for_endpoints": ("disable_access_log_for_endpoints", "/health,/metrics"),
+    "log_error_stack": ("log_error_stack", True),
+    "chat_template": ("chat_template", TEMPLATE),
+    "chat_template_content_format": ("chat_template_content_format", None),
+    "trust_request_chat_template": ("trust_request_chat_template", True),
+    "default_chat_template_kwargs": ("default_chat_template_kwargs", {"enable_thinking": False}),
+    "cohere_format": ("default_chat_template_kwargs", None),
+    "response_role": ("response_role", "x"),
+    "return_tokens_as_token_ids": ("return_tokens_as_token_ids", True),
+    "enable_force_include_usage": ("enable_force_include_usage", True),
+    "enable_auto_tool_choice": ("enable_auto_tool_choice", True),
+    "tool_call_parser": ("tool_call_parser", "hermes"),
+    "exclude_tools_when_tool_choice_none": ("exclude_tools_when_tool_choice_none", True),
+    "lora_modules": ("lora_modules", ["ada=/tmp/ada"]),
+    "enable_server_load_tracking": ("enable_server_load_tracking", True),
+}
+
+
+def flag_args(action: argparse.Action) -> list[str]:
+    """The command-line words that give `action` a value other than vLLM's default."""
+    dest = action.dest
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [action.option_strings[1] if action.default else action.option_strings[0]]
+    if action.nargs == 0:  # store_true
+        return [action.option_strings[0]]
+    if dest in VALUES:
+        value = VALUES[dest]
+    elif action.choices:
+        value = next(c for c in action.choices if c != action.default)
+    elif action.type in (int, float) or {int, float} & set(typing.get_args(HINTS.get(dest)) or (HINTS.get(dest),)):
+        value = "7"
+    else:
+        value = "x"
+    return [action.option_strings[0], str(value)]
+
+
+def parse(words: list[str]) -> Settings:
+    settings, _ = cli.parse(["--model", "m", *words])
+    return settings
+
+
+def test_every_flag_is_decided():
+    undecided = sorted(set(ACTIONS) - set(frontend_flags.FLAGS))
+    assert undecided == [], f"vLLM front-end flags nobody decided about (streamproxy/frontend_flags.py): {undecided}"
+    stale = sorted(set(frontend_flags.FLAGS) - set(ACTIONS) - {"model_tag"})
+    assert stale == [], f"decisions about flags vLLM no longer has: {stale}"
+
+
+@pytest.mark.parametrize("dest", sorted(ACTIONS))
+def test_flag(dest: str) -> None:
+    if dest == "config":  # --config FILE: the file's keys are flags (test_config_file)
+        return
+    action = ACTIONS[dest]
+    words = flag_args(action)
+    if dest == "enable_auto_tool_choice":
+        words += ["--tool-call-parser", "hermes"]
+    if dest == "lora_modules":
+        words += ["--enable-lora"]
+    decision = frontend_flags.FLAGS[dest]
+    if decision.kind == "refused":
+        with pytest.raises(SystemExit) as err:
+            parse(words)
+        message = str(err.value)
+        assert action.option_strings[0] in message and decision.note in message and "\n" not in message
+        return
+    settings = parse(words)
+    if decision.kind in ("ours", "alias"):
+        name, expected = EXPECT[dest]
+        if dest in ("uvicorn_log_level", "chat_template_content_format"):
+            expected = words[1]
+        if dest == "cohere_format":
+            expected = {"cohere_format": "x"}
+        assert getattr(settings, name) == expected
+    else:  # engine / same: parsed, nothing of ours changes but what the note says
+        assert decision.note
+
+
+def test_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("response-role: bot\nsse-keep-alive-interval: 3\n")
+    settings, _ = cli.parse(["--config", str(config), "--model", "m"])
+    assert (settings.response_role, settings.sse_heartbeat) == ("bot", 3.0)
+
+
+def test_chat_template_from_a_file_or_inline(tmp_path: Path) -> None:
+    path = tmp_path / "tool.jinja"
+    path.write_text(TEMPLATE)
+    assert parse(["--chat-template", str(path)]).chat_template == TEMPLATE
+    assert parse(["--chat-template", "{{ messages[0].content }}"]).chat_template == "{{ messages[0].content }}"
+    with pytest.raises(SystemExit, match=r"^--chat-template: '/nowhere/t.jinja' looks like a file path"):
+        parse(["--chat-template", "/nowhere/t.jinja"])
+
+
+def test_tool_parser_plugin(tmp_path: Path) -> None:
+    plugin = tmp_path / "my_parser.py"
+    plugin.write_text(
+        "from vllm.tool_parsers import ToolParserManager\n"
+        "from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser\n"
+        "@ToolParserManager.register_module('my_plugin_parser')\n"
+        "class MyParser(Hermes2ProToolParser):\n    pass\n"
+    )
+    settings = parse(["--tool-parser-plugin", str(plugin), "--enable-auto-tool-choice", "--tool-call-parser", "my_plugin_parser"])
+    assert settings.tool_call_parser == "my_plugin_parser"
+
+
+def test_an_undecided_flag_is_refused_at_start() -> None:
+    ns = argparse.Namespace(brand_new_flag=True)
+    with pytest.raises(SystemExit, match="^--brand-new-flag: a vLLM front-end flag streamproxy has not decided about"):
+        frontend_flags.apply(ns, {"brand_new_flag": False}, Settings())
+
+
+def test_fake_engine_takes_our_front_end_flags() -> None:
+    settings, _ = cli.parse(["--engine", "fake", "--response-role", "bot", "--chat-template", "{{ 1 }}",
+                             "--enable-force-include-usage", "--root-path", "proxy/"])
+    assert (settings.response_role, settings.chat_template, settings.enable_force_include_usage, settings.root_path) == (
+        "bot", "{{ 1 }}", True, "/proxy")
