@@ -77,7 +77,8 @@ FLAGS: dict[str, Flag] = {
     "enable_request_id_headers": Flag("same", "every response carries X-Request-Id"),
     "disable_fastapi_docs": _ours("no /openapi.json (there is no Swagger UI or ReDoc to turn off)"),
     "enable_offline_docs": _refused("serves Swagger UI from vendored assets; streamproxy serves /openapi.json only"),
-    "sse_keep_alive_interval": Flag("alias", "--sse-heartbeat (ours is on at 15 s by default; 0 turns it off)"),
+    "sse_keep_alive_interval": Flag("alias", "--sse-heartbeat N; vLLM's default 0 leaves ours on (15 s): "
+                                                "--sse-heartbeat 0 turns it off"),
     "uvicorn_log_level": Flag("alias", "the level of aiohttp's own loggers (there is no uvicorn)"),
     "disable_uvicorn_access_log": Flag("alias", "--access-log off"),
     "disable_access_log_for_endpoints": _ours("no access-log line for these paths (comma-separated)"),

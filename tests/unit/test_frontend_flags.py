@@ -181,3 +181,11 @@ def test_fake_engine_takes_our_front_end_flags() -> None:
                              "--enable-force-include-usage", "--root-path", "proxy/"])
     assert (settings.response_role, settings.chat_template, settings.enable_force_include_usage, settings.root_path) == (
         "bot", "{{ 1 }}", True, "/proxy")
+
+
+def test_the_docs_list_every_flag_and_refused_route() -> None:
+    from streamproxy.http.routes.unsupported import UNSUPPORTED
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "flags-and-routes.md").read_text()
+    assert [d for d in frontend_flags.FLAGS if d != "model_tag" and f"`{frontend_flags.option(d)}`" not in docs] == []
+    assert [p for m, p, _ in UNSUPPORTED if f"`{m} {p}`" not in docs] == []
