@@ -63,7 +63,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # Observability.
     access_log: str = "stdout"  # stdout, stderr, a file path, or off
     disable_access_log_for_endpoints: str | None = None  # vLLM's flag: comma-separated paths without a line
-    log_error_stack: bool = False  # vLLM's flag: every error response is logged with its stack
+    log_error_stack: bool = False
+    enable_log_outputs: bool = False  # vLLM's flag: the generated text in the access-log line
+    max_log_len: int | None = None  # vLLM's flag: at most this many characters of it per choice  # vLLM's flag: every error response is logged with its stack
     http_log_level: str | None = None  # aiohttp's own loggers (vLLM's --uvicorn-log-level sets it)
     # vLLM's front-end flags (streamproxy/frontend_flags.py): the path prefix of a path-routing proxy, no /openapi.json.
     root_path: str | None = None
@@ -87,6 +89,7 @@ class Settings(msgspec.Struct, kw_only=True):
     enable_force_include_usage: bool = False
     exclude_tools_when_tool_choice_none: bool = False
     enable_server_load_tracking: bool = False
+    enable_tokenizer_info_endpoint: bool = False
     # LoRA adapters served beside the model (as in vLLM): `name=path` or JSON objects (streamproxy/core/adapters.py).
     lora_modules: list[str] = []
     # Fake engine knobs (--engine fake).
@@ -147,6 +150,8 @@ _FLAG_HELP: dict[str, str] = {
     "allow_credentials": "CORS: allow credentials",
     "access_log": "JSON access log: stdout, stderr, a file path, or off",
     "disable_access_log_for_endpoints": "comma-separated paths (e.g. /health,/metrics) that get no access-log line",
+    "enable_log_outputs": "put each request's generated text in its access-log line (`output`; as vLLM's flag)",
+    "max_log_len": "at most this many characters of a choice's text in the log (with --enable-log-outputs)",
     "log_error_stack": "log every error response with its stack trace (as vLLM's flag)",
     "http_log_level": "level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)",
     "root_path": "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
@@ -170,6 +175,7 @@ _FLAG_HELP: dict[str, str] = {
     "return_tokens_as_token_ids": "logprobs name each token 'token_id:N' (as vLLM's flag)",
     "enable_force_include_usage": "every answer carries usage, streams a usage chunk too (as vLLM's flag)",
     "exclude_tools_when_tool_choice_none": "tool_choice none: the tools are not shown to the chat template (as vLLM's flag)",
+    "enable_tokenizer_info_endpoint": "serve GET /tokenizer_info (as vLLM's flag; it shows the chat template)",
     "enable_server_load_tracking": "count requests in flight for GET /load (as vLLM's flag)",
     "lora_modules": "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "
     "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several per flag, or the flag repeated "

@@ -84,9 +84,10 @@ FLAGS: dict[str, Flag] = {
     "disable_access_log_for_endpoints": _ours("no access-log line for these paths (comma-separated)"),
     "log_error_stack": _ours("log every error response with its stack"),
     # Logging of requests.
-    "max_log_len": Flag("same", "no log line of ours carries prompt text or ids, so every cap holds"),
-    "enable_log_outputs": _refused("the access log never carries generated text; use the access log's "
-                                   "token counts and finish reasons"),
+    "max_log_len": _ours("at most this many characters of each choice's text in the access log (no log line "
+                         "carries prompt text)"),
+    "enable_log_outputs": _ours("the generated text in each request's access-log line (`output`); "
+                                "--enable-log-requests is not needed"),
     "enable_log_deltas": Flag("same", "no output deltas are ever logged"),
     # Chat templates.
     "chat_template": _ours("a file, or the template itself inline"),
@@ -112,7 +113,7 @@ FLAGS: dict[str, Flag] = {
     # Routes.
     "lora_modules": _ours(),
     "enable_server_load_tracking": _ours("GET /load"),
-    "enable_tokenizer_info_endpoint": _refused("GET /tokenizer_info is not served"),
+    "enable_tokenizer_info_endpoint": _ours("GET /tokenizer_info"),
     "tokens_only": _refused("vLLM's disaggregated Tokens In<>Out server; not part of streamproxy"),
     "enable_scale_out": _refused("vLLM's scale-out routes (/render, /inference/v1/generate) are not served"),
     "cohere_is_reasoning_model": _refused("the Cohere API (/cohere/v2/chat) is not served"),

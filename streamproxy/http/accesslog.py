@@ -7,8 +7,9 @@ the error middleware: the error code), and when the handler returns, raises
 or is cancelled (the client went away), `observe` writes the line and counts
 the response, once. Nothing here runs per token.
 
-The line has no prompt or completion text and never a header value, so no
-API key can reach it; `path` is the path only (no query string). It goes to
+The line has no prompt or completion text (the completion's only with
+`--enable-log-outputs`, vLLM's flag, at most `--max-log-len` characters per
+choice) and never a header value, so no API key can reach it; `path` is the path only (no query string). It goes to
 `configure()`'s `BatchWriter`: a line costs the event loop one list append,
 and one background thread writes the lines to stdout, stderr or a file in
 batches (waking once per batch, at most every `FLUSH_INTERVAL` s), so a slow
@@ -63,7 +64,7 @@ class Record:
     __slots__ = (
         "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
         "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
-        "deployment", "upstream", "key_id", "usage_source",
+        "deployment", "upstream", "key_id", "usage_source", "outputs",
     )
 
     def __init__(self, request_id: str, start: float) -> None:
@@ -88,6 +89,8 @@ class Record:
         self.upstream: str | None = None
         self.key_id: str | None = None
         self.usage_source: str | None = None
+        # --enable-log-outputs: the generated text per choice (cut to --max-log-len).
+        self.outputs: list[str] | None = None
 
     def first_token(self, now: float) -> None:
         """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
@@ -223,6 +226,8 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
     }
     if PID is not None:
         fields["pid"] = PID
+    if rec.outputs is not None:
+        fields["output"] = rec.outputs[0] if len(rec.outputs) == 1 else rec.outputs
     if rec.deployment is not None:
         fields.update(
             deployment=rec.deployment, upstream=rec.upstream, key_id=rec.key_id,

@@ -126,6 +126,12 @@ LORA_OPERATIONS: tuple[Operation, ...] = (
               media="text/plain", tag="vLLM"),
 )
 
+# Only with --enable-tokenizer-info-endpoint, as in vLLM.
+TOKENIZER_INFO_OPERATIONS: tuple[Operation, ...] = (
+    Operation("get", "/tokenizer_info", "The tokenizer's configuration and class, and --chat-template (vLLM)",
+              media="application/json", tag="vLLM"),
+)
+
 # Path parameters, by name: what they are.
 PARAMETERS = {"model_id": "A served model's name"}
 
@@ -202,10 +208,10 @@ def build_document(
     }
 
 
-def build(lora_routes: bool = False) -> dict[str, Any]:
+def build(lora_routes: bool = False, tokenizer_info: bool = False) -> dict[str, Any]:
     """serve's OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
     return build_document(
-        OPERATIONS + (LORA_OPERATIONS if lora_routes else ()),
+        OPERATIONS + (LORA_OPERATIONS if lora_routes else ()) + (TOKENIZER_INFO_OPERATIONS if tokenizer_info else ()),
         title="streamproxy",
         description="OpenAI-compatible (and Anthropic Messages) streaming server. Request bodies ignore unknown fields.",
         key_note="Only when the server runs with --api-key",
@@ -213,13 +219,16 @@ def build(lora_routes: bool = False) -> dict[str, Any]:
 
 
 @cache
-def document(lora_routes: bool = False) -> bytes:
-    return msgspec.json.encode(build(lora_routes))
+def document(lora_routes: bool = False, tokenizer_info: bool = False) -> bytes:
+    return msgspec.json.encode(build(lora_routes, tokenizer_info))
 
 
 # Set by routes.add_routes when it adds the run-time LoRA routes.
 LORA_ROUTES_KEY: web.AppKey[bool] = web.AppKey("lora_routes", bool)
+TOKENIZER_INFO_KEY: web.AppKey[bool] = web.AppKey("tokenizer_info", bool)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.Response(body=document(request.app.get(LORA_ROUTES_KEY, False)), content_type="application/json")
+    app = request.app
+    body = document(app.get(LORA_ROUTES_KEY, False), app.get(TOKENIZER_INFO_KEY, False))
+    return web.Response(body=body, content_type="application/json")

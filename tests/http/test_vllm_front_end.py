@@ -5,12 +5,18 @@ routes, and vLLM's routes that are not served."""
 
 from __future__ import annotations
 
+import json
+import logging
+from typing import Any
+
 import pytest
 
 from engine_adapter.fake import FakeScript
 from streamproxy.core.prepare import UNTRUSTED_TEMPLATE
+from streamproxy.http import accesslog
 from tests.support import sse
 from tests.support.fake import USER_HI, USER_HI_PROMPT_TOKENS
+from tests.support.waiting import wait_until
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}>"
 PARTS_TEMPLATE = "{% for m in messages %}{% for p in m.content %}<{{ p.text }}>{% endfor %}{% endfor %}"
@@ -174,3 +180,49 @@ async def test_vllm_routes_not_served_say_so(serve):
 async def test_disable_docs(serve):
     client, _ = await serve(disable_fastapi_docs=True)
     assert (await client.get("/openapi.json")).status == 404
+
+
+@pytest.fixture
+def access_lines() -> Any:
+    lines: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(record.getMessage()))
+
+    handler, previous = Collect(), accesslog.log.level
+    accesslog.log.addHandler(handler)
+    accesslog.log.setLevel(logging.INFO)
+    yield lines
+    accesslog.log.removeHandler(handler)
+    accesslog.log.setLevel(previous)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_log_outputs(serve, access_lines, stream):
+    client, _ = await serve(FakeScript(tokens=["Hel", "lo", " world"]), enable_log_outputs=True, max_log_len=7)
+    r = await client.post("/v1/chat/completions", json={"messages": USER_HI, "max_tokens": 3, "stream": stream})
+    await r.read()
+    r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "n": 2})
+    await r.read()
+    assert await wait_until(lambda: len(access_lines) == 2, timeout=5.0)
+    assert access_lines[0]["output"] == "Hello w"  # "Hello world" cut to --max-log-len
+    assert access_lines[1]["output"] == ["Hello", "Hello"]
+
+
+async def test_no_output_in_the_log_by_default(serve, access_lines):
+    client, _ = await serve()
+    await (await client.post("/v1/chat/completions", json={"messages": USER_HI, "max_tokens": 2})).read()
+    assert await wait_until(lambda: len(access_lines) == 1, timeout=5.0)
+    assert "output" not in access_lines[0]
+
+
+async def test_tokenizer_info(serve):
+    client, _ = await serve()
+    r = await client.get("/tokenizer_info")
+    assert r.status == 404 and (await r.json())["error"]["code"] == "route_not_supported"
+    client, _ = await serve(enable_tokenizer_info_endpoint=True, template=TEMPLATE)
+    r = await client.get("/tokenizer_info")
+    assert await r.json() == {"tokenizer_class": "none", "chat_template": TEMPLATE}  # the fake has no tokenizer object
+    doc = await (await client.get("/openapi.json")).json()
+    assert "get" in doc["paths"]["/tokenizer_info"]

@@ -80,6 +80,9 @@ EXPECT: dict[str, tuple[str, Any]] = {
     "exclude_tools_when_tool_choice_none": ("exclude_tools_when_tool_choice_none", True),
     "lora_modules": ("lora_modules", ["ada=/tmp/ada"]),
     "enable_server_load_tracking": ("enable_server_load_tracking", True),
+    "enable_tokenizer_info_endpoint": ("enable_tokenizer_info_endpoint", True),
+    "enable_log_outputs": ("enable_log_outputs", True),
+    "max_log_len": ("max_log_len", 7),
 }
 
 

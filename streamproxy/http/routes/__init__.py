@@ -16,7 +16,7 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.http import error_shapes
 from streamproxy.http.metrics import metrics
-from streamproxy.http.openapi import LORA_ROUTES_KEY, openapi_json
+from streamproxy.http.openapi import LORA_ROUTES_KEY, TOKENIZER_INFO_KEY, openapi_json
 from streamproxy.http.routes import unsupported
 from streamproxy.http.routes.anthropic import count_tokens, messages
 from streamproxy.http.routes.chat import chat_completions
@@ -27,7 +27,7 @@ from streamproxy.http.routes.lora import load_lora_adapter, runtime_updates_allo
 from streamproxy.http.routes.models import get_model, health, list_models, version
 from streamproxy.http.routes.render import render_chat, render_completion
 from streamproxy.http.routes.responses import responses
-from streamproxy.http.routes.tokens import detokenize, tokenize
+from streamproxy.http.routes.tokens import detokenize, tokenize, tokenizer_info
 from streamproxy.http.state import STATE_KEY
 
 log = logging.getLogger("streamproxy")
@@ -73,5 +73,10 @@ def add_routes(app: web.Application) -> None:
         add("POST", "/v1/load_lora_adapter", load_lora_adapter)
         add("POST", "/v1/unload_lora_adapter", unload_lora_adapter)
         app[LORA_ROUTES_KEY] = True
+    if settings.enable_tokenizer_info_endpoint:
+        add("GET", "/tokenizer_info", tokenizer_info)
+        app[TOKENIZER_INFO_KEY] = True
     for method, path, why in unsupported.UNSUPPORTED:
+        if path == "/tokenizer_info" and settings.enable_tokenizer_info_endpoint:
+            continue
         add(method, path, unsupported.handler(method, path, why))
