@@ -90,6 +90,8 @@ class Settings(msgspec.Struct, kw_only=True):
     exclude_tools_when_tool_choice_none: bool = False
     enable_server_load_tracking: bool = False
     enable_tokenizer_info_endpoint: bool = False
+    # Responses made with `store` kept for GET /v1/responses/{id} (0: none; apis/responses/store.py).
+    responses_store: int = 0
     # LoRA adapters served beside the model (as in vLLM): `name=path` or JSON objects (streamproxy/core/adapters.py).
     lora_modules: list[str] = []
     # Fake engine knobs (--engine fake).
@@ -175,6 +177,8 @@ _FLAG_HELP: dict[str, str] = {
     "return_tokens_as_token_ids": "logprobs name each token 'token_id:N' (as vLLM's flag)",
     "enable_force_include_usage": "every answer carries usage, streams a usage chunk too (as vLLM's flag)",
     "exclude_tools_when_tool_choice_none": "tool_choice none: the tools are not shown to the chat template (as vLLM's flag)",
+    "responses_store": "keep the last N responses made with store (OpenAI's default) for GET /v1/responses/{id} "
+    "(0: none, unless VLLM_ENABLE_RESPONSES_API_STORE=1, which keeps 1000, as vLLM's switch)",
     "enable_tokenizer_info_endpoint": "serve GET /tokenizer_info (as vLLM's flag; it shows the chat template)",
     "enable_server_load_tracking": "count requests in flight for GET /load (as vLLM's flag)",
     "lora_modules": "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "

@@ -80,6 +80,10 @@ OPERATIONS: tuple[Operation, ...] = (
               embeddings.EmbeddingList),
     Operation("post", "/v1/responses", "Create a model response (Responses API)", responses.ResponsesRequest,
               responses.Response, stream="named events (`event: response.created` ... `response.completed`), as OpenAI's Responses API"),
+    Operation("get", "/v1/responses/{response_id}", "Retrieve a response kept by the server's response store "
+              "(--responses-store)", response=responses.Response),
+    Operation("post", "/v1/responses/{response_id}/cancel", "Cancel a background response (none here: a kept "
+              "response is finished, a 400)", response=responses.Response),
     Operation("post", "/v1/messages", "Create a message (Anthropic Messages API)", anthropic.MessagesRequest, anthropic.Message,
               stream="named events (`event: message_start` ... `message_stop`), as Anthropic's Messages API",
               errors=anthropic.ErrorEnvelope, tag="Anthropic"),
@@ -133,7 +137,7 @@ TOKENIZER_INFO_OPERATIONS: tuple[Operation, ...] = (
 )
 
 # Path parameters, by name: what they are.
-PARAMETERS = {"model_id": "A served model's name"}
+PARAMETERS = {"model_id": "A served model's name", "response_id": "A response's id (resp_...)"}
 
 
 def _types(operations: Iterable[Operation]) -> list[type]:

@@ -173,7 +173,7 @@ async def test_vllm_routes_not_served_say_so(serve):
     error = (await r.json())["error"]
     assert error["code"] == "route_not_supported" and error["message"].startswith(
         "POST /v1/score is a route of vLLM's server that streamproxy does not support: ")
-    r = await client.get("/v1/responses/resp_1")
+    r = await client.post("/v1/chat/completions/derender", json={})
     assert r.status == 404 and (await r.json())["error"]["code"] == "route_not_supported"
 
 
@@ -226,3 +226,40 @@ async def test_tokenizer_info(serve):
     assert await r.json() == {"tokenizer_class": "none", "chat_template": TEMPLATE}  # the fake has no tokenizer object
     doc = await (await client.get("/openapi.json")).json()
     assert "get" in doc["paths"]["/tokenizer_info"]
+
+
+RESPONSE = {"input": "hi", "max_output_tokens": 3}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_stored_response(serve, stream):
+    client, _ = await serve(responses_store=2)
+    r = await client.post("/v1/responses", json={**RESPONSE, "stream": stream}, headers={"X-Request-Id": "a"})
+    answer = await r.read()
+    got = await client.get("/v1/responses/resp_a")
+    assert got.status == 200
+    body = await got.json()
+    # max_output_tokens 3 ends it: "incomplete", as the answer itself said
+    final = sse.named_events(answer)[-1][1]["response"] if stream else json.loads(answer)
+    assert body == final
+    assert (body["id"], body["status"], body["store"]) == ("resp_a", "incomplete", True)
+    assert body["output"][0]["content"][0]["text"] == "Hello world"
+    r = await client.post("/v1/responses/resp_a/cancel")
+    assert r.status == 400 and (await r.json())["error"] == {
+        "message": "Cannot cancel a synchronous response.", "type": "invalid_request_error", "param": "response_id", "code": None}
+
+
+async def test_response_store_is_bounded_and_opt_in(serve):
+    client, _ = await serve(responses_store=2)
+    for rid in ("a", "b", "c"):
+        await (await client.post("/v1/responses", json=RESPONSE, headers={"X-Request-Id": rid})).read()
+    await (await client.post("/v1/responses", json={**RESPONSE, "store": False}, headers={"X-Request-Id": "d"})).read()
+    assert [(await client.get(f"/v1/responses/resp_{rid}")).status for rid in "abcd"] == [404, 200, 200, 404]
+    r = await client.get("/v1/responses/resp_a")
+    assert (await r.json())["error"] == {
+        "message": "Response with id 'resp_a' not found.", "type": "invalid_request_error", "param": "response_id",
+        "code": "not_found"}
+    client, _ = await serve()  # no store (vLLM without VLLM_ENABLE_RESPONSES_API_STORE): nothing kept
+    r = await client.post("/v1/responses", json=RESPONSE, headers={"X-Request-Id": "e"})
+    assert (await r.json())["store"] is False
+    assert (await client.get("/v1/responses/resp_e")).status == 404

@@ -26,7 +26,7 @@ from streamproxy.http.routes.hosting import invocations, load, ping
 from streamproxy.http.routes.lora import load_lora_adapter, runtime_updates_allowed, unload_lora_adapter
 from streamproxy.http.routes.models import get_model, health, list_models, version
 from streamproxy.http.routes.render import render_chat, render_completion
-from streamproxy.http.routes.responses import responses
+from streamproxy.http.routes.responses import cancel_response, get_response, responses
 from streamproxy.http.routes.tokens import detokenize, tokenize, tokenizer_info
 from streamproxy.http.state import STATE_KEY
 
@@ -49,6 +49,8 @@ def add_routes(app: web.Application) -> None:
     add("POST", "/v1/completions", completions)
     add("POST", "/v1/embeddings", embeddings)
     add("POST", "/v1/responses", responses)
+    add("GET", "/v1/responses/{response_id}", get_response)
+    add("POST", "/v1/responses/{response_id}/cancel", cancel_response)
     add("POST", "/v1/messages", messages, shape=True)
     add("POST", "/v1/messages/count_tokens", count_tokens, shape=True)
     add("POST", "/v1/chat/completions/render", render_chat)

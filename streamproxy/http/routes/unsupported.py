@@ -36,8 +36,6 @@ UNSUPPORTED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v1/chat/completions/derender", _SCALE), ("POST", "/v1/completions/derender", _SCALE),
     ("POST", "/inference/v1/generate", _SCALE), ("POST", "/inference/v1/abort_requests", _SCALE),
     ("POST", "/abort_requests", _SCALE),
-    ("GET", "/v1/responses/{response_id}", "responses are not stored (store and background are not supported)"),
-    ("POST", "/v1/responses/{response_id}/cancel", "responses are not stored (store and background are not supported)"),
     ("GET", "/tokenizer_info", "served only with --enable-tokenizer-info-endpoint (as in vLLM)"),
     ("GET", "/kv_event_sources", "vLLM's KV-cache event sources are not served"),
     ("GET", "/docs", "there is no Swagger UI; GET /openapi.json has the API"),
