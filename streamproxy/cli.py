@@ -102,6 +102,14 @@ def _check_front_end(settings: Settings) -> None:
             settings.chat_template = load(settings.chat_template)
         except ValueError as exc:
             raise SystemExit(f"--chat-template: {exc}") from None
+    from streamproxy.http.tls import TLSError, server_context
+
+    try:
+        server_context(settings)  # the files read now: a bad one stops the start before the engine loads
+    except TLSError as exc:
+        raise SystemExit(str(exc)) from None
+    if settings.uds and settings.api_server_count != 1:
+        raise SystemExit("--uds with --api-server-count above 1 is not supported (the workers share a TCP port)")
     if settings.root_path:
         settings.root_path = "/" + settings.root_path.strip("/")
         if settings.root_path == "/":
@@ -156,7 +164,27 @@ def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
     parser = argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
     ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
-    return settings_from_namespace(ns), config
+    settings = settings_from_namespace(ns)
+    defaults = Settings()
+    for name in SERVE_ONLY:
+        if getattr(settings, name) != getattr(defaults, name):
+            raise SystemExit(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
+    from streamproxy.http.tls import TLSError, server_context
+
+    try:  # the gateway listens through the same runner: TLS and --uds work there too
+        server_context(settings)
+    except TLSError as exc:
+        raise SystemExit(str(exc)) from None
+    return settings, config
+
+
+# vLLM's front-end flags that `serve` takes and the gateway does not (yet): refused there, never ignored.
+SERVE_ONLY = (
+    "root_path", "chat_template", "chat_template_content_format", "trust_request_chat_template", "response_role",
+    "return_tokens_as_token_ids", "enable_force_include_usage", "exclude_tools_when_tool_choice_none",
+    "enable_server_load_tracking", "enable_tokenizer_info_endpoint", "responses_store", "enable_log_outputs",
+    "max_log_len", "disable_fastapi_docs", "log_error_stack",
+)
 
 
 USAGE = """usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]
@@ -183,15 +211,14 @@ def main(argv: list[str] | None = None) -> None:
             return
         settings, config = build_gateway(rest)
         logging.getLogger().setLevel(settings.log_level.upper())
+        _http_log_level(settings)
         from streamproxy.gateway.app import run_gateway
 
         run_gateway(settings, config)
         return
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())
-    if settings.http_log_level:  # vLLM's --uvicorn-log-level: aiohttp's loggers here ("trace" is DEBUG)
-        level = settings.http_log_level.upper()
-        logging.getLogger("aiohttp").setLevel("DEBUG" if level == "TRACE" else level)
+    _http_log_level(settings)
     if settings.api_server_count != 1:
         code = serve_workers(settings, engine, rest)
         if code:
@@ -200,6 +227,13 @@ def main(argv: list[str] | None = None) -> None:
     from streamproxy.http.server import run
 
     run(settings, engine)
+
+
+def _http_log_level(settings: Settings) -> None:
+    """vLLM's --uvicorn-log-level: aiohttp's loggers here ("trace" is DEBUG)."""
+    if settings.http_log_level:
+        level = settings.http_log_level.upper()
+        logging.getLogger("aiohttp").setLevel("DEBUG" if level == "TRACE" else level)
 
 
 def serve_workers(settings: Settings, engine: Engine, argv: list[str]) -> int:

@@ -69,6 +69,14 @@ class Settings(msgspec.Struct, kw_only=True):
     http_log_level: str | None = None  # aiohttp's own loggers (vLLM's --uvicorn-log-level sets it)
     # vLLM's front-end flags (streamproxy/frontend_flags.py): the path prefix of a path-routing proxy, no /openapi.json.
     root_path: str | None = None
+    # TLS and a Unix socket, as vLLM's flags (streamproxy/http/tls.py).
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2: mutual TLS
+    ssl_ciphers: str | None = None
+    enable_ssl_refresh: bool = False
+    uds: str | None = None
     disable_fastapi_docs: bool = False
     deprecated: list[str] = []  # "/route" or "/route#field", optionally "@YYYY-MM-DD"
     deprecation_link: str | None = None
@@ -158,6 +166,13 @@ _FLAG_HELP: dict[str, str] = {
     "http_log_level": "level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)",
     "root_path": "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
     "disable_fastapi_docs": "no GET /openapi.json (vLLM's flag)",
+    "ssl_keyfile": "TLS: the private key file (as vLLM's flag)",
+    "ssl_certfile": "TLS: the certificate (chain) file; serve HTTPS (as vLLM's flag)",
+    "ssl_ca_certs": "TLS: the CA certificates client certificates must chain to (as vLLM's flag)",
+    "ssl_cert_reqs": "TLS: client certificates: 0 not asked, 1 optional, 2 required (mutual TLS; as vLLM's flag)",
+    "ssl_ciphers": "TLS: cipher suites for TLS 1.2 and below (OpenSSL cipher list; as vLLM's flag)",
+    "enable_ssl_refresh": "TLS: reload the certificate files when they change (as vLLM's flag)",
+    "uds": "listen on this Unix socket path instead of --host/--port (as vLLM's flag)",
     "deprecated": "mark a route (/v1/completions) or field (/v1/chat/completions#max_tokens) deprecated, optionally @YYYY-MM-DD; repeatable",
     "deprecation_link": "URL sent as Link rel=deprecation with the Deprecation header",
     "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
@@ -254,6 +269,11 @@ _FLAG_TYPE: dict[str, Any] = {
     "reasoning_parser": str,
     "chat_template": str,
     "root_path": str,
+    "ssl_keyfile": str,
+    "ssl_certfile": str,
+    "ssl_ca_certs": str,
+    "ssl_ciphers": str,
+    "uds": str,
     "http_log_level": str,
     "disable_access_log_for_endpoints": str,
     "default_chat_template_kwargs": _json_object,

@@ -258,7 +258,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig) -> web.Applica
 
 
 async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
-    listener = accesslog.configure(settings.access_log)
+    listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     app = create_gateway_app(settings, config)
     for d in config.deployments:
         where = ", ".join(d.upstreams) if d.launch is None else f"managed: {d.launch.replicas} x {d.launch.model}"

@@ -13,6 +13,7 @@ adds and `streamproxy/frontend_flags.py` has not decided about fails
 from __future__ import annotations
 
 import argparse
+import tempfile
 import typing
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ pytest.importorskip("vllm")
 from engine_adapter import vllm_cli  # noqa: E402
 from streamproxy import cli, frontend_flags  # noqa: E402
 from streamproxy.config import Settings  # noqa: E402
+from tests.support.tls import make_certs  # noqa: E402
 
 from vllm.entrypoints.launchers.cli_args import FrontendArgs  # noqa: E402
 
+CERTS = make_certs(Path(tempfile.mkdtemp(prefix="sp-flags-")))
 ACTIONS = {a.dest: a for a in vllm_cli.frontend_actions() if a.dest != "help"}
 # The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it).
 HINTS = typing.get_type_hints(FrontendArgs)
@@ -46,6 +49,24 @@ VALUES: dict[str, Any] = {
     "host": "127.0.0.1",
     "disable_access_log_for_endpoints": "/health,/metrics",
     "tool_parser_plugin": "",  # (a file: test_tool_parser_plugin)
+    "ssl_certfile": str(CERTS.cert),
+    "ssl_keyfile": str(CERTS.key),
+    "ssl_ca_certs": str(CERTS.ca),
+    "ssl_cert_reqs": "2",
+    "ssl_ciphers": "ECDHE+AESGCM",
+    "uds": "/tmp/sp-flags.sock",
+}
+# What a TLS flag needs beside it to mean anything.
+_TLS = ["--ssl-certfile", str(CERTS.cert), "--ssl-keyfile", str(CERTS.key)]
+COMPANIONS: dict[str, list[str]] = {
+    "enable_auto_tool_choice": ["--tool-call-parser", "hermes"],
+    "lora_modules": ["--enable-lora"],
+    "ssl_keyfile": ["--ssl-certfile", str(CERTS.cert)],
+    "ssl_certfile": ["--ssl-keyfile", str(CERTS.key)],
+    "ssl_ca_certs": _TLS,
+    "ssl_cert_reqs": [*_TLS, "--ssl-ca-certs", str(CERTS.ca)],
+    "ssl_ciphers": _TLS,
+    "enable_ssl_refresh": _TLS,
 }
 
 # Ours and aliases: the setting each maps to and its value after the flag.
@@ -80,6 +101,13 @@ EXPECT: dict[str, tuple[str, Any]] = {
     "exclude_tools_when_tool_choice_none": ("exclude_tools_when_tool_choice_none", True),
     "lora_modules": ("lora_modules", ["ada=/tmp/ada"]),
     "enable_server_load_tracking": ("enable_server_load_tracking", True),
+    "ssl_certfile": ("ssl_certfile", str(CERTS.cert)),
+    "ssl_keyfile": ("ssl_keyfile", str(CERTS.key)),
+    "ssl_ca_certs": ("ssl_ca_certs", str(CERTS.ca)),
+    "ssl_cert_reqs": ("ssl_cert_reqs", 2),
+    "ssl_ciphers": ("ssl_ciphers", "ECDHE+AESGCM"),
+    "enable_ssl_refresh": ("enable_ssl_refresh", True),
+    "uds": ("uds", "/tmp/sp-flags.sock"),
     "enable_tokenizer_info_endpoint": ("enable_tokenizer_info_endpoint", True),
     "enable_log_outputs": ("enable_log_outputs", True),
     "max_log_len": ("max_log_len", 7),
@@ -122,10 +150,7 @@ def test_flag(dest: str) -> None:
         return
     action = ACTIONS[dest]
     words = flag_args(action)
-    if dest == "enable_auto_tool_choice":
-        words += ["--tool-call-parser", "hermes"]
-    if dest == "lora_modules":
-        words += ["--enable-lora"]
+    words += COMPANIONS.get(dest, [])
     decision = frontend_flags.FLAGS[dest]
     if decision.kind == "refused":
         with pytest.raises(SystemExit) as err:
@@ -192,3 +217,29 @@ def test_the_docs_list_every_flag_and_refused_route() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "flags-and-routes.md").read_text()
     assert [d for d in frontend_flags.FLAGS if d != "model_tag" and f"`{frontend_flags.option(d)}`" not in docs] == []
     assert [p for m, p, _ in UNSUPPORTED if f"`{m} {p}`" not in docs] == []
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--ssl-keyfile", str(CERTS.key)], "--ssl-keyfile needs --ssl-certfile"),
+    (["--ssl-ca-certs", str(CERTS.ca)], "--ssl-ca-certs needs --ssl-certfile"),
+    ([*_TLS, "--ssl-cert-reqs", "2"], "--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs"),
+    ([*_TLS, "--ssl-cert-reqs", "5"], "--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), not 5"),
+    (["--ssl-certfile", "/nowhere.pem"], "--ssl-certfile/--ssl-keyfile could not be loaded"),
+    ([*_TLS, "--ssl-ciphers", "NOPE"], "--ssl-ciphers 'NOPE'"),
+    (["--uds", "/tmp/x.sock", "--api-server-count", "2"], "--uds with --api-server-count above 1 is not supported"),
+])
+def test_bad_tls_flags_stop_the_start(words: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as err:
+        cli.parse(["--engine", "fake", *words])
+    assert str(err.value).startswith(message)
+
+
+def test_gateway_refuses_serve_only_flags(tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text("deployments:\n  - name: m\n    id: d1\n    upstreams: [\"http://127.0.0.1:9\"]\n")
+    with pytest.raises(SystemExit, match="^--response-role is a flag of streamproxy serve; the gateway does not support it$"):
+        cli.build_gateway(["--config", str(config), "--response-role", "bot"])
+    with pytest.raises(SystemExit, match="^--ssl-keyfile needs --ssl-certfile$"):
+        cli.build_gateway(["--config", str(config), "--ssl-keyfile", str(CERTS.key)])
+    settings, _ = cli.build_gateway(["--config", str(config), *_TLS])  # the gateway listens with TLS too
+    assert settings.ssl_certfile == str(CERTS.cert)
