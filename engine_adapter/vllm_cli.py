@@ -63,6 +63,19 @@ def frontend_defaults(ns: argparse.Namespace) -> dict[str, Any]:
     return {a.dest: a.default for a in frontend_actions() if hasattr(ns, a.dest)}
 
 
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template as vLLM reads it: a file, the template itself, or the name of one of vLLM's
+    own templates (vllm/transformers_utils/chat_templates)."""
+    if value is None:
+        return None
+    from vllm.renderers.chat_utils import load_chat_template as vllm_load
+
+    try:
+        return vllm_load(value)
+    except Exception as exc:
+        raise SystemExit(f"--chat-template: {exc}") from None
+
+
 def import_tool_parser_plugin(path: str) -> None:
     """--tool-parser-plugin: the file registers its parsers in vLLM's registry (as vllm serve does at start)."""
     if not path:

@@ -69,6 +69,7 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     settings = settings_from_namespace(ns)
     frontend_flags.apply(ns, vllm_cli.frontend_defaults(ns), settings)
     vllm_cli.import_tool_parser_plugin(ns.tool_parser_plugin)
+    settings.chat_template = vllm_cli.load_chat_template(settings.chat_template)
     _check_tool_flags(settings, vllm_parsers=True)
     _check_reasoning_flag(settings, vllm_parsers=True)
     _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))

@@ -182,8 +182,12 @@ def test_chat_template_from_a_file_or_inline(tmp_path: Path) -> None:
     path.write_text(TEMPLATE)
     assert parse(["--chat-template", str(path)]).chat_template == TEMPLATE
     assert parse(["--chat-template", "{{ messages[0].content }}"]).chat_template == "{{ messages[0].content }}"
-    with pytest.raises(SystemExit, match=r"^--chat-template: '/nowhere/t.jinja' looks like a file path"):
+    with pytest.raises(SystemExit, match=r"^--chat-template: .*/nowhere/t.jinja.* looks like a file path"):
         parse(["--chat-template", "/nowhere/t.jinja"])
+    with pytest.raises(SystemExit, match=r"^--chat-template: '/nowhere/t.jinja' looks like a file path"):
+        cli.parse(["--engine", "fake", "--chat-template", "/nowhere/t.jinja"])
+    # vLLM's own templates by name, as vllm serve finds them
+    assert "im_start" in parse(["--chat-template", "template_chatml.jinja"]).chat_template
 
 
 def test_tool_parser_plugin(tmp_path: Path) -> None:
