@@ -115,7 +115,8 @@ FLAGS: dict[str, Flag] = {
     "enable_server_load_tracking": _ours("GET /load"),
     "enable_tokenizer_info_endpoint": _ours("GET /tokenizer_info"),
     "tokens_only": _refused("vLLM's disaggregated Tokens In<>Out server; not part of streamproxy"),
-    "enable_scale_out": _refused("vLLM's scale-out routes (/render, /inference/v1/generate) are not served"),
+    "enable_scale_out": _refused("the render routes are always served here, but vLLM's other scale-out routes "
+                                 "(/derender, /inference/v1/generate) are not"),
     "cohere_is_reasoning_model": _refused("the Cohere API (/cohere/v2/chat) is not served"),
     "anthropic_disabled_thinking_effort": _refused("streamproxy's /v1/messages turns thinking off with "
                                                    "enable_thinking: false for thinking disabled"),

@@ -127,7 +127,9 @@ async def test_invocations_dispatch_by_shape(serve):
     assert len(engine.submitted[-1][1]) == USER_HI_PROMPT_TOKENS
     r = await client.post("/invocations", json={"prompt": "hi", "max_tokens": 2, "stream": True})
     assert sse.payloads(await r.read())[0]["object"] == "text_completion"
-    r = await client.post("/invocations", json={"input": "hi"})
+    r = await client.post("/invocations", json={"input": "hi"})  # a completion without a prompt (vLLM: the same)
+    assert r.status == 400 and (await r.json())["error"]["param"] == "prompt"
+    r = await client.post("/invocations", json=["hi"])
     assert r.status == 400
     assert (await r.json())["error"]["message"] == (
         "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']")

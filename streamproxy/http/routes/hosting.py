@@ -4,9 +4,11 @@
 empty body while the engine serves, else 503 (also while it loads: vLLM does
 not listen before then). `/invocations` (SageMaker's one inference route)
 dispatches by the body's shape as vLLM's does, trying its request types in
-order: `messages` is a chat completion, `prompt` a completion, `input` an
-embedding (pooling models only); anything else is vLLM's 400 "Cannot find
-suitable handler". The body is read once and handed to the chosen route
+order: an object with `messages` is a chat completion, any other object a
+completion (whose own checks answer, as vLLM's CompletionRequest takes any
+object: `{}` is its 400 for a missing prompt); on an embedding model an
+object with `input` is an embedding. Anything else (not an object, or no
+`input` for an embedding model) is vLLM's 400 "Cannot find suitable handler". The body is read once and handed to the chosen route
 (`body.PRELOADED`). `/load` is vLLM's `{"server_load": N}`: the generation
 requests in flight with `--enable-server-load-tracking`, else 0 (as vLLM,
 which only counts with the flag).
@@ -53,7 +55,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
             handler = embeddings
         elif not pooling and "messages" in shape:
             handler = chat_completions
-        elif not pooling and "prompt" in shape:
+        elif not pooling:
             handler = completions
         if handler is not None:
             request[PRELOADED] = body
