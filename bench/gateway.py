@@ -6,18 +6,26 @@ of the same upstreams, all up at once (bench/relays.py): the gateway, nginx
 and the LiteLLM proxy; 'direct' is the client calling the upstreams itself
 (its streams split evenly over them), the baseline.
 
-For each level (`--levels` 64,256 streams) and round (`--rounds`), each relay
-in turn (the order rotates per round) carries a closed-loop load for
-`--seconds` (bench/loadgen.py, parsing: every SSE event is split and timed,
+For each level (`--levels` 64,256 streams) and round (`--rounds`, 20), each
+relay in turn (the order rotates per round) carries a closed-loop load for
+`--seconds` (5: two requests per stream; bench/loadgen.py, parsing: every
+SSE event is split and timed,
 `max_tokens` 128, ignore_eos, usage asked for; a random pause of up to one
 step before each request, so requests arrive at any phase of the upstreams'
 step clock and a relay's added latency shows in TTFT instead of being hidden
 by the wait for the next step). Per run: the relay's CPU (utime+stime from
 /proc of the process we started and its descendants: nginx's worker) over
 the window / the SSE events the client received (`data:` events, [DONE]
-included), the upstreams' CPU the same way, tok/s, TTFT and ITL p50/p99.
-Cells are medians over rounds; 'added TTFT' is a relay's TTFT p50 minus
-direct's. `--affinity` runs the other benchmark (bench/affinity.py).
+included), the upstreams' CPU the same way, tok/s, TTFT and ITL p50/p99,
+and why a round is slow: the relay's and the upstreams' run-queue wait
+(schedstat: runnable, not running), the relay's wake-ups, preemptions and
+write calls per 1,000 events, the hypervisor's steal. Cells are medians over
+rounds; 'added TTFT' is a relay's TTFT p50 minus direct's; the distribution
+table gives each relay's min / median / max over the rounds and its slow
+rounds (tok/s below half its best). No real-time priority by default, as
+users run; `--chrt PRIO` runs every process under SCHED_FIFO (the relays' own
+cost), labelled in the title. `--affinity` runs the other benchmark
+(bench/affinity.py).
 Results: bench/results/gateway-<time>.{json,md}.
 """
 
@@ -34,6 +42,7 @@ from pathlib import Path
 
 from . import gateway_report, loadgen, procstat, relays
 from .compare import _git_rev
+from .report import scheduling, set_fifo
 from .servers import RESULTS, Server, fake_server, stop_on_signals
 
 RELAYS = ("direct", "gateway", "nginx", "litellm")
@@ -68,8 +77,11 @@ async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], co
         snap: dict[str, float] = {}
 
         def sample() -> dict[str, float]:
+            vol, invol = procstat.tree_switches(pids)
             return {"relay": procstat.tree_cpu_seconds(pids), "up": procstat.tree_cpu_seconds(ups),
-                    "sys": procstat.system_busy_seconds()}
+                    "sys": procstat.system_busy_seconds(), "steal": procstat.steal_seconds(),
+                    "relay_wait": procstat.tree_sched(pids)[1] / 1e9, "up_wait": procstat.tree_sched(ups)[1] / 1e9,
+                    "relay_vol": vol, "relay_invol": invol, "relay_writes": procstat.tree_write_calls(pids)}
 
         res = await loadgen.run_load(url, _raw(ports[0], model, max_tokens), conc, duration=seconds, conns=conns,
                                      on_start=lambda: snap.update(sample()), jitter=jitter, spread=spread)
@@ -88,8 +100,24 @@ async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], co
         "relay_cores": d["relay"] / res.wall if pids else None,
         "upstream_cores": d["up"] / res.wall, "client_cores": res.client_cpu / res.wall,
         "other_cores": max(0.0, d["sys"] - d["relay"] - d["up"] - res.client_cpu) / res.wall,
+        # Why a round is slow: the relay (and the upstreams) kept off the CPU while runnable
+        # (run-queue wait; µs per event = ms per 1,000 events), the relay's wake-ups (voluntary
+        # switches), preemptions (involuntary) and write calls per 1,000 events, the hypervisor's steal.
+        "relay_wait_us_per_event": d["relay_wait"] / events * 1e6 if pids else None,
+        "relay_wakeups_per_1k": d["relay_vol"] / events * 1e3 if pids else None,
+        "relay_preempted_per_1k": d["relay_invol"] / events * 1e3 if pids else None,
+        "relay_writes_per_1k": d["relay_writes"] / events * 1e3 if pids else None,
+        "upstream_wait_us_per_event": d["up_wait"] / events * 1e6,
+        "steal_cores": d["steal"] / res.wall,
     })
     return s
+
+
+def _fifo(servers: list[Server], prio: int) -> None:
+    """`--chrt PRIO`: start `servers` under `chrt -f PRIO` (it execs them: the pid we watch is the server's)."""
+    if prio:
+        for srv in servers:
+            srv.cmd = ["chrt", "-f", str(prio), *srv.cmd]
 
 
 def _rev(tree: str) -> str:
@@ -102,8 +130,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--affinity", action="store_true",
                     help="run the prefix-affinity benchmark instead (python -m bench.affinity --help)")
     ap.add_argument("--levels", default="64,256", help="concurrent streams (default 64,256)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per relay and level (default 3)")
-    ap.add_argument("--seconds", type=float, default=10.0, help="closed-loop load per run (default 10)")
+    ap.add_argument("--rounds", type=int, default=20,
+                    help="rounds per relay and level (default 20: this machine's rounds swing by several x, so "
+                         "fewer say little; a run takes about 6.5 s with the defaults, so 4 relays at 2 levels take about "
+                         "18 minutes)")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="closed-loop load per run (default 5: two 128-token requests per stream at a 0.02 s "
+                         "step, each run about 5.3 s; every request sent before the end counts, so a run lasts "
+                         "until its last request ends)")
+    ap.add_argument("--chrt", type=int, default=0, metavar="PRIO",
+                    help="run the upstreams, the relays and the load generator under SCHED_FIFO at this priority "
+                         "(root): isolates the relays' own cost from the scheduler's; every figure is labelled so. "
+                         "Default 0: normal scheduling, the way users run")
     ap.add_argument("--token-delay", type=float, default=0.02, help="the fake upstreams' step in s (default 0.02)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--replicas", type=int, default=2, help="fake upstreams (default 2)")
@@ -121,7 +159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"also run the gateway of the source tree DIR as '{BASELINE}' in the same rounds")
     ap.add_argument("--baseline-python", metavar="PYTHON", default=None,
                     help=f"the interpreter '{BASELINE}' runs on (default this one; e.g. another Python version)")
-    ap.add_argument("--quick", action="store_true", help="1 round of 4 s per relay and level")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 3 s per relay and level")
     args, rest = ap.parse_known_args(argv)
     if rest and not args.affinity:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -129,9 +167,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv)}
         if "--rounds" not in given:
-            args.rounds = 1
+            args.rounds = 2
         if "--seconds" not in given:
-            args.seconds = 4.0
+            args.seconds = 3.0
+    if args.affinity and args.chrt:
+        ap.error("--chrt is for the relay benchmark; --affinity does not take it")
     if args.baseline_python and not args.baseline:
         ap.error("--baseline-python needs --baseline DIR")
     if args.jitter is None:
@@ -146,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return affinity.main(args.rest + (["--quick"] if args.quick else []))
     stop_on_signals()  # Ctrl-C, SIGTERM: the `finally` stops every server
+    set_fifo(args.chrt)
     import uvloop
 
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -155,16 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     up_args = ["--fake-token-delay", str(args.token_delay)]
     ups = [fake_server(up_args, f"gateway-{stamp}-upstream{i}") for i in range(args.replicas)]
+    _fifo(ups, args.chrt)
     started: list[Server] = []
     meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "streamproxy": _git_rev(),
             "machine": f"{procstat.os.cpu_count()} cores",
+            "scheduling": scheduling(args.chrt, "the upstreams, the relays and the load generator",
+                                     "the relays' own cost"),
             "upstreams": f"{args.replicas} x `streamproxy serve --engine fake {' '.join(up_args)}`",
             "load": f"chat, stream, {args.max_tokens} tokens/request, ignore_eos, include_usage; closed loop for "
                     f"{args.seconds:g} s per run, a random 0-{args.jitter * 1e3:g} ms pause before each request; "
                     + (f"first requests spread over {args.max_tokens * args.token_delay:g} s (`--spread`), "
                        "the clock started once all were going; " if args.spread else
                        "all clients start together (requests arrive in waves; `--spread` spreads them); ")
-                    + f"{args.rounds} round(s); client = bench/loadgen.py parsing every event (separate process)"}
+                    + f"{args.rounds} round(s), the relays' order rotating per round; client = bench/loadgen.py "
+                      "parsing every event (separate process)"}
     rows: list[dict] = []
     json_path = RESULTS / f"gateway-{stamp}.json"
     try:
@@ -195,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             servers["nginx"] = relays.nginx_server(urls, tag, tmp)
         if "litellm" in which:
             servers["litellm"] = relays.litellm_server(urls, tag, tmp, public=public)
+        _fifo(list(servers.values()), args.chrt)
         for srv in servers.values():
             srv.start()
             started.append(srv)

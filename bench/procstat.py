@@ -127,3 +127,72 @@ def system_busy_seconds() -> float:
         vals = [int(v) for v in f.readline().split()[1:]]
     user, nice, system, idle, iowait, irq, softirq, steal = (vals + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def tree_sched(pids: list[int]) -> tuple[int, int, int]:
+    """(run ns, run-queue wait ns, time slices) summed over the live threads of `pids` (schedstat).
+
+    The wait is the time a thread was runnable but not running: how much the
+    scheduler kept a process off the CPU (other work, the engine) while it had
+    work to do. Threads that ended are not counted (a server's threads live on)."""
+    run = wait = slices = 0
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    a, b, c = f.read().split()[:3]
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue
+            run, wait, slices = run + int(a), wait + int(b), slices + int(c)
+    return run, wait, slices
+
+
+def tree_switches(pids: list[int]) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches summed over the live threads of `pids`.
+
+    Involuntary: the thread was preempted while it had work (contention);
+    voluntary: it went to sleep (an event loop waiting for I/O: its wake-ups)."""
+    vol = invol = 0
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            vol += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            invol += int(line.split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return vol, invol
+
+
+def tree_write_calls(pids: list[int]) -> int:
+    """Write-class system calls (write, writev, ...; /proc/PID/io `syscw`) of `pids`: the socket
+    writes of an event-loop server. Needs the same user or root; 0 where it cannot be read."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/io") as f:
+                for line in f:
+                    if line.startswith("syscw"):
+                        total += int(line.split()[1])
+                        break
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests while this machine wanted it (/proc/stat steal)."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    return (vals + [0] * 8)[7] / TICK

@@ -5,11 +5,19 @@ Input: one dict per measured round with at least `model`, `concurrency`,
 rounds of that (model, concurrency, server); the ratio row divides
 streamproxy's median by vLLM's (for tok/s higher is better, for everything
 else lower is better).
+
+Shared with bench/gateway_report.py and bench/fake_capacity.py: `slow_rounds`
+(rounds below `SLOW` x the best one), `spread` (min / median / max),
+`spread_table` (those per group of rounds, as Markdown), `slow_vs_rest` (a
+"why slow" figure's median in the slow rounds and in the others), and
+`scheduling` / `chrt_label` (the `--chrt PRIO` option's meta line and the
+title label every report under SCHED_FIFO carries).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -58,9 +66,101 @@ def ratio(a: float, b: float) -> float:
     return a / b
 
 
+# A round below this fraction of the same server's best round (same model and level) is a slow round.
+SLOW = 0.5
+
+
+def slow_rounds(values: list[float]) -> int:
+    """Rounds whose tok/s fell below `SLOW` x the best round's."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(v < SLOW * max(vals) for v in vals) if vals else 0
+
+
+def slow_vs_rest(throughput: list[float], values: list[float], fmt: str) -> str:
+    """The median of `values` over the slow rounds (by `throughput`) and over the others: 'slow / rest'.
+
+    The two lists run in parallel (one entry per round); '-' where a side has no round."""
+    vals = [v for v in throughput if v is not None and not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    bar = SLOW * max(vals)
+    slow: list[float] = []
+    rest: list[float] = []
+    for t, v in zip(throughput, values):
+        if t is None or math.isnan(t) or v is None or math.isnan(v):
+            continue
+        (slow if t < bar else rest).append(v)
+    return " / ".join(fmt.format(statistics.median(side)) if side else "-" for side in (slow, rest))
+
+
+def scheduling(prio: int, who: str, cost: str = "the front end's own cost") -> str:
+    """The `scheduling` meta line of a run with `--chrt PRIO` (0: none): `who` ran under SCHED_FIFO."""
+    if prio:
+        return f"SCHED_FIFO (chrt -f {prio}) for {who}: {cost}, not how users run"
+    return "normal (no chrt), as users run"
+
+
+def chrt_label(meta: dict, cost: str = "the front end's own cost") -> str:
+    """The title's label of a run under SCHED_FIFO (`scheduling` meta line), else ''."""
+    if str(meta.get("scheduling", "")).startswith("SCHED_FIFO"):
+        return f" -- every process under chrt (SCHED_FIFO): {cost}, not how users run"
+    return ""
+
+
+def set_fifo(prio: int) -> None:
+    """`--chrt PRIO`: this process (the load generator) under SCHED_FIFO at PRIO; 0 leaves it alone.
+    Children started after this inherit it (compare.py also prefixes the servers with `chrt -f`)."""
+    if prio:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+
+
+# The distribution table: key, title, format.
+SPREAD = [
+    ("tok_per_s", "out tok/s", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("fe_cpu_ms_per_1k", "front-end CPU ms/1k tok", "{:.1f}"),
+]
+
+
+def spread(v: list[float], fmt: str) -> str:
+    vals = sorted(x for x in v if x is not None and not math.isnan(x))
+    if not vals:
+        return "n/a"
+    return " / ".join(fmt.format(x) for x in (vals[0], statistics.median(vals), vals[-1]))
+
+
+def spread_table(head: list[str], groups: list[tuple[list[str], dict[str, list]]],
+                 cols: list[tuple[str, str, str]], throughput: str = "tok_per_s",
+                 extra: list[tuple[str, str, str]] | None = None) -> list[str]:
+    """Markdown: per group of rounds, its `head` cells, the rounds, min / median / max of each of
+    `cols` (key, title, format), the slow rounds (by `throughput`), then for each of `extra` the
+    median over the slow rounds and over the others ('slow / rest')."""
+    extra = extra or []
+    lines = ["| " + " | ".join(head) + " | rounds | " + " | ".join(t for _, t, _ in cols) + " | slow rounds |"
+             + "".join(f" {t}: slow / rest |" for _, t, _ in extra),
+             "|" + "---|" * (len(head) + len(cols) + 2 + len(extra))]
+    for cells, vals in groups:
+        lines.append("| " + " | ".join(cells) + f" | {len(vals[throughput])} | "
+                     + " | ".join(spread(vals.get(k, []), f) for k, _, f in cols)
+                     + f" | {slow_rounds(vals[throughput])} |"
+                     + "".join(f" {slow_vs_rest(vals[throughput], vals.get(k, []), f)} |" for k, _, f in extra))
+    return lines
+
+
+def distribution(rows: list[dict], med: dict) -> list[str]:
+    """Per model, level and server: min / median / max over the rounds, and the slow rounds."""
+    lines = ["## Every round: min / median / max", "",
+             f"Slow rounds: tok/s below {SLOW:.0%} of the same server's best round at that level.", ""]
+    lines += spread_table(["model", "conc", "server"],
+                          [([model, str(conc), server], m["values"]) for (model, conc, server), m in med.items()],
+                          SPREAD)
+    return lines + [""]
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     med = medians(rows)
-    lines = [f"# streamproxy vs vLLM's OpenAI server ({meta.get('when', '')})", ""]
+    title = "streamproxy vs vLLM's OpenAI server" + chrt_label(meta)
+    lines = [f"# {title} ({meta.get('when', '')})", ""]
     for k, v in meta.items():
         if k != "when":
             lines.append(f"- {k}: {v}")
@@ -88,11 +188,16 @@ def markdown(rows: list[dict], meta: dict) -> str:
                     lines.append(f"| {model} | {conc} | {title} | "
                                  + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
             for s in labels:
-                if s.startswith("streamproxy-n") and cells.get(s) and cells.get("streamproxy"):
+                # --api-server-count N (streamproxy-nN) and --variant NAME (streamproxy-NAME) against plain streamproxy.
+                if s.startswith("streamproxy-") and s != "streamproxy-base" and cells.get(s) and cells.get("streamproxy"):
                     a, b = cells[s], cells["streamproxy"]
-                    lines.append(f"| {model} | {conc} | **{s.removeprefix('streamproxy-')} / n1** | "
+                    name = s.removeprefix("streamproxy-")
+                    base = "n1" if name[:1] == "n" and name[1:].isdigit() else "streamproxy"
+                    lines.append(f"| {model} | {conc} | **{name} / {base}** | "
                                  + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
         lines.append("")
+    lines += distribution(rows, med)
+    lines += slow_targets(med)
     lines += targets(med)
     lines += api_targets(med)
     return "\n".join(lines)
@@ -134,6 +239,11 @@ TARGETS = [
     ("smollm2", conc, key, ("min" if key == "tok_per_s" else "max", 1.0), "default model: no metric worse than vLLM's")
     for conc in (1, 64, 256)
     for key in ("tok_per_s", "ttft_p50_ms", "itl_p50_ms", "fe_cpu_ms_per_1k")
+] + [  # issue 24: the way users run (no chrt), both levels
+    ("tiny", conc, key, bound, "issue 24: " + what)
+    for conc in (64, 256)
+    for key, bound, what in (("tok_per_s", ("min", 1.05), "output tok/s at least 1.05x vLLM's"),
+                             ("fe_cpu_ms_per_1k", ("max", 0.5), "front-end CPU per token at most 0.5x vLLM's"))
 ] + [  # issue 17: plain requests, the tighter bound
     ("tiny", conc, "fe_cpu_ms_per_1k", ("max", 0.25), "issue 17: front-end CPU per token at most 0.25x vLLM's")
     for conc in (64, 256)
@@ -150,7 +260,7 @@ TIE = 0.03
 
 def targets(med: dict) -> list[str]:
     """The targets this run measured, each with its ratio and whether it is met."""
-    lines = ["## Targets (issues 7 and 17)", "", "| model | conc | target | ratio | met |", "|---|---|---|---|---|"]
+    lines = ["## Targets (issues 7, 17 and 24; medians)", "", "| model | conc | target | ratio | met |", "|---|---|---|---|---|"]
     titles = {k: t for k, t, _ in METRICS}
     seen = False
     for model, conc, key, (kind, bound), what in TARGETS:
@@ -169,6 +279,21 @@ def targets(med: dict) -> list[str]:
             met = "**no**"
         lines.append(f"| {model} | {conc} | {what} ({titles[key]}) | {_fmt('{:.2f}', r)} | {met} |")
     return lines + [""] if seen else []
+
+
+def slow_targets(med: dict) -> list[str]:
+    """Issue 24: streamproxy's slow rounds no more frequent than vLLM's in the same run."""
+    lines = []
+    for (model, conc, server), m in med.items():
+        if server != "streamproxy" or (model, conc, "vllm") not in med:
+            continue
+        ours, theirs = slow_rounds(m["values"]["tok_per_s"]), slow_rounds(med[(model, conc, "vllm")]["values"]["tok_per_s"])
+        lines.append(f"| {model} | {conc} | slow rounds no more than vLLM's | {ours} vs {theirs} | "
+                     f"{'yes' if ours <= theirs else '**no**'} |")
+    if not lines:
+        return []
+    return ["## Targets (issue 24: slow rounds)", "", "| model | conc | target | streamproxy vs vLLM | met |",
+            "|---|---|---|---|---|", *lines, ""]
 
 
 def chart(rows: list[dict], path: Path) -> None:

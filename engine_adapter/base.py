@@ -259,6 +259,20 @@ class DeltaQueue:
                 self._wake()
                 return
             self._sink = None  # the consumer takes over (and pulls)
+        self._queue(deltas)
+
+    def hold(self, deltas: list[Delta]) -> None:
+        """As `put`, but never through the sink: the step waits for the consumer, with what follows.
+
+        For a producer that knows more of this stream's output is already
+        waiting (the engine ran ahead of the front end): the consumer then
+        writes several steps at once, as a starved front end must to catch
+        up, instead of one write per step. The sink is disarmed, so later
+        `put`s queue behind this step; the consumer re-arms once it is current."""
+        self._sink = None
+        self._queue(deltas)
+
+    def _queue(self, deltas: list[Delta]) -> None:
         pending = self._pending
         if not pending:
             self._pending = deltas

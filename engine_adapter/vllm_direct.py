@@ -145,10 +145,27 @@ class DirectRequest:
         self.cached = 0  # prompt tokens the engine core found cached
 
 
+def _no_backlog() -> int:
+    return 0
+
+
+def outputs_waiting(engine_core: Any) -> Callable[[], int]:
+    """How many engine-core output batches vLLM's client has received and its output handler has not
+    taken yet: the size of `AsyncMPClient.outputs_queue` (an asyncio.Queue its socket task fills,
+    draining every message the socket holds at once; made on the first output). 0 without one."""
+
+    def waiting() -> int:
+        queue = getattr(engine_core, "outputs_queue", None)
+        return queue.qsize() if queue is not None else 0
+
+    return waiting
+
+
 class DirectRoute:
     """Serves direct requests' outputs in vLLM's output-handler task; passes the rest on."""
 
-    def __init__(self, output_processor: Any, tokenizer: Any, token_bytes: Callable[[int], bytes] | None = None) -> None:
+    def __init__(self, output_processor: Any, tokenizer: Any, token_bytes: Callable[[int], bytes] | None = None,
+                 backlog: Callable[[], int] | None = None) -> None:
         import tokenizers
         from vllm import envs
         from vllm.v1.engine import FinishReason
@@ -175,6 +192,8 @@ class DirectRoute:
         self._result = OutputProcessorOutput
         # Logprobs' token strings, from the vocabulary as on vLLM's path (vllm_stream); made on first use.
         self._token_bytes = token_bytes
+        # How many engine-core batches are already waiting behind the one being processed (see `process_outputs`).
+        self._backlog = backlog or _no_backlog
         self._logprob_tokens: LogprobTokens | None = None
         self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id (a child's, when n > 1)
         self.internal_ids: dict[str, list[str]] = {}  # external (ours) -> internal (the children's, when n > 1)
@@ -267,6 +286,11 @@ class DirectRoute:
         # vLLM's stats for this batch (the handler makes them only when vLLM logs stats), filled per output.
         stats = iteration_stats if self._log_stats else None
         timestamp = 0.0 if engine_core_timestamp is None else engine_core_timestamp
+        # The front end is behind the engine (later batches already received): hold this step for the
+        # stream's writer instead of writing it now, so one write carries every waiting step, as vLLM's
+        # collectors merge them. A front end kept off the CPU then catches up instead of paying one
+        # write per stream per step it missed. Current, it writes each step from here as before.
+        deliver = DeltaQueue.hold if self._backlog() else DeltaQueue.put
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
@@ -286,13 +310,13 @@ class DirectRoute:
                     assert self._logprob_tokens is not None
                     logprobs = sample_logprobs(ids, output.new_logprobs, req.top, self._logprob_tokens)
                 if reason is None:
-                    req.stream.put([Delta(req.index, text, len(ids), None, ids, logprobs)])
+                    deliver(req.stream, [Delta(req.index, text, len(ids), None, ids, logprobs)])
                     continue
                 last = self._forget(output.request_id, req)
                 if stats is not None:
                     self._count_finished(req, output.request_id, reason, stats)
                 req.stream.cached_tokens = req.cached  # the last choice's, as vLLM's last RequestOutput
-                req.stream.put([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                deliver(req.stream, [Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
                 if last:
                     req.stream.close()
             except Exception as exc:  # never into vLLM's output handler

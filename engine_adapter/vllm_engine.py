@@ -59,7 +59,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import spawned
+from . import cpu_placement, spawned
 from .base import (
     Adapter,
     DeltaQueue,
@@ -71,7 +71,7 @@ from .base import (
     OutputStream,
 )
 from .token_bytes import TokenBytes
-from .vllm_direct import DirectRoute, eligible, unsupported
+from .vllm_direct import DirectRoute, eligible, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
 from .vllm_params import lora_request, rejected, sampling_params
 from .vllm_stream import VllmOutputStream
@@ -84,7 +84,7 @@ ABORT_BOUND = 15.0
 
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
-                 client: tuple[int, int, dict[str, Any]] | None = None) -> None:
+                 cpu_placement: bool = False, client: tuple[int, int, dict[str, Any]] | None = None) -> None:
         self._args = engine_args
         # (index, count, client config): one of `count` API servers sharing engine cores started by
         # the parent (vllm_shared.py), as vLLM's own API servers do; None: this process starts its own.
@@ -92,6 +92,7 @@ class VllmEngine:
         self._llm: Any = None
         # Plain requests' outputs straight from the engine core (vllm_direct.py), when possible.
         self._want_direct = direct_outputs
+        self._cpu_placement = cpu_placement
         self._direct: DirectRoute | None = None
         self._supported_tasks: Any = None
         self._tokenizer: Any = None
@@ -121,6 +122,8 @@ class VllmEngine:
             raise
         self._starting = None
         self._processes = processes.processes()
+        if self._cpu_placement:
+            cpu_placement.confine(p.pid for p in self._processes)
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
@@ -138,7 +141,8 @@ class VllmEngine:
                 reason = "the tokenizer has no fast incremental decoder"
             if reason is None:
                 self._supported_tasks = await self._llm.get_supported_tasks()
-                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid))
+                self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid),
+                                           outputs_waiting(self._llm.engine_core))
                 log.info("direct outputs on: generation requests skip vLLM's OutputProcessor")
             else:
                 log.warning("direct outputs off (every request takes vLLM's output path): %s", reason)

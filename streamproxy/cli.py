@@ -14,7 +14,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from streamproxy.gateway.config import GatewayConfig
@@ -86,7 +86,7 @@ def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[
     from engine_adapter import vllm_cli
 
     shared = client if client is not None and client[2] is not None else None
-    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, client=shared)
+    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, cpu_placement=settings.cpu_placement, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
 
@@ -158,10 +158,15 @@ def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         raise SystemExit("streamproxy gateway needs --config FILE.yaml (see configs/gateway.yaml)")
     at = argv.index("--config")
+    path = argv[at + 1]
     try:
-        config, flags = split(Path(argv[at + 1]).read_text())
-    except (OSError, ConfigError) as exc:
-        raise SystemExit(str(exc)) from None
+        config, flags = split(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        _config_error(path, exc.strerror or str(exc))
+    except UnicodeDecodeError as exc:
+        _config_error(path, f"not UTF-8 text (byte {exc.start})")
+    except ConfigError as exc:
+        _config_error(path, str(exc))
     parser = argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
     ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
@@ -188,8 +193,15 @@ SERVE_ONLY = (
 )
 
 
+def _config_error(path: str, message: str) -> NoReturn:
+    """A config file that cannot be used: one line on stderr naming it, and exit 2 (as argparse does for bad flags)."""
+    print(f"streamproxy gateway: {path}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 USAGE = """usage: streamproxy serve [--engine vllm|fake] [--host H] [--port P] [vLLM engine flags]
        streamproxy gateway --config FILE.yaml [--host H] [--port P] [flags]
+       streamproxy usage [--since 7d] [--by key] [--ledger URL | --config FILE.yaml]   the ledger's sums
        streamproxy serve --help | streamproxy gateway --help   for every flag"""
 
 
@@ -199,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, rest = args[0], args[1:]
+    if command == "usage":
+        from streamproxy.ledger.usage_cli import main as usage_main
+
+        raise SystemExit(usage_main(rest))
     if command not in ("serve", "gateway"):
         raise SystemExit(f"unknown command {command!r}\n{USAGE}")
     # Logging first (INFO), so start-up decisions (default model, KV cache) are seen;

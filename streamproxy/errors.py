@@ -135,6 +135,14 @@ class RateLimited(APIError):
     retry_after = 1
 
 
+class QuotaExceeded(RateLimited):
+    """A key over its token budget (OpenAI's `insufficient_quota`): retrying before the period turns is no use."""
+
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+    should_retry = False
+
+
 class QueueTimeout(RateLimited):
     """Waited longer than the request timeout for a generation slot."""
 

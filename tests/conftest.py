@@ -16,7 +16,11 @@ started once, and only when a test asks for it).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +28,12 @@ import requests
 
 from tests.support.push import spy_pushes
 from tests.support.server import serve_process, vllm_process
+
+# `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
+# the user's ~/.local/state; one file for the session, which SQLite's locking shares between them.
+_LEDGER_DIR = tempfile.mkdtemp(prefix="streamproxy-test-ledger-")
+atexit.register(shutil.rmtree, _LEDGER_DIR, True)
+os.environ["STREAMPROXY_LEDGER"] = f"sqlite://{_LEDGER_DIR}/ledger.db"
 
 START_TIMEOUT = 600
 VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
@@ -74,3 +84,22 @@ def model_name(engine_server: str) -> str:
 def pushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     """Every call of the writer's push sink: (request id, whether it took the step)."""
     return spy_pushes(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """One real PostgreSQL server for the session (tests/support/postgres.py), on 127.0.0.1;
+    skipped with the reason when pgserver's binaries cannot run on this machine."""
+    from tests.support.postgres import PostgresServer, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        server = PostgresServer()
+    except Exception as exc:  # the package is there but its server cannot start on this machine
+        pytest.skip(f"pgserver's PostgreSQL cannot start here: {type(exc).__name__}: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()

@@ -8,8 +8,9 @@ managed deployment's states). With I/O: `upstream` (sending with failover),
 `proxy` (the relaying handlers), `probes` (active health checks), `managed`
 and `replicas` (the replicas the gateway runs itself), `routes` (the route
 table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
-life cycle), `metrics`.
+life cycle), `metrics`, `books` (a ledger record per request; the ledger's
+query routes), `keyring` and `keyadmin` (keys made through the admin API).
 
-May import `streamproxy.core`, `apis`, `errors`, `config` and the edge
-(`streamproxy.http`); never an engine: replicas are reached over HTTP only.
+May import `streamproxy.core`, `apis`, `errors`, `config`, the edge
+(`streamproxy.http`) and the ledger (`streamproxy.ledger`); never an engine: replicas are reached over HTTP only.
 """

@@ -24,7 +24,9 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
+from streamproxy.gateway import books, keyadmin
 from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.lifecycle import Phase
 from streamproxy.gateway.managed import ManagedDeployment
 from streamproxy.gateway.openapi import openapi_json
@@ -42,6 +44,8 @@ from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.metrics import metrics
 from streamproxy.http.server import run_app
 from streamproxy.http.state import VERSION
+from streamproxy.ledger.store import default_url, kind, open_store, redact
+from streamproxy.ledger.writer import Ledger
 
 log = logging.getLogger("streamproxy.gateway")
 
@@ -66,6 +70,11 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/deployments/{deployment}", get_deployment)
     app.router.add_post("/v1/deployments/{deployment}/wake", wake_deployment)
     app.router.add_post("/v1/deployments/{deployment}/park", park_deployment)
+    app.router.add_get("/v1/deployments/{deployment}/requests", books.list_requests)
+    app.router.add_get("/v1/usage", books.usage)
+    app.router.add_post("/v1/keys", keyadmin.create_key)
+    app.router.add_get("/v1/keys", keyadmin.list_keys)
+    app.router.add_delete("/v1/keys/{key_id}", keyadmin.delete_key)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
@@ -219,6 +228,14 @@ async def _start(app: web.Application) -> None:
     )
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
     state.supervisor.start(state.session)
+    if state.ledger is not None:
+        state.ledger.start()
+    if state.keyring is not None:
+        try:
+            await state.keyring.refresh()
+        except Exception as exc:  # the store answered at start; a blip now leaves the keyring to its refresh
+            log.warning("keys: first read from the ledger's store failed: %s: %s", type(exc).__name__, exc)
+        state.keyring.start()
 
 
 async def _stop_replicas(app: web.Application) -> None:
@@ -237,7 +254,17 @@ async def _stop(app: web.Application) -> None:
         await state.session.close()
 
 
-def create_gateway_app(settings: Settings, config: GatewayConfig) -> web.Application:
+async def _close_ledger(app: web.Application) -> None:
+    """Last, after the drain: every request's record is queued; write them all."""
+    state = app[STATE_KEY]
+    if state.keyring is not None:
+        await state.keyring.stop()
+    if state.ledger is not None:
+        await state.ledger.close()
+
+
+def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger | None = None) -> web.Application:
+    """`ledger`: the request ledger (an opened store, see `open_ledger`), or None (off)."""
     middlewares = [accesslog.observe, error_middleware]
     cors = None
     if settings.allowed_origins:
@@ -253,13 +280,42 @@ def create_gateway_app(settings: Settings, config: GatewayConfig) -> web.Applica
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop_replicas)
     app.on_cleanup.append(_stop)
+    if ledger is not None:
+        state.ledger = ledger
+        state.keyring = Keyring(ledger.store)
+        ledger.on_written = state.keyring.written
+        app[accesslog.ON_FINISH] = books.recorder(state, ledger)
+        app.on_cleanup.append(_close_ledger)
     add_routes(app)
     return app
 
 
+class LedgerStartError(SystemExit):
+    pass
+
+
+async def open_ledger(config: GatewayConfig) -> Ledger | None:
+    """The config's ledger (its default when it names none), its store reached and migrated; None
+    when `off`. A store that cannot be reached is a start-up error naming the field."""
+    url = config.ledger if config.ledger is not None else default_url()
+    if kind(url) == "off":
+        log.info("ledger: off")
+        return None
+    try:
+        store = await open_store(url)
+    except Exception as exc:
+        field = "ledger" if config.ledger is not None else "ledger (its default, $STREAMPROXY_LEDGER or ~/.local/state)"
+        reason = "; ".join(" ".join(part.split()) for part in str(exc).splitlines() if part.strip())  # one line
+        raise LedgerStartError(f"gateway config: `{field}`: cannot open {redact(url)}: {type(exc).__name__}: {reason}") from None
+    w = config.ledger_writer
+    log.info("ledger: %s (a batch every %g s or %d records)", redact(url), w.interval, w.batch_size)
+    return Ledger(store, interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
+
+
 async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
+    ledger = await open_ledger(config)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
-    app = create_gateway_app(settings, config)
+    app = create_gateway_app(settings, config, ledger)
     for d in config.deployments:
         where = ", ".join(d.upstreams) if d.launch is None else f"managed: {d.launch.replicas} x {d.launch.model}"
         log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, where)

@@ -15,7 +15,8 @@ deployments:
       idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
       boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
       wait_for_wake: false       # true: requests wait for the wake instead of a 503
-admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park
+admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park, the ledger's
+                                 # GET .../requests and /v1/usage, and /v1/keys
 max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
 keys:                            # none: no key is asked for
   - id: team-a                   # what the access log says; the key itself never is
@@ -25,6 +26,12 @@ keys:                            # none: no key is asked for
     tpm: 200000                  # prompt + completion tokens per minute
 upstream:                        # defaults below
   connect_timeout: 5
+ledger: sqlite:///var/lib/streamproxy/ledger.db   # or postgresql://user@host/db, or off;
+                                 # none: $STREAMPROXY_LEDGER, else ~/.local/state/streamproxy/ledger.db
+ledger_writer:                   # defaults below
+  interval: 0.5                  # s between batch writes (the most a kill -9 loses)
+  batch_size: 1000
+  max_buffered: 200000           # records held while the store is away; more are dropped (counted)
 ```
 
 Every other top-level key is one of the server's flags (`sse_heartbeat`,
@@ -39,6 +46,9 @@ from typing import Any, Literal
 
 import msgspec
 import yaml
+
+from streamproxy.ledger.store import LedgerURLError
+from streamproxy.ledger.store import kind as ledger_kind
 
 
 class ConfigError(ValueError):
@@ -158,20 +168,33 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.policy == "prefix" and self.prefix_affinity
 
 
+class LedgerWriter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The ledger writer's knobs (`ledger.writer.Ledger`)."""
+
+    interval: float = 0.5
+    batch_size: int = 1000
+    max_buffered: int = 200_000
+
+
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     deployments: list[Deployment]
     keys: list[ApiKey] = []
     upstream: UpstreamPolicy = msgspec.field(default_factory=UpstreamPolicy)
     admin_key_env: str | None = None  # the admin routes' key, from this environment variable
     max_resident: int = 0  # replicas of managed deployments running at once (0: no limit)
+    ledger: str | None = None  # the request ledger's URL; None: the default (`ledger.store.default_url`); "off"
+    ledger_writer: LedgerWriter = msgspec.field(default_factory=LedgerWriter)
 
 
-_SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident")
+_SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident", "ledger", "ledger_writer")
 
 
 def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
     """The gateway's own sections, and the rest (server flags) as a mapping."""
-    data = yaml.safe_load(text) or {}
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {_yaml_problem(exc, text)}") from None
     if not isinstance(data, dict):
         raise ConfigError("the gateway config must be a mapping with a `deployments` list")
     own = {k: data.pop(k) for k in _SECTIONS if k in data}
@@ -183,12 +206,30 @@ def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
     return config, data
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """Where and what, on one line: `line 2, column 5: expected ',' or ']', but got ':' (while parsing ...)`."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark, problem = exc.problem_mark, exc.problem or "unreadable"
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        if exc.context and exc.context_mark is not None:
+            problem += f" ({exc.context} at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1})"
+        elif exc.context:
+            problem += f" ({exc.context})"
+    elif isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow, at a character position
+        line, line_start = text.count("\n", 0, exc.position) + 1, text.rfind("\n", 0, exc.position) + 1
+        where = f"line {line}, column {exc.position - line_start + 1}"
+        problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    else:  # pragma: no cover - every error PyYAML raises is one of the above
+        return " ".join(str(exc).split())
+    return f"{where}: {' '.join(problem.split())}"
+
+
 def check(config: GatewayConfig) -> None:
     if not config.deployments:
         raise ConfigError("gateway config: `deployments` is empty")
     seen: set[str] = set()
     for d in config.deployments:
-        for name in (d.name, d.id):
+        for name in dict.fromkeys((d.name, d.id)):  # an id may equal its own name: one deployment, one name (in order)
             if name in seen:
                 raise ConfigError(f"gateway config: {name!r} names two deployments")
             seen.add(name)
@@ -210,6 +251,14 @@ def check(config: GatewayConfig) -> None:
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")
     if config.max_resident < 0:
         raise ConfigError("gateway config: `max_resident` must be >= 0")
+    if config.ledger is not None:
+        try:
+            ledger_kind(config.ledger)
+        except LedgerURLError as exc:
+            raise ConfigError(f"gateway config: `ledger`: {exc}") from None
+    w = config.ledger_writer
+    if not (w.interval > 0 and w.batch_size >= 1 and w.max_buffered >= w.batch_size):
+        raise ConfigError("gateway config: `ledger_writer`: interval > 0, batch_size >= 1, max_buffered >= batch_size")
     names = {d.name for d in config.deployments} | {d.id for d in config.deployments}
     ids: set[str] = set()
     for key in config.keys:

@@ -1,4 +1,4 @@
-"""HTTP/1.1, the client side, sans-IO: a request's bytes, and a response parser fed bytes.
+"""HTTP/1.1, the client side, sans-IO: a request's bytes, and a strict response parser fed bytes.
 
 `request_bytes` writes a request head and body. `ResponseParser.feed(data)`
 takes whatever one read gave (any split: a byte at a time or many messages'
@@ -7,15 +7,47 @@ worth) and returns the body bytes found in it, decoded from its framing
 the status line and headers are in (`status`, `headers` with lower-cased
 names), `complete` when the body ended, `keep_alive` whether the connection
 may carry another request. `feed_eof` ends a body read until close, and is an
-error for any other body cut short. Bytes after the end of the response are an
-error too (a replica does not push unasked answers). Nothing here knows of
-sockets or time: `wire` does the I/O.
+error for any other body cut short. Nothing here knows of sockets or time:
+`wire` does the I/O.
+
+Strict, per RFC 9112 (framing) and RFC 9110 (fields), whatever the split:
+anything else is a `ProtocolError`, the one exception `feed` raises (`wire`
+makes it an `upstream_unavailable`). Lines end in CRLF; the status line is
+HTTP/1.0 or 1.1, a code 100-599 (a 1xx, never asked for, is refused) and a
+reason of HTAB/SP/VCHAR/obs-text; a field line is a token, a colon, and such
+a value (no obs-fold, no NUL or other CTL); Content-Length is digits below
+2**64, repeated only with the same value; Transfer-Encoding is `chunked`
+alone (we cannot undo another coding) and never with Content-Length (RFC
+9112 6.3); a chunk size is 1*HEXDIG below 2**64 with extensions as the
+grammar has them, a chunk ends in CRLF; trailers are field lines, dropped.
+The head and the trailers are at most MAX_HEAD bytes, a chunk size line
+_MAX_SIZE_LINE. Bytes after the end are an error (a replica does not push
+unasked answers). tests/fuzz/test_h1_differential.py holds this against
+llhttp and names each deliberate difference.
 """
 
 from __future__ import annotations
 
-MAX_HEAD = 64 * 1024  # a replica's status line and headers, at most (nginx's proxy_buffer_size is smaller)
-_MAX_SIZE_LINE = 1024
+import re
+
+MAX_HEAD = 64 * 1024  # a replica's status line and headers, at most (nginx's proxy_buffer_size is smaller); trailers too
+_MAX_SIZE_LINE = 1024  # a chunk size line, extensions included
+_MAX_LENGTH = 1 << 64  # a Content-Length or chunk size at or past this is refused (as llhttp does)
+
+# RFC 9110 5.6.2 token, 5.5 field-vchar / obs-text, 5.6.4 quoted-string; RFC 9112 4 status-line,
+# 7.1.1 chunk-ext. The head is matched as latin-1 text (one character per byte).
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_TEXT = r"[\t\x20-\x7e\x80-\xff]*"  # HTAB, SP, VCHAR, obs-text: a reason phrase, a field value
+_STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: (" + _TEXT + r"))?")
+_NAME = re.compile(_TOKEN)
+_VALUE = re.compile(_TEXT)
+_QUOTED = r'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*+"'
+# Possessive (*+, ++, ?+): no backtracking, so a long bad line costs one pass.
+_CHUNK_SIZE_LINE = re.compile(
+    r"[0-9A-Fa-f]++((?:[ \t]*+;[ \t]*+" + _TOKEN + r"+(?:[ \t]*+=[ \t]*+(?:" + _TOKEN + "+|" + _QUOTED + r"))?+)*+)"
+)
+_DIGITS = re.compile(r"[0-9]+")
+_NAMES: dict[str, str] = {}  # field names found to be tokens -> lower-cased: a replica sends the same few
 
 
 class ProtocolError(ValueError):
@@ -33,7 +65,8 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _
 
 
 class ResponseParser:
-    __slots__ = ("status", "reason", "headers", "keep_alive", "head", "complete", "_state", "_buf", "_left", "_head_only")
+    __slots__ = ("status", "reason", "headers", "keep_alive", "head", "complete",
+                 "_state", "_buf", "_left", "_head_only", "_trailers")
 
     def __init__(self, *, head_only: bool = False) -> None:
         self.status = 0
@@ -46,6 +79,7 @@ class ResponseParser:
         self._buf = b""  # bytes not yet consumed (an unfinished head, size line or trailer)
         self._left = 0  # body bytes still due (Content-Length), or of the current chunk
         self._head_only = head_only  # a HEAD request: no body, whatever the headers say
+        self._trailers = 0  # bytes of trailer lines read so far
 
     def feed(self, data: bytes) -> bytes:
         """The body bytes in `data` (b"" if none); raises ProtocolError."""
@@ -60,16 +94,19 @@ class ResponseParser:
             if data:
                 raise ProtocolError("the replica sent bytes after the end of its response")
             return b""
-        data = self._buf + data if self._buf else data
-        self._buf = b""
         if state == _HEAD:
-            end = data.find(b"\r\n\r\n")
+            old = len(self._buf)
+            data = self._buf + data if old else data
+            self._buf = b""
+            end = data.find(b"\r\n\r\n", old - 3 if old > 3 else 0)
             if end < 0:
-                if len(data) > MAX_HEAD:
+                if len(data) - 3 > MAX_HEAD:  # the head is at least this long, whatever comes next
                     raise ProtocolError("the replica's response head is too long")
                 self._buf = data
                 return b""
-            self._read_head(data[:end])
+            if end > MAX_HEAD:
+                raise ProtocolError("the replica's response head is too long")
+            self._read_head(data[:end].decode("latin-1"))
             data = data[end + 4 :]
             if self._state == _DONE:
                 if data:
@@ -79,6 +116,9 @@ class ResponseParser:
                 return data
             if self._state == _LENGTH:
                 return self._length(data)
+        elif self._buf:
+            data = self._buf + data
+            self._buf = b""
         return self._chunks(data)
 
     def feed_eof(self) -> None:
@@ -92,41 +132,48 @@ class ResponseParser:
 
     # -- the head ---------------------------------------------------------------------
 
-    def _read_head(self, head: bytes) -> None:
-        try:
-            text = head.decode("latin-1")
-        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes any byte
-            raise ProtocolError("unreadable response head") from None
-        lines = text.split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+    def _read_head(self, head: str) -> None:
+        lines = head.split("\r\n")
+        status = _STATUS_LINE.fullmatch(lines[0])
+        if status is None:
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        version, self.status, self.reason = parts[0], int(parts[1]), parts[2] if len(parts) > 2 else ""
+        self.status = int(status[2])
+        self.reason = status[3] or ""
         headers = self.headers
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
-                raise ProtocolError(f"malformed header line: {line[:80]!r}")
-            key = name.lower()
-            value = value.strip()
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        _fields(lines, 1, headers)
+        self.keep_alive = status[1] == "1"  # HTTP/1.1 keeps the connection unless told, 1.0 only when told
+        if "connection" in headers:
+            options = {t.strip(" \t") for t in headers["connection"].lower().split(",")}
+            self.keep_alive = "close" not in options if self.keep_alive else "keep-alive" in options
+        # Framing, checked whether or not this response has a body (RFC 9112 6.1, 6.3).
+        chunked = "transfer-encoding" in headers
+        if chunked:
+            if headers["transfer-encoding"].lower() != "chunked":  # one field line, one coding (OWS stripped)
+                raise ProtocolError(f"unsupported Transfer-Encoding: {headers['transfer-encoding'][:40]!r}")
+            if "content-length" in headers:
+                raise ProtocolError("both Transfer-Encoding and Content-Length")
+        length = -1
+        if "content-length" in headers:  # one value, or the same one repeated (RFC 9110 8.6)
+            values = {v.strip(" \t") for v in headers["content-length"].split(",")}
+            digits = values.pop()
+            if values or not _DIGITS.fullmatch(digits):
+                raise ProtocolError(f"bad Content-Length: {headers['content-length'][:40]!r}")
+            digits = digits.lstrip("0")
+            if len(digits) > 20 or int(digits or "0") >= _MAX_LENGTH:  # (int() refuses over 4300 digits)
+                raise ProtocolError("Content-Length too large")
+            length = int(digits or "0")
+        if 100 <= self.status < 200:
+            raise ProtocolError(f"unexpected interim response {self.status}")
         self.head = True
-        if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
-            if 100 <= self.status < 200:
-                raise ProtocolError(f"unexpected interim response {self.status}")
+        if self._head_only or self.status in (204, 304):
             self._state = _DONE
             self.complete = True
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif chunked:
             self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            length = headers["content-length"]
-            if not length.isdigit():
-                raise ProtocolError(f"bad Content-Length: {length[:40]!r}")
-            self._left = int(length)
-            self._state = _LENGTH if self._left else _DONE
-            self.complete = not self._left
+        elif length >= 0:
+            self._left = length
+            self._state = _LENGTH if length else _DONE
+            self.complete = not length
         else:
             self._state = _UNTIL_CLOSE
             self.keep_alive = False
@@ -155,17 +202,19 @@ class ResponseParser:
             if state == _CHUNK_SIZE:
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
-                    self._keep(data[pos:])
-                    pos = n
+                    self._keep(data[pos:], _MAX_SIZE_LINE, "a chunk size line is too long")
                     break
                 line = data[pos:eol]
-                semi = line.find(b";")  # chunk extensions: ignored
-                try:
-                    size = int(line if semi < 0 else line[:semi], 16)
-                except ValueError:
-                    raise ProtocolError(f"bad chunk size line: {line[:40]!r}") from None
-                if size < 0:
-                    raise ProtocolError("negative chunk size")
+                # The common line, hex digits alone: isalnum() is ASCII-only for bytes, and int(x, 16)
+                # refuses any letter past f but takes a 0x prefix (so a leading 0, past two bytes, is
+                # the other way: the size grammar with its extensions).
+                if line.isalnum() and len(line) <= 16 and (line[0] != 48 or len(line) < 3):
+                    try:
+                        size = int(line, 16)
+                    except ValueError:
+                        size = _chunk_size(line)
+                else:
+                    size = _chunk_size(line)
                 pos = eol + 2
                 if size == 0:
                     state = _TRAILERS
@@ -188,22 +237,25 @@ class ResponseParser:
                     state = _CHUNK_END
             elif state == _CHUNK_END:
                 need = data[pos : pos + 2]
-                if len(need) < 2:
-                    self._keep(need)
-                    pos = n
-                    break
                 if need != b"\r\n":
-                    raise ProtocolError("a chunk does not end with CRLF")
+                    if need != b"\r":
+                        raise ProtocolError("a chunk does not end with CRLF")
+                    self._buf = need
+                    break
                 pos += 2
                 state = _CHUNK_SIZE
-            elif state == _TRAILERS:  # trailer lines (ignored) up to an empty one
+            elif state == _TRAILERS:  # field lines, read and dropped, up to an empty one
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
-                    self._keep(data[pos:])
-                    pos = n
+                    self._keep(data[pos:], MAX_HEAD - self._trailers, "the replica's trailers are too long")
                     break
                 if eol == pos:
                     state = _DONE
+                else:
+                    self._trailers += eol + 2 - pos
+                    if self._trailers > MAX_HEAD:
+                        raise ProtocolError("the replica's trailers are too long")
+                    _fields([data[pos:eol].decode("latin-1")], 0, {})
                 pos = eol + 2
             else:  # _DONE
                 raise ProtocolError("the replica sent bytes after the end of its response")
@@ -212,7 +264,41 @@ class ResponseParser:
             self.complete = True
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def _keep(self, rest: bytes) -> None:
-        if len(rest) > _MAX_SIZE_LINE:
-            raise ProtocolError("a chunk size or trailer line is too long")
+    def _keep(self, rest: bytes, limit: int, too_long: str) -> None:
+        """Hold an unfinished line; a line that will be over `limit` whatever comes is an error now."""
+        if len(rest) - 1 > limit:  # its last byte may be the CR of its CRLF
+            raise ProtocolError(too_long)
         self._buf = rest
+
+
+def _fields(lines: list[str], start: int, headers: dict[str, str]) -> None:
+    """Field lines (from lines[start]) into `headers`: lower-cased names, values without the OWS
+    around them, repeated fields joined with ", " (RFC 9110 5.3)."""
+    for i in range(start, len(lines)):
+        name, colon, value = lines[i].partition(":")
+        key = _NAMES.get(name)
+        if key is None or not colon:
+            if not colon or _NAME.fullmatch(name) is None:
+                if name[:1] in (" ", "\t"):
+                    raise ProtocolError(f"obs-fold (a header line continued on the next): {lines[i][:80]!r}")
+                raise ProtocolError(f"malformed header line: {lines[i][:80]!r}")
+            key = name.lower()
+            if len(_NAMES) < 256:
+                _NAMES[name] = key
+        value = value.strip(" \t")
+        # isprintable(): only characters the grammar allows (it is False for HTAB, CTLs and some obs-text: the regex decides)
+        if not value.isprintable() and _VALUE.fullmatch(value) is None:
+            raise ProtocolError(f"malformed header line: {lines[i][:80]!r}")
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk size line that is not hex digits alone: 1*HEXDIG, then extensions (ignored)."""
+    text = line.decode("latin-1")
+    match = _CHUNK_SIZE_LINE.fullmatch(text)
+    if match is None or len(line) > _MAX_SIZE_LINE:
+        raise ProtocolError(f"bad chunk size line: {line[:40]!r}")
+    size = int(text[: match.start(1)], 16)
+    if size >= _MAX_LENGTH:
+        raise ProtocolError("a chunk size is too large")
+    return size

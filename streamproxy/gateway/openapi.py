@@ -7,7 +7,8 @@ on the Messages routes), plus the errors the gateway itself answers
 (`RELAY_ERRORS`: 401 keys, 413 the body cap, 429 a key's limits, 503 no
 replica / a managed deployment waking, both with Retry-After). A replica's
 own error answers pass through unchanged: 4XX and 5XX, as serve documents
-them. The gateway's own routes (the deployments and their admin, /health)
+them. The gateway's own routes (the deployments and their admin, the
+ledger's queries and keys, /health)
 answer JSON built in `app.py`; the Structs below only describe it (nothing
 encodes them), and tests/gateway/test_openapi.py checks real answers
 against them.
@@ -28,7 +29,10 @@ from aiohttp import web
 from msgspec import UNSET, UnsetType
 
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
-from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, build_document
+from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
+from streamproxy.ledger.params import MAX_LIMIT
+from streamproxy.ledger.keys import KeyCreate, KeyCreated, KeyDeleted, KeyList
+from streamproxy.ledger.records import RequestPage, UsageReport
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo
 
 # -- what the gateway's own routes answer -------------------------------------------------
@@ -89,7 +93,9 @@ RELAY_ERRORS = (
     UNAUTHORIZED,
     NOT_FOUND,
     ErrorStatus(413, "`request_too_large`: the body is over --max-body-bytes (said by Content-Length: before it is read)"),
-    ErrorStatus(429, "`rate_limit_exceeded`: over the key's rpm or tpm; or the replicas' own 429", retry_after=True),
+    ErrorStatus(429, "`rate_limit_exceeded`: over the key's rpm or tpm; `insufficient_quota`: a key made through "
+                     "POST /v1/keys over its token budget, until the day or month turns (Retry-After; x-should-retry: "
+                     "false); or the replicas' own 429", retry_after=True),
     ErrorStatus(503, "`upstream_unavailable`: no replica can take the request now; `deployment_waking`: a managed "
                      "deployment is starting (Retry-After: its last boot's seconds); `deployment_failed` "
                      "(x-should-retry: false); `max_resident`; " + _DRAINING, retry_after=True),
@@ -116,6 +122,28 @@ def _gateway(method: str, path: str, summary: str, response: type | None, *statu
 _ADMIN = ErrorStatus(401, "`invalid_api_key`: the admin routes need the gateway's admin key (closed when it has none)")
 _NOT_MANAGED = ErrorStatus(400, "the deployment is not managed (it has `upstreams`, not `launch`)")
 _DRAINING_503 = ErrorStatus(503, _DRAINING, retry_after=True)
+# The ledger's query routes (books.py, ledger/params.py).
+_BAD_PARAMETER = ErrorStatus(400, "`invalid_parameter` (the `param` named), or `invalid_cursor`")
+_LEDGER_404 = ErrorStatus(404, "`ledger_off`: the gateway runs without a ledger (`ledger: off`)")
+_LEDGER_503 = ErrorStatus(503, "`ledger_unavailable`: the ledger's store cannot be read now", retry_after=True)
+_TIME = {"type": "string", "description": "unix seconds, or an ISO 8601 date or time (UTC unless it has a zone)"}
+_START = QueryParam("start", "From this time on (inclusive)", _TIME)
+_END = QueryParam("end", "Before this time (exclusive); default: now", _TIME)
+_KEY = QueryParam("key_id", "Only this API key's requests (its id)", {"type": "string"})
+LEDGER_REQUESTS_QUERY = (
+    _START, _END, _KEY,
+    QueryParam("status", "Only this status (429) or class (2xx, 4xx, 5xx)", {"type": "string", "pattern": "^([1-5][0-9][0-9]|[1-5]xx)$"}),
+    QueryParam("limit", f"Records per page, 1 to {MAX_LIMIT} (default 100)", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
+    QueryParam("cursor", "The `next_cursor` of the page before", {"type": "string"}),
+)
+USAGE_QUERY = (
+    QueryParam("start", "From this time on (inclusive); default: 30 days ago", _TIME),
+    _END,
+    QueryParam("group_by", "Comma-separated: deployment, key, and day or month (UTC); default deployment,key,day",
+               {"type": "string"}),
+    QueryParam("deployment", "Only this deployment (its name or id)", {"type": "string"}),
+    _KEY,
+)
 GATEWAY_OPERATIONS: tuple[Operation, ...] = (
     *_relayed(),
     _gateway("get", MODELS_PATHS[0], "List the deployments this key may use, as models", ModelList, UNAUTHORIZED, tag="OpenAI"),
@@ -129,13 +157,27 @@ GATEWAY_OPERATIONS: tuple[Operation, ...] = (
              DeploymentInfo, _NOT_MANAGED, _ADMIN, NOT_FOUND),
     _gateway("post", DEPLOYMENT_PREFIXES[0] + "/park", "Admin: drain and stop a managed deployment's replicas (answers once stopped)",
              DeploymentInfo, _NOT_MANAGED, _ADMIN, NOT_FOUND),
+    _gateway("get", DEPLOYMENT_PREFIXES[0] + "/requests",
+             "Admin: the deployment's requests from the ledger, newest first, a page at a time",
+             RequestPage, _BAD_PARAMETER, _ADMIN, _LEDGER_404, _LEDGER_503, query=LEDGER_REQUESTS_QUERY),
+    _gateway("get", "/v1/usage", "Admin: requests and tokens from the ledger, summed by deployment, key, day or month",
+             UsageReport, _BAD_PARAMETER, _ADMIN, _LEDGER_404, _LEDGER_503, query=USAGE_QUERY),
+    _gateway("post", "/v1/keys", "Admin: make an API key (its secret is in this answer only; the store keeps a hash)",
+             KeyCreated, ErrorStatus(400, "`invalid_parameter` (the field named), `invalid_json`"), _ADMIN, _LEDGER_404,
+             ErrorStatus(409, "`key_exists`: the id is taken (also by a revoked key, or the config file)"), _LEDGER_503,
+             request=KeyCreate),
+    _gateway("get", "/v1/keys", "Admin: the API keys (the config file's and the API's; never a secret)", KeyList, _ADMIN, _LEDGER_404,
+             _LEDGER_503),
+    _gateway("delete", "/v1/keys/{key_id}", "Admin: revoke a key made through the API, at once (other gateways: within a second)",
+             KeyDeleted, ErrorStatus(400, "a key of the config file (edit the file)"), _ADMIN,
+             ErrorStatus(404, "`key_not_found`; or `ledger_off`"), _LEDGER_503),
     _gateway("get", "/health", "200 while every deployment can take requests (a parked one wakes on demand); 503 otherwise",
              GatewayHealth, also=(503,)),
     _gateway("get", "/version", "The gateway's version", VersionInfo),
     _gateway("get", "/metrics", "Prometheus metrics (the edge's and streamproxy_gateway_*)", None, media=METRICS),
     _gateway("get", "/openapi.json", "This document", None, media="application/json"),
 )
-PARAMETERS = {"deployment": "A deployment's id or name", "model_id": "A deployment's name or id"}
+PARAMETERS = {"deployment": "A deployment's id or name", "model_id": "A deployment's name or id", "key_id": "An API key's id"}
 
 
 def build() -> dict[str, Any]:

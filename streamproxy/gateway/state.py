@@ -3,7 +3,10 @@
 `resolve(model, deployment_id)` finds the deployment a request names (404
 `model_not_found` otherwise); `identify(request)` finds the request's key
 first (401), and `authorize(key, deployment)` checks it against the
-deployments it may use (401) and its per-minute limits (429 + Retry-After). The key's id, never the key, goes to the record.
+deployments it may use (401), its per-minute limits (429 + Retry-After) and, for
+a key made through the admin API, its token budget (429 `insufficient_quota`).
+Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
+the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the record.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
 the requests in flight, or under `min_retry_concurrency`.
 """
@@ -18,15 +21,17 @@ import aiohttp
 from aiohttp import web
 
 from streamproxy.config import Settings
-from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, RateLimited, ServerShuttingDown
+from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited, ServerShuttingDown
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
+from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
 from streamproxy.gateway.wire import Upstreams
 from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
+from streamproxy.ledger.writer import Ledger
 
 
 class RetryBudget:
@@ -68,6 +73,8 @@ class GatewayState:
         self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
         self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
         self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
+        self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
+        self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
 
     @property
     def deployments(self) -> list[Deployment]:
@@ -95,7 +102,8 @@ class GatewayState:
     def identify(self, request: web.Request) -> tuple[ApiKey, KeyLimiter] | None:
         """The request's key (None when no key is configured), before anything is looked up
         for it, so that a client without a valid key learns nothing of the deployments; 401."""
-        if not self.keys:
+        keyring = self.keyring
+        if not self.keys and not keyring:
             return None
         presented = presented_key(request)
         candidate = (presented or "").encode()
@@ -103,6 +111,10 @@ class GatewayState:
         for secret, key, limiter in self.keys:  # every key compared: timing says nothing
             if hmac.compare_digest(candidate, secret) and found is None:
                 found = (key, limiter)
+        if found is None and keyring and presented is not None:
+            entry = keyring.find(presented)  # by the secret's hash: a dict lookup
+            if entry is not None:
+                found = (entry.key, entry.limiter)
         if found is None:
             if presented is None:
                 raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
@@ -124,6 +136,12 @@ class GatewayState:
                 code="rate_limit_exceeded",
                 retry_after=max(1, int(wait + 0.999)),
             )
+        if self.keyring:
+            entry = self.keyring.by_id(key.id)
+            if entry is not None:
+                over = self.keyring.over_budget(entry, time.time())
+                if over is not None:
+                    raise QuotaExceeded(over[0], retry_after=over[1])
         return limiter
 
 

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 from time import perf_counter
 from typing import Any, TextIO
@@ -111,6 +111,11 @@ class Record:
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 RECORD: web.RequestKey[Record] = web.RequestKey("record", Record)
 
+# An app's own use of each finished request (the gateway's ledger), with the line's facts:
+# (request, record, status, error code or "", duration in s). Called once per request, after the metrics.
+Finished = Callable[[web.Request, Record, int, str, float], None]
+ON_FINISH: web.AppKey[Finished] = web.AppKey("on_finish")
+
 
 def record(request: web.Request) -> Record:
     return request[RECORD]
@@ -181,6 +186,9 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
     if enabled() and request.path not in QUIET_PATHS:
         write(line(request, rec, status, duration))
+    hook = request.app.get(ON_FINISH)
+    if hook is not None:
+        hook(request, rec, status, code, duration)
 
 
 _RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}

@@ -55,6 +55,15 @@ class ErrorStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class QueryParam:
+    """A query-string parameter of a GET route (none is required)."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Operation:
     method: str
     path: str
@@ -68,6 +77,7 @@ class Operation:
     also: tuple[int, ...] = ()  # statuses other than 200 and the errors, with the 200's body
     statuses: tuple[ErrorStatus, ...] = ()  # error statuses described one by one
     array: bool = False  # a 200's JSON body is a list of `response`
+    query: tuple[QueryParam, ...] = ()  # the query string's parameters
 
 
 _CHUNKS = "`data:` frames of `chat.completion.chunk` objects, an optional usage chunk, then `data: [DONE]`"
@@ -179,6 +189,11 @@ def _operation(op: Operation, refs: dict[type, dict[str, Any]], parameters: Mapp
         out["parameters"] = [
             {"name": n, "in": "path", "required": True, "description": parameters[n], "schema": {"type": "string"}} for n in names
         ]
+    if op.query:
+        out.setdefault("parameters", []).extend(
+            {"name": q.name, "in": "query", "required": False, "description": q.description, "schema": dict(q.schema)}
+            for q in op.query
+        )
     if op.request is not None:
         out["requestBody"] = {"required": True, "content": _json_content(refs[op.request])}
     return out

@@ -671,3 +671,26 @@ def test_lora_request_states_as_vllms_output_processor(tokenizer, end):
     # Not vacuous: the adapter went through every state, and ended in none.
     assert direct[1] == ({"ad": 1}, {"ad": 1}) and direct[2] == ({"ad": 0}, {"ad": 2})
     assert direct[3] == ({"ad": 0}, {"ad": 1}) and direct[-1] == ({}, {})
+
+
+def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
+    """While later engine-core batches already wait (vLLM's client received them, its output handler has
+    not taken them), steps are held for the stream's writer instead of pushed one write per step; once
+    current again, each step goes through the sink as it comes."""
+    from vllm.v1.engine import FinishReason
+
+    waiting = [2]
+    route = DirectRoute(StandInProcessor(), tokenizer, backlog=lambda: waiting[0])
+    stream = add(route, _request("b-1", [1, 2]), "b", GenerationParams(max_tokens=4))
+    pushed: list[list[Delta]] = []
+    assert stream.arm(lambda deltas: pushed.append(deltas) or True)
+    ids = tokenizer.encode(" one two three four", add_special_tokens=False)[:4]
+    for step in ids[:3]:  # a backlog of three batches, taken one after the other
+        route.process_outputs([_output("b-1", [step])])
+        waiting[0] = max(waiting[0] - 1, 0)
+    assert pushed == []  # none pushed: the writer takes them together
+    held = stream.get_nowait()
+    assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[:3]]
+    assert stream.arm(lambda deltas: pushed.append(deltas) or True)  # the writer caught up
+    route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
+    assert [d.token_ids for d in pushed[0]] == [[ids[3]]] and pushed[0][0].finish_reason == "length"

@@ -12,7 +12,8 @@ and `restart()` brings a new engine up on the same port.
 `gateway(*upstreams, **settings)` is `create_gateway_app` on the same
 runner, with one deployment `DEPLOYMENT` (id `DEPLOYMENT_ID`, served as
 `SERVED`) over the given replicas or URLs, unless `deployments=` says
-otherwise; `keys=` and `upstream=` are the config's sections.
+otherwise; `keys=` and `upstream=` are the config's sections; `ledger=` a
+request ledger (`streamproxy.ledger.writer.Ledger`; none by default).
 
 `stub(handler)` is a raw TCP server for the replica behaviours a real one
 will not show on demand (a stream cut mid-event, an answer that never
@@ -45,6 +46,7 @@ from streamproxy.gateway.state import STATE_KEY, GatewayState
 from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner
+from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
 from tests.production.conftest import _bounded, access_log, event_loop_policy, session  # noqa: F401  (fixtures)
 from tests.support.waiting import wait_until
@@ -181,10 +183,10 @@ async def gateway(replica: StartReplica) -> AsyncIterator[StartGateway]:
     started: list[web.AppRunner] = []
 
     async def start(*upstreams: Replica | str, deployments: list[dict] | None = None, keys: list[dict] | None = None,
-                    upstream: dict | None = None, **settings: Any) -> Gateway:
+                    upstream: dict | None = None, ledger: Ledger | None = None, **settings: Any) -> Gateway:
         urls = [u if isinstance(u, str) else u.base for u in upstreams]
         conf = Settings(host="127.0.0.1", port=0, **settings)
-        app = create_gateway_app(conf, config(urls, deployments=deployments, keys=keys, upstream=upstream))
+        app = create_gateway_app(conf, config(urls, deployments=deployments, keys=keys, upstream=upstream), ledger)
         runner = make_runner(app, conf)
         runner._shutdown_timeout = SHUTDOWN  # type: ignore[attr-defined]
         await runner.setup()

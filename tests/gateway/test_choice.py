@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -166,10 +167,20 @@ keys:
     assert config.deployments[0].upstream_model == "a"
     for bad, says in [
         ("deployments: []", "empty"),
-        ("deployments: [{name: a, id: a, upstreams: [http://x]}]", "two deployments"),
+        ("deployments: [{name: a, id: b, upstreams: [http://x]}, {name: b, id: c, upstreams: [http://x]}]", "'b' names two deployments"),
+        ("deployments: [{name: a, id: a, upstreams: [http://x]}, {name: c, id: a, upstreams: [http://x]}]", "'a' names two deployments"),
+        ("deployments: [a, b\nkeys: 1\n", "not valid YAML: line 2, column 5: expected ',' or ']', but got ':' "
+         "(while parsing a flow sequence at line 1, column 14)"),
+        ("deployments:\n  - name: a\n   id: b\n", "not valid YAML: line 3, column 4: expected <block end>, but found "
+         "'<block mapping start>' (while parsing a block collection at line 2, column 3)"),
+        ("deployments: []\nx: '\x00'\n",
+         "not valid YAML: line 2, column 5: unacceptable character #x0000: special characters are not allowed"),
         ("deployments: [{name: a, id: b, upstreams: [ftp://x]}]", "http(s)"),
         ("deployments: [{name: a, id: b, upstreams: [http://x]}]\nkeys: [{id: k, key: s, deployments: [zz]}]", "no deployment named zz"),
         ("deployments: [{name: a, id: b, upstream: [http://x]}]", "unknown field"),
     ]:
-        with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
             split(bad)
+    # An id equal to its own name: one deployment, two equal names.
+    config, _ = split("deployments: [{name: d0, id: d0, upstreams: [http://127.0.0.1:1]}]")
+    assert [(d.name, d.id) for d in config.deployments] == [("d0", "d0")]

@@ -1,14 +1,19 @@
 """`streamproxy gateway --config FILE.yaml` as a process: the example config parses, the
 file's other keys are the edge's flags, requests are relayed, and SIGTERM drains: a stream
-under way finishes, then the process exits 0."""
+under way finishes, then the process exits 0. A file it cannot use (missing, not UTF-8, not
+YAML, not a valid config) is one line on stderr naming it, and exit code 2."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import requests
 
+from streamproxy.cli import build_gateway
 from streamproxy.gateway.config import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
@@ -49,3 +54,37 @@ def test_a_gateway_process_relays_takes_its_flags_from_the_file_and_drains_on_si
             assert gw.proc.wait(30) == 0
         finally:
             gw.stop()
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"deployments: [a, b\nkeys: 1\n", "not valid YAML: line 2, column 5: expected ',' or ']', but got ':' "
+         "(while parsing a flow sequence at line 1, column 14)"),
+        (b"port: 1\n\tdeployments: []\n", "not valid YAML: line 2, column 1: found character '\\t' that cannot start any "
+         "token (while scanning for the next token)"),
+        (b"deployments: caf\xe9\n", "not UTF-8 text (byte 16)"),
+        (b"deployments:\n  - {name: a, id: b, upstreams: [http://127.0.0.1:1]}\n  - {name: b, id: c, upstreams: [http://127.0.0.1:1]}\n",
+         "gateway config: 'b' names two deployments"),
+        (None, "No such file or directory"),
+    ],
+    ids=["flow-sequence", "tab", "not-utf8", "names-clash", "missing"],
+)
+def test_a_config_file_it_cannot_use_is_one_line_naming_it_and_exit_2(tmp_path: Path, capsys, content, says):
+    path = tmp_path / "gateway.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as exited:
+        build_gateway(["--config", str(path), "--port", "1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"streamproxy gateway: {path}: {says}\n"
+
+
+def test_a_config_that_is_not_yaml_ends_the_process_with_no_traceback(tmp_path: Path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("deployments: [a, b\nkeys: 1\n")
+    done = subprocess.run([sys.executable, "-m", "streamproxy", "gateway", "--config", str(path), "--host", "127.0.0.1", "--port", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"streamproxy gateway: {path}: not valid YAML: line 2, column 5: expected ',' or ']', but got ':' "
+                           "(while parsing a flow sequence at line 1, column 14)\n")

@@ -129,3 +129,19 @@ async def test_models_lists_the_deployments(replica, gateway, session):
         assert resp.status == 404
         assert (await resp.json())["error"]["code"] == "model_not_found"
     assert r.inference() == []  # listing is the gateway's own answer
+
+
+async def test_a_deployment_whose_id_is_its_name(replica, gateway, session):
+    """`id: d0` with `name: d0` is one deployment with two equal names (it was refused at start
+    with "'d0' names two deployments"): routed by model and by path, listed once."""
+    r = await replica()
+    gw = await gateway(deployments=[
+        {"name": "d0", "id": "d0", "served_model": SERVED, "upstreams": [r.base]},
+        {**OTHER, "upstreams": [r.base]},
+    ])
+    for path, model in [("/v1/chat/completions", "d0"), ("/v1/deployments/d0/chat/completions", None)]:
+        status, _, got = await post(session, gw.url(path), chat(model=model))
+        assert status == 200 and json.loads(got)["model"] == "d0", got
+    async with session.get(gw.url("/v1/models")) as resp:
+        assert [m["id"] for m in (await resp.json())["data"]] == ["d0", "other-bot"]
+    assert [s.model for s in r.inference()] == [SERVED, SERVED]

@@ -1,13 +1,16 @@
 """When replicas cannot or will not answer: 503 `upstream_unavailable` + Retry-After when no
 replica can take the request; a replica's own 429/503 (and its Retry-After) passed on when
 it is the last answer, and a 400 passed through unchanged; failover past a replica that
-refuses connections (or answers 429); never a retry once the replica's answer has begun."""
+refuses connections (or answers 429); never a retry once the replica's answer has begun; a
+replica whose bytes are not HTTP/1.1 is an `upstream_unavailable` (503, or in-band mid-stream), never
+an exception in the gateway."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import json
+import logging
 import re
 
 import pytest
@@ -205,3 +208,76 @@ async def test_a_stream_delimited_by_the_close_is_relayed_to_its_last_event(stub
     assert got == b"".join(renamed(e) for e in events)
     line = line_for(access_log, "close-1")
     assert (line["status"], line["error_code"]) == (200, None)
+
+
+# -- replicas that do not speak HTTP/1.1 ------------------------------------------------
+
+
+def answers(raw: bytes):
+    """A stub replica that answers `raw` and closes."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(raw)
+        await writer.drain()
+
+    return handler
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 2\xb20 OK\r\nContent-Length: 2\r\n\r\n{}",  # was a bare ValueError out of h1.feed
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb9\r\n\r\n{}",  # the same
+        b"HTTP/1.1 200 OK\r\nX: a\r\n folded\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+    ],
+    ids=["status-superscript", "length-superscript", "obs-fold", "chunk-size-0x3"],
+)
+async def test_a_replica_that_answers_bad_http_is_503_upstream_unavailable(stub, gateway, session, access_log, caplog, raw, stream):
+    """One read that is not HTTP/1.1 (the head, or the body in the same read): the replica failed
+    before the client had a byte, like a refused connection; with no other replica, a 503. Never
+    an exception out of the connection's data_received (the loop would log it and drop the connection)."""
+    upstream = await stub(answers(raw))
+    gw = await gateway(upstream.base)
+    request_id = f"bad-http-{stream}-{raw[:20].hex()}"
+    status, headers, got = await post(session, gw.url("/v1/chat/completions"), chat(stream=stream), **{"X-Request-Id": request_id})
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert json.loads(got) == error_body(
+        f"no replica of deployment `{DEPLOYMENT}` can take the request now; retry shortly", "service_unavailable", "upstream_unavailable"
+    )
+    line = line_for(access_log, request_id)
+    assert (line["status"], line["upstream"], line["error_code"]) == (503, upstream.base, "upstream_unavailable")
+    assert len(upstream.requests) == 1 and retries("connect_failure") >= 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_bad_chunk_size_mid_stream_ends_it_in_band(stub, gateway, session, access_log):
+    """The first event is relayed; the next chunk's size is one int(x, 16) took and the grammar
+    does not: an in-band upstream_unavailable error, then [DONE]."""
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + chunked(ROLE))
+        await writer.drain()
+        await release.wait()
+        writer.write(b"0x3\r\nabc\r\n0\r\n\r\n")
+        await writer.drain()
+
+    upstream = await stub(handler)
+    gw = await gateway(upstream.base)
+    async with session.post(gw.url("/v1/chat/completions"), json=chat(stream=True), headers={"X-Request-Id": "hex-1"}) as resp:
+        assert resp.status == 200
+        first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 10)
+        release.set()
+        got = first + await asyncio.wait_for(resp.read(), 10)
+    frames = sse.frames(got)
+    assert first == renamed(ROLE) and frames[-1] == sse.DONE_FRAME and len(frames) == 3
+    error = json.loads(frames[1][len(b"data: "):])["error"]
+    assert (error["type"], error["code"], error["param"]) == ("service_unavailable", "upstream_unavailable", None)
+    assert error["message"] == (
+        "the replica's stream broke off: the replica's response is not valid HTTP/1.1 (bad chunk size line: b'0x3');"
+        " the answer is incomplete"
+    )
+    line = line_for(access_log, "hex-1")
+    assert (line["status"], line["error_code"]) == (200, "upstream_unavailable")

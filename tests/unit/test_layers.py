@@ -67,3 +67,21 @@ def test_only_engine_adapter_imports_the_engine(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("engine_adapter"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_engine_adapter_does_not_import_the_edge(path: Path) -> None:
     assert offending(path, ("aiohttp", "streamproxy.http", "streamproxy.cli", "streamproxy.gateway")) == []
+
+
+@pytest.mark.parametrize("path", modules("streamproxy/ledger"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_ledger_imports_neither_the_edge_nor_the_gateway(path: Path) -> None:
+    # The gateway (and serve) use the ledger; it knows nothing of them, of HTTP or of an engine.
+    assert offending(path, ("aiohttp", "streamproxy.http", "streamproxy.gateway", "streamproxy.cli", "engine_adapter")) == []
+
+
+@pytest.mark.parametrize("path", modules("streamproxy"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_postgresql_store_imports_psycopg(path: Path) -> None:
+    # A gateway on SQLite never loads the PostgreSQL driver.
+    if path.relative_to(ROOT).as_posix() != "streamproxy/ledger/postgres.py":
+        assert offending(path, ("psycopg",)) == []
+
+
+@pytest.mark.parametrize("name", ["records", "params", "schema", "sql"])
+def test_the_ledgers_sans_io_modules_do_no_io(name: str) -> None:
+    assert offending(ROOT / "streamproxy" / "ledger" / f"{name}.py", IO + ENGINES + ("sqlite3", "psycopg", "threading")) == []

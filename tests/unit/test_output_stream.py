@@ -104,3 +104,31 @@ def test_close_disarms_and_wakes_the_consumer():
         assert got == [] and s.finished
 
     asyncio.run(main())
+
+
+def test_hold_bypasses_the_sink_and_later_puts_queue_behind_it():
+    """A held step (the engine ran ahead of the front end) waits for the consumer with what
+    follows: the sink sees none of it, and the consumer takes every step in one go, in order."""
+    s = DeltaQueue()
+    pushed: list[list[Delta]] = []
+    assert s.arm(lambda deltas: pushed.append(deltas) or True)
+    s.put([d("a")])  # current: through the sink
+    s.hold([d("b")])
+    s.put([d("c")])  # behind the held step, not through the sink
+    assert [texts(x) for x in pushed] == [["a"]]
+    assert texts(s.get_nowait() or []) == ["b", "c"]
+    assert s.get_nowait() is None
+    assert s.arm(lambda deltas: pushed.append(deltas) or True)  # caught up: armed again
+    s.put([d("e")])
+    assert [texts(x) for x in pushed] == [["a"], ["e"]]
+
+
+def test_hold_wakes_a_waiting_consumer():
+    async def main():
+        s = DeltaQueue()
+        task = asyncio.create_task(s.get())
+        await asyncio.sleep(0)
+        s.hold([d("a")])
+        assert texts(await task) == ["a"]
+
+    asyncio.run(main())

@@ -1,0 +1,118 @@
+"""The gateway's use of the ledger: a record per relayed request, and the admin routes that query it.
+
+`recorder(state)` is the access log's `ON_FINISH` hook: when a request on a
+relayed route ends (answered, failed, refused with a 4xx, or its client
+gone), it builds one `LedgerRecord` from the access log's `Record` (the
+tokens `call.meter` put there: what the client saw in `usage`) and queues it
+(`Ledger.add`: an append). A request refused for its key (401 before the key
+is known) is not recorded: the access log has it, and a flood of bad keys
+must not fill the books. Other routes (models, health, metrics) are not
+requests to a deployment and are not recorded.
+
+`GET /v1/deployments/{deployment}/requests` and `GET /v1/usage` take the
+admin key; their parameters are `ledger.params`'. Without a ledger (`ledger:
+off`) they are 404 `ledger_off`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from streamproxy.errors import NotFound, ServiceUnavailable
+from streamproxy.gateway.routes import ROUTES, relayed_paths
+from streamproxy.gateway.state import GatewayState, gateway_state
+from streamproxy.http.accesslog import Finished, Record
+from streamproxy.ledger import params
+from streamproxy.ledger.keys import KeyExists
+from streamproxy.ledger.records import LedgerRecord, UsageReport
+from streamproxy.ledger.writer import Ledger
+
+log = logging.getLogger("streamproxy.ledger")
+T = TypeVar("T")
+
+# A relayed route's canonical path (any of its three) -> the API path the record names.
+_LEDGERED: dict[str, str] = {path: route.upstream_path for name, route in ROUTES.items() for path in relayed_paths(name)}
+
+
+def recorder(state: GatewayState, ledger: Ledger) -> Finished:
+    def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
+        resource = request.match_info.route.resource
+        route = _LEDGERED.get(resource.canonical) if resource is not None else None
+        if route is None or (rec.key_id is None and (state.keys or state.keyring)):
+            return
+        record = LedgerRecord(
+            ts_us=int((time.time() - duration) * 1_000_000),
+            request_id=rec.request_id,
+            deployment=rec.deployment,
+            replica=rec.upstream,
+            key_id=rec.key_id,
+            route=route,
+            status=status,
+            error_code=code or None,
+            prompt_tokens=rec.prompt_tokens,
+            cached_prompt_tokens=rec.cached_tokens,
+            completion_tokens=rec.completion_tokens,
+            usage_source=rec.usage_source,
+            ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
+            duration_ms=round(duration * 1000.0, 3),
+        )
+        if ledger.add(record) and state.keyring and rec.key_id is not None:
+            state.keyring.queued(record)  # its key's budget counts it from now
+
+    return finished
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _ledger(request: web.Request) -> tuple[GatewayState, Ledger]:
+    state = gateway_state(request)
+    state.authorize_admin(request)
+    if state.ledger is None:
+        raise NotFound("the gateway's ledger is off (`ledger: off` in its config)", code="ledger_off")
+    return state, state.ledger
+
+
+async def read_store(work: Awaitable[T]) -> T:
+    """A query's answer; the store down is a 503, not a 500."""
+    try:
+        return await work
+    except KeyExists:
+        raise  # an answer, not a failure
+    except Exception as exc:
+        log.warning("ledger: a query failed: %s: %s", type(exc).__name__, exc)
+        raise ServiceUnavailable("the ledger's store cannot be read now; retry", code="ledger_unavailable", retry_after=5) from None
+
+
+def _now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+async def list_requests(request: web.Request) -> web.Response:
+    """Admin: a deployment's records, newest first, a page at a time."""
+    state, ledger = _ledger(request)
+    name = request.match_info["deployment"]
+    pool = state.pools.get(name)
+    # A deployment no longer in the config still has its records, under its name.
+    deployment = pool.deployment.name if pool is not None else name
+    query = params.requests_query(deployment, request.query, _now_us())
+    page = await read_store(ledger.store.requests(query))
+    return web.Response(body=_encode(page), content_type="application/json")
+
+
+async def usage(request: web.Request) -> web.Response:
+    """Admin: requests and tokens summed by deployment, key, day or month."""
+    state, ledger = _ledger(request)
+    query = params.usage_query(request.query, _now_us())
+    if query.deployment is not None and query.deployment in state.pools:  # an id or a name: the name
+        query = dataclasses.replace(query, deployment=state.pools[query.deployment].deployment.name)
+    rows = await read_store(ledger.store.usage(query))
+    report = UsageReport(data=rows, start=query.start_us // 1_000_000, end=-(-query.end_us // 1_000_000), group_by=list(query.group_by))
+    return web.Response(body=_encode(report), content_type="application/json")

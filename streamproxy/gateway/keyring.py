@@ -1,0 +1,174 @@
+"""The keys made through the admin API, as the gateway uses them: looked up by the secret's hash,
+refreshed from the ledger's store every `REFRESH` s, and their budgets' spend.
+
+`refresh()` reads the keys (a key made or revoked by another
+gateway process sharing the store is seen within `REFRESH`; by this one, at
+once: `add`, `remove`) and, for the periods some key has a budget in, each
+key's prompt + completion tokens since the UTC day or month began, from the
+ledger's records (all processes'). Between two refreshes the tokens this
+process charged (`charge`, at the end of each request) are added, so a key
+is stopped about when it crosses its budget, not a refresh later. The store
+down: the last keys and sums stay, with a warning.
+
+A key's spend is exact up to requests still running: the store's sum when
+last read, plus this process's records the store took since that read began
+(`written`, the ledger's `on_written`), plus those still in the ledger's
+buffer (`queued`, at each record's end). A batch written while the sum is
+being read may be counted twice until the next read: a key is stopped a
+little early, never late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import logging
+import time
+from collections import defaultdict
+
+from streamproxy.gateway.config import ApiKey
+from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.ledger.keys import StoredKey, period_start
+from streamproxy.ledger.records import LedgerRecord, UsageQuery
+from streamproxy.ledger.store import LedgerStore
+
+log = logging.getLogger("streamproxy.gateway")
+
+REFRESH = 1.0  # s
+
+
+class Entry:
+    __slots__ = ("stored", "key", "limiter")
+
+    def __init__(self, stored: StoredKey, limiter: KeyLimiter | None = None) -> None:
+        self.stored = stored
+        self.key = ApiKey(id=stored.id, key="(stored)", deployments=list(stored.deployments), rpm=stored.rpm, tpm=stored.tpm)
+        self.limiter = limiter or KeyLimiter(stored.rpm, stored.tpm)
+
+
+class Keyring:
+    def __init__(self, store: LedgerStore) -> None:
+        self.store = store
+        self.by_hash: dict[str, Entry] = {}
+        self._ids: dict[str, Entry] = {}
+        self.made = False  # a key was ever made (the store has one, revoked or not)
+        self._stored_spent: dict[str, int] = {}  # key id -> tokens in its current period, from the store
+        self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
+        self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def __bool__(self) -> bool:
+        """Whether the gateway asks for keys: once a key was made, also after it is revoked (revoking the
+        last key must not open the gateway)."""
+        return self.made
+
+    def find(self, secret: str) -> Entry | None:
+        return self.by_hash.get(hashlib.sha256(secret.encode()).hexdigest())
+
+    def by_id(self, key_id: str) -> Entry | None:
+        return self._ids.get(key_id)
+
+    def add(self, stored: StoredKey) -> None:
+        entry = self.by_hash[stored.hash] = Entry(stored)
+        self._ids[stored.id] = entry
+        self.made = True
+
+    def remove(self, key_id: str) -> None:
+        entry = self._ids.pop(key_id, None)
+        if entry is not None:
+            self.by_hash.pop(entry.stored.hash, None)
+
+    def queued(self, record: LedgerRecord) -> None:
+        """A record of a key's request is in the ledger's buffer."""
+        tokens = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+        if tokens and record.key_id is not None and record.key_id in self._ids:
+            self._unsaved[record.key_id] += tokens
+
+    def written(self, batch: list[LedgerRecord]) -> None:
+        """The store has these records (the ledger's `on_written`)."""
+        for record in batch:
+            key_id = record.key_id
+            if key_id is not None and key_id in self._unsaved:
+                tokens = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+                left = self._unsaved[key_id] - tokens
+                if left > 0:
+                    self._unsaved[key_id] = left
+                else:
+                    del self._unsaved[key_id]
+                self._saved[key_id] += tokens
+
+    def spent(self, key_id: str) -> int:
+        return self._stored_spent.get(key_id, 0) + self._saved.get(key_id, 0) + self._unsaved.get(key_id, 0)
+
+    def over_budget(self, entry: Entry, now: float) -> tuple[str, int] | None:
+        """(the message, seconds until the period turns) when the key has used its budget."""
+        k = entry.stored
+        if k.budget_tokens is None or k.budget_period is None:
+            return None
+        used = self.spent(k.id)
+        if used < k.budget_tokens:
+            return None
+        _, end = period_start(now, k.budget_period)
+        turns = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        word = "daily" if k.budget_period == "day" else "monthly"
+        return (f"API key `{k.id}` has used its {word} budget of {k.budget_tokens} tokens ({used} used); "
+                f"it resets at {turns}", max(1, int(end - now)))
+
+    async def refresh(self) -> None:
+        every = await self.store.list_keys()
+        keys = [k for k in every if k.revoked is None]
+        now = time.time()
+        saved, self._saved = self._saved, defaultdict(int)  # in the sums read now (or written during the read)
+        spent: dict[str, int] = {}
+        for period in ("day", "month"):
+            budgeted = [k.id for k in keys if k.budget_period == period]
+            if not budgeted:
+                continue
+            start, end = period_start(now, period)
+            try:
+                rows = await self.store.usage(UsageQuery(start_us=start * 1_000_000, end_us=end * 1_000_000, group_by=("key",)))
+            except BaseException:
+                for key_id, tokens in saved.items():  # not read after all: still to be added
+                    self._saved[key_id] += tokens
+                raise
+            wanted = set(budgeted)
+            for row in rows:
+                if row.key_id in wanted:
+                    spent[row.key_id] = row.prompt_tokens + row.completion_tokens
+        old = {e.stored.id: e for e in self.by_hash.values()}
+        fresh: dict[str, Entry] = {}
+        for k in keys:
+            kept = old.get(k.id)
+            fresh[k.hash] = kept if kept is not None and kept.stored == k else Entry(k, kept.limiter if kept else None)
+        self.by_hash = fresh
+        self.made = self.made or bool(every)
+        self._ids = {e.stored.id: e for e in fresh.values()}
+        self._stored_spent = spent
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-keyring")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                await self.refresh()
+                if self._failing:
+                    log.warning("keys: the ledger's store is back; keys refreshed")
+                    self._failing = False
+            except Exception as exc:
+                if not self._failing:
+                    log.warning("keys: cannot refresh from the ledger's store (keeping the last keys): %s: %s", type(exc).__name__, exc)
+                    self._failing = True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass

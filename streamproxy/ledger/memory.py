@@ -1,0 +1,111 @@
+"""The fake `LedgerStore`: a list in memory, with the SQL stores' semantics (tests/contract).
+
+`fail` makes the next writes raise (a store that is down), `stall` makes them
+wait for an event (a slow one): what the writer's tests need of a store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+
+from streamproxy.ledger import schema
+from streamproxy.ledger.keys import KeyExists, StoredKey
+from streamproxy.ledger.records import (
+    Cursor,
+    LedgerRecord,
+    RequestPage,
+    RequestQuery,
+    UsageQuery,
+    UsageRow,
+    period_of,
+    sort_usage,
+    usage_row,
+)
+
+
+class StoreDown(ConnectionError):
+    pass
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, LedgerRecord]] = []  # (seq, record)
+        self.version = 0
+        self.fail = False
+        self.stall: asyncio.Event | None = None
+        self.writes = 0  # batches stored
+        self.keys: dict[str, StoredKey] = {}
+
+    async def migrate(self) -> int:
+        schema.check_known(self.version)
+        self.version = schema.LATEST
+        return self.version
+
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        if self.stall is not None:
+            await self.stall.wait()
+        if self.fail:
+            raise StoreDown("the fake store is down")
+        start = len(self.rows) + 1
+        self.rows.extend((start + i, r) for i, r in enumerate(records))
+        self.writes += 1
+
+    async def requests(self, query: RequestQuery) -> RequestPage:
+        def keep(seq: int, r: LedgerRecord) -> bool:
+            if r.deployment != query.deployment or not query.start_us <= r.ts_us < query.end_us:
+                return False
+            if query.key_id is not None and r.key_id != query.key_id:
+                return False
+            if query.status is not None and r.status != query.status:
+                return False
+            if query.status_class is not None and r.status // 100 != query.status_class:
+                return False
+            c = query.cursor
+            return c is None or (r.ts_us, seq) < (c.ts_us, c.seq)
+
+        found = sorted(((r.ts_us, seq, r) for seq, r in self.rows if keep(seq, r)), key=lambda t: (t[0], t[1]), reverse=True)
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        cursor = Cursor(page[-1][0], page[-1][1]).encode() if more else None
+        return RequestPage(data=[r for _, _, r in page], has_more=more, next_cursor=cursor)
+
+    async def usage(self, query: UsageQuery) -> list[UsageRow]:
+        sums: dict[tuple[str | None, str | None, str | None], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        period = query.period
+        for _, r in self.rows:
+            if not query.start_us <= r.ts_us < query.end_us:
+                continue
+            if (query.deployment is not None and r.deployment != query.deployment) or (
+                    query.key_id is not None and r.key_id != query.key_id):
+                continue
+            group = (
+                r.deployment if "deployment" in query.group_by else None,
+                r.key_id if "key" in query.group_by else None,
+                period_of(r.ts_us, period) if period else None,
+            )
+            s = sums[group]
+            s[0] += 1
+            s[1] += r.prompt_tokens or 0
+            s[2] += r.cached_prompt_tokens or 0
+            s[3] += r.completion_tokens or 0
+        return sort_usage([usage_row(d, k, p, *s) for (d, k, p), s in sums.items()])
+
+    async def put_key(self, key: StoredKey) -> None:
+        if key.id in self.keys or any(k.hash == key.hash for k in self.keys.values()):
+            raise KeyExists(key.id)
+        self.keys[key.id] = key
+
+    async def list_keys(self) -> list[StoredKey]:
+        return sorted(self.keys.values(), key=lambda k: (k.created, k.id))
+
+    async def revoke_key(self, key_id: str, when: int) -> bool:
+        key = self.keys.get(key_id)
+        if key is None or key.revoked is not None:
+            return False
+        key.revoked = when
+        return True
+
+    async def close(self) -> None:
+        pass

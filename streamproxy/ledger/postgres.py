@@ -1,0 +1,163 @@
+"""`PostgresStore`: the ledger in PostgreSQL, for several gateway processes or machines (psycopg 3, async).
+
+psycopg 3 rather than asyncpg: it has both a blocking and an asyncio API over
+one implementation, ships its own type information (mypy checks our calls
+against it), its binary wheel needs no compiler, and its COPY writes a batch
+in one round trip. Two connections, opened on first use and again after any
+failure. The writer's is a blocking one in a worker thread of its own, as
+SQLite's: encoding a batch's rows for COPY is the ledger's largest CPU cost
+and stays off the event loop (a batch is one `COPY` in one transaction: all
+or nothing). Queries use an asyncio connection, so a slow report never holds
+up the writer. Every operation has a deadline (`TIMEOUT`; for the blocking
+connection libpq's `tcp_user_timeout` and a `statement_timeout`): a server
+that stops answering is an error the writer retries, not a hang. Migrations
+run under an advisory lock, so gateways starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+
+from streamproxy.ledger import schema, sql
+from streamproxy.ledger.keys import KeyExists, StoredKey
+from streamproxy.ledger.records import (
+    COLUMNS,
+    LedgerRecord,
+    RequestPage,
+    RequestQuery,
+    UsageQuery,
+    UsageRow,
+    row,
+    sort_usage,
+    usage_row,
+)
+
+CONNECT_TIMEOUT = 5  # s, libpq's connect_timeout
+TIMEOUT = 15.0  # s, any one operation
+_LOCK = 0x1ED6E2  # the advisory lock migrations hold
+_COPY = f"COPY ledger_requests ({', '.join(COLUMNS)}) FROM STDIN"
+
+
+class PostgresStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-postgres")
+        self._writer: psycopg.Connection[Any] | None = None  # used in the pool's thread only
+        self._reader: psycopg.AsyncConnection[Any] | None = None
+        self._closed = False
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger")
+
+    async def migrate(self) -> int:
+        async with asyncio.timeout(TIMEOUT):
+            conn = await self._connect()
+            try:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                    await conn.execute(schema.CREATE_VERSION_TABLE)
+                    found = await (await conn.execute("SELECT version FROM ledger_schema")).fetchone()
+                    version = int(found[0]) if found else 0
+                    schema.check_known(version)
+                    for number, statements in schema.statements("postgresql", version):
+                        for statement in statements:
+                            await conn.execute(statement)  # our own constant SQL
+                        version = number
+                    if found is None:
+                        await conn.execute("INSERT INTO ledger_schema (version) VALUES (%s)", (version,))
+                    else:
+                        await conn.execute("UPDATE ledger_schema SET version = %s", (version,))
+                return version
+            finally:
+                await conn.close()
+
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._write, records)
+
+    def _write(self, records: Sequence[LedgerRecord]) -> None:
+        """In the pool's thread."""
+        try:
+            if self._writer is None or self._writer.closed:
+                self._writer = psycopg.Connection.connect(
+                    self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger",
+                    tcp_user_timeout=int(TIMEOUT * 1000), options=f"-c statement_timeout={int(TIMEOUT * 1000)}",
+                )
+            conn = self._writer
+            with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
+                for r in records:
+                    copy.write_row(row(r))
+        except BaseException:
+            self._drop_writer()
+            raise
+
+    def _drop_writer(self) -> None:
+        conn, self._writer = self._writer, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    async def put_key(self, key: StoredKey) -> None:
+        try:
+            await self._query(sql.put_key("postgresql"), list(sql.key_row(key)), rows=False)
+        except psycopg.errors.UniqueViolation:
+            raise KeyExists(key.id) from None
+
+    async def list_keys(self) -> list[StoredKey]:
+        return [sql.key_of(r) for r in await self._query(sql.LIST_KEYS, [])]
+
+    async def revoke_key(self, key_id: str, when: int) -> bool:
+        return bool(await self._query(sql.revoke_key("postgresql"), [when, key_id], rows=False))
+
+    async def _query(self, text: str, args: list[object], rows: bool = True) -> Any:
+        """The rows, or (`rows=False`) the count of rows changed."""
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                if self._reader is None or self._reader.closed:
+                    self._reader = await self._connect()
+                    await self._reader.set_autocommit(True)
+                cur = await self._reader.execute(text, args)  # built from our own constants
+                return await cur.fetchall() if rows else cur.rowcount
+        except psycopg.errors.IntegrityError:
+            raise  # the connection is fine: the statement was refused
+        except BaseException:
+            conn, self._reader = self._reader, None
+            if conn is not None:
+                await _close(conn)
+            raise
+
+    async def requests(self, query: RequestQuery) -> RequestPage:
+        rows = await self._query(*sql.requests("postgresql", query))
+        data = [LedgerRecord(**dict(zip(COLUMNS, r[1:]))) for r in rows[: query.limit]]
+        cursor = sql.next_cursor(rows, query.limit)
+        return RequestPage(data=data, has_more=cursor is not None, next_cursor=cursor)
+
+    async def usage(self, query: UsageQuery) -> list[UsageRow]:
+        rows = await self._query(*sql.usage("postgresql", query))
+        return sort_usage([usage_row(d, k, p, int(n), int(a), int(b), int(c)) for d, k, p, n, a, b, c in rows if n])
+
+    async def close(self) -> None:
+        """Once; again is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._drop_writer)
+        finally:
+            self._pool.shutdown(wait=True)
+            conn, self._reader = self._reader, None
+            if conn is not None:
+                await _close(conn)
+
+
+async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), 2.0)
+    except Exception:
+        pass

@@ -1,0 +1,112 @@
+"""The SQL both stores run, built once per query shape and dialect. Sans-IO.
+
+Placeholders are `?` (sqlite3) or `%s` (psycopg); every value is a
+parameter, never text in the statement. The day or month of a record is
+computed in the database from `ts_us`, in UTC, as `records.period_of` does.
+"""
+
+from __future__ import annotations
+
+import json
+
+from streamproxy.ledger.keys import StoredKey
+from streamproxy.ledger.records import COLUMNS, Cursor, RequestQuery, UsageQuery
+from streamproxy.ledger.schema import Dialect
+
+_PLACEHOLDER = {"sqlite": "?", "postgresql": "%s"}
+
+
+def insert(dialect: Dialect) -> str:
+    marks = ", ".join([_PLACEHOLDER[dialect]] * len(COLUMNS))
+    return f"INSERT INTO ledger_requests ({', '.join(COLUMNS)}) VALUES ({marks})"
+
+
+def requests(dialect: Dialect, q: RequestQuery) -> tuple[str, list[object]]:
+    """The page's rows (`seq` first, then COLUMNS), one more than the limit (whether there are more)."""
+    p = _PLACEHOLDER[dialect]
+    where = [f"deployment = {p}", f"ts_us >= {p}", f"ts_us < {p}"]
+    args: list[object] = [q.deployment, q.start_us, q.end_us]
+    if q.key_id is not None:
+        where.append(f"key_id = {p}")
+        args.append(q.key_id)
+    if q.status is not None:
+        where.append(f"status = {p}")
+        args.append(q.status)
+    if q.status_class is not None:
+        where.append(f"status >= {p} AND status < {p}")
+        args += [q.status_class * 100, q.status_class * 100 + 100]
+    if q.cursor is not None:
+        where.append(f"(ts_us < {p} OR (ts_us = {p} AND seq < {p}))")
+        args += [q.cursor.ts_us, q.cursor.ts_us, q.cursor.seq]
+    args.append(q.limit + 1)
+    text = (f"SELECT seq, {', '.join(COLUMNS)} FROM ledger_requests WHERE {' AND '.join(where)} "
+            f"ORDER BY ts_us DESC, seq DESC LIMIT {p}")
+    return text, args
+
+
+def next_cursor(rows: list[tuple], limit: int) -> str | None:
+    if len(rows) <= limit:
+        return None
+    last = rows[limit - 1]
+    return Cursor(last[1], last[0]).encode()
+
+
+def _period(dialect: Dialect, period: str) -> str:
+    if dialect == "sqlite":
+        return f"strftime('{'%Y-%m-%d' if period == 'day' else '%Y-%m'}', ts_us / 1000000, 'unixepoch')"
+    return f"to_char(to_timestamp(ts_us / 1000000) AT TIME ZONE 'UTC', '{'YYYY-MM-DD' if period == 'day' else 'YYYY-MM'}')"
+
+
+def usage(dialect: Dialect, q: UsageQuery) -> tuple[str, list[object]]:
+    """Rows of (deployment, key_id, period, requests, prompt, cached, completion); a dimension not
+    grouped by is NULL."""
+    p = _PLACEHOLDER[dialect]
+    period = q.period
+    dims = [
+        "deployment" if "deployment" in q.group_by else "NULL",
+        "key_id" if "key" in q.group_by else "NULL",
+        _period(dialect, period) if period else "NULL",
+    ]
+    where = [f"ts_us >= {p}", f"ts_us < {p}"]
+    args: list[object] = [q.start_us, q.end_us]
+    if q.deployment is not None:
+        where.append(f"deployment = {p}")
+        args.append(q.deployment)
+    if q.key_id is not None:
+        where.append(f"key_id = {p}")
+        args.append(q.key_id)
+    grouped = [str(i + 1) for i, d in enumerate(dims) if d != "NULL"]
+    text = (
+        f"SELECT {dims[0]}, {dims[1]}, {dims[2]}, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
+        f"COALESCE(SUM(cached_prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+        f"FROM ledger_requests WHERE {' AND '.join(where)}"
+        + (f" GROUP BY {', '.join(grouped)}" if grouped else "")
+    )
+    return text, args
+
+
+KEY_COLUMNS = ("id", "hash", "deployments", "rpm", "tpm", "budget_tokens", "budget_period", "created", "revoked")
+
+
+def put_key(dialect: Dialect) -> str:
+    marks = ", ".join([_PLACEHOLDER[dialect]] * len(KEY_COLUMNS))
+    return f"INSERT INTO ledger_keys ({', '.join(KEY_COLUMNS)}) VALUES ({marks})"
+
+
+def key_row(key: StoredKey) -> tuple[object, ...]:
+    return (key.id, key.hash, json.dumps(key.deployments), key.rpm, key.tpm, key.budget_tokens, key.budget_period, key.created,
+            key.revoked)
+
+
+def key_of(values: tuple) -> StoredKey:
+    fields = dict(zip(KEY_COLUMNS, values))
+    fields["deployments"] = json.loads(fields["deployments"])
+    return StoredKey(**fields)
+
+
+LIST_KEYS = f"SELECT {', '.join(KEY_COLUMNS)} FROM ledger_keys ORDER BY created, id"
+
+
+def revoke_key(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"UPDATE ledger_keys SET revoked = {p} WHERE id = {p} AND revoked IS NULL"

@@ -1,0 +1,127 @@
+"""`LedgerStore`: what the ledger needs of a database, and `open_store(url)` to pick one.
+
+`write` takes a batch in one transaction: all of it
+is stored or none (so a failed batch can be written again as a whole).
+`requests` pages one deployment's records newest first; `usage` sums them.
+`migrate` brings the schema to the latest version (`schema`) and says which.
+The keys made through the admin API live here too: `put_key` (KeyExists
+for an id already used, revoked or not), `list_keys` (all, the revoked with their time),
+`revoke_key` (False when there is no such key not yet revoked).
+Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
+`postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three
+to one contract.
+
+URLs: `sqlite:///abs/path.db` (or `sqlite:relative.db`), `postgresql://...`
+(or `postgres://`), `memory:` (the fake, for tests), `off`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+from streamproxy.ledger.keys import KeyExists, StoredKey
+from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow
+
+
+class LedgerStore(Protocol):
+    async def migrate(self) -> int: ...
+
+    async def put_key(self, key: StoredKey) -> None: ...
+
+    async def list_keys(self) -> list[StoredKey]: ...
+
+    async def revoke_key(self, key_id: str, when: int) -> bool: ...
+
+    async def write(self, records: Sequence[LedgerRecord]) -> None: ...
+
+    async def requests(self, query: RequestQuery) -> RequestPage: ...
+
+    async def usage(self, query: UsageQuery) -> list[UsageRow]: ...
+
+    async def close(self) -> None: ...
+
+
+__all__ = ["KeyExists", "LedgerStore", "LedgerURLError", "open_store"]
+
+
+class LedgerURLError(ValueError):
+    pass
+
+
+OFF = ("off", "none", "false", "")
+
+
+def default_path() -> str:
+    """Where the ledger is when the config names none: `$STREAMPROXY_LEDGER` (a URL), else
+    `$XDG_STATE_HOME/streamproxy/ledger.db` (~/.local/state/streamproxy/ledger.db)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "streamproxy", "ledger.db")
+
+
+def default_url() -> str:
+    return os.environ.get("STREAMPROXY_LEDGER") or "sqlite://" + os.path.abspath(default_path())
+
+
+def kind(url: str) -> str:
+    """"sqlite", "postgresql", "memory" or "off"; LedgerURLError for anything else."""
+    lowered = url.strip().lower()
+    if lowered in OFF:
+        return "off"
+    if lowered.startswith("sqlite:"):
+        return "sqlite"
+    if lowered.startswith(("postgresql://", "postgres://")):
+        return "postgresql"
+    if lowered == "memory:":
+        return "memory"
+    raise LedgerURLError(f"{redact(url)!r} is not a ledger URL: use sqlite:///path/to/ledger.db, postgresql://..., or off")
+
+
+def sqlite_path(url: str) -> str:
+    """`sqlite:///abs/x.db` -> /abs/x.db; `sqlite:x.db` or `sqlite://x.db` -> x.db."""
+    rest = url.strip()[len("sqlite:"):]
+    if rest.startswith("///"):
+        return "/" + rest[3:]
+    if rest.startswith("//"):
+        return rest[2:]
+    if not rest:
+        raise LedgerURLError("a sqlite ledger URL needs a path: sqlite:///path/to/ledger.db")
+    return rest
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    userinfo, at, host = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}{':***' if ':' in userinfo else ''}@{host}"
+
+
+async def open_store(url: str) -> LedgerStore:
+    """The store `url` names, connected and migrated; LedgerURLError for a bad URL, and whatever the
+    database raises (OSError, sqlite3.Error, psycopg.Error) when it cannot be reached."""
+    which = kind(url)
+    store: LedgerStore
+    if which == "sqlite":
+        from streamproxy.ledger.sqlite import SqliteStore
+
+        store = SqliteStore(sqlite_path(url))
+    elif which == "postgresql":
+        from streamproxy.ledger.postgres import PostgresStore
+
+        store = PostgresStore(url)
+    elif which == "memory":
+        from streamproxy.ledger.memory import MemoryStore
+
+        store = MemoryStore()
+    else:
+        raise LedgerURLError("the ledger is off")
+    try:
+        await store.migrate()
+    except BaseException:
+        await store.close()
+        raise
+    return store

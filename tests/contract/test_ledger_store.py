@@ -1,0 +1,233 @@
+"""One suite over every `LedgerStore` (streamproxy/ledger/store.py): the fake, SQLite, PostgreSQL.
+
+SQLite in a temporary folder; PostgreSQL a real server from the PyPI package
+pgserver on 127.0.0.1 (`postgres_server`, one per session; a fresh database
+per test). Each test drives a store through the protocol only: migrate (and
+again: idempotent), write batches, page a deployment's records newest first
+with every filter, sum usage by every grouping; then what one store alone
+does (SQLite's WAL, a schema newer than the code, a batch the database
+refuses leaving nothing behind).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from streamproxy.ledger import schema
+from streamproxy.ledger.keys import KeyExists, StoredKey, hash_secret
+from streamproxy.ledger.memory import MemoryStore
+from streamproxy.ledger.records import Cursor, LedgerRecord, RequestQuery, UsageQuery, period_of
+from streamproxy.ledger.store import LedgerStore, open_store
+
+DAY_US = 86_400_000_000
+T0 = int(dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000  # an hour before December
+
+
+def rec(i: int, *, ts_us: int | None = None, deployment: str = "bot", key: str | None = "team-a", status: int = 200,
+        prompt: int | None = 10, cached: int | None = 2, completion: int | None = 5) -> LedgerRecord:
+    return LedgerRecord(
+        ts_us=T0 + i * 60_000_000 if ts_us is None else ts_us, request_id=f"req-{i}", deployment=deployment,
+        replica="http://127.0.0.1:8001", key_id=key, route="/v1/chat/completions", status=status,
+        error_code=None if status < 400 else "upstream_error", prompt_tokens=prompt, cached_prompt_tokens=cached,
+        completion_tokens=completion, usage_source="billed" if prompt is not None else "counted", ttft_ms=12.5,
+        duration_ms=40.25,
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[LedgerStore]:
+    if request.param == "memory":
+        url = "memory:"
+    elif request.param == "sqlite":
+        url = f"sqlite://{tmp_path}/ledger.db"
+    else:
+        url = request.getfixturevalue("postgres_server").database()
+    s = await open_store(url)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def all_pages(s: LedgerStore, query: RequestQuery) -> list[LedgerRecord]:
+    out: list[LedgerRecord] = []
+    cursor = None
+    for _ in range(1000):
+        page = await s.requests(_with(query, cursor))
+        out += page.data
+        assert page.has_more == (page.next_cursor is not None)
+        if not page.has_more:
+            return out
+        assert len(page.data) == query.limit
+        cursor = Cursor.decode(page.next_cursor)  # type: ignore[arg-type]
+    raise AssertionError("paging does not end")
+
+
+def _with(query: RequestQuery, cursor: Cursor | None) -> RequestQuery:
+    import dataclasses
+
+    return dataclasses.replace(query, cursor=cursor)
+
+
+async def test_migrate_is_idempotent_and_says_the_latest_version(store: LedgerStore) -> None:
+    assert await store.migrate() == schema.LATEST
+    assert await store.migrate() == schema.LATEST
+
+
+async def test_a_record_comes_back_as_it_was_written(store: LedgerStore) -> None:
+    written = [rec(1), rec(2, key=None, prompt=None, cached=None, completion=3, status=499)]
+    written[1].ttft_ms = None
+    written[1].error_code = "client_disconnected"
+    await store.write(written)
+    page = await store.requests(RequestQuery(deployment="bot"))
+    assert page.data == written[::-1]  # newest first, every field as written
+    assert (page.has_more, page.next_cursor) == (False, None)
+
+
+async def test_paging_returns_every_record_once_newest_first_also_with_ties_in_time(store: LedgerStore) -> None:
+    records = [rec(i, ts_us=T0 + (i // 3) * 1000) for i in range(53)]  # three records per µs timestamp
+    for start in range(0, 53, 10):
+        await store.write(records[start:start + 10])
+    got = await all_pages(store, RequestQuery(deployment="bot", limit=7))
+    assert sorted(r.request_id for r in got) == sorted(r.request_id for r in records)
+    assert len({r.request_id for r in got}) == 53
+    assert [r.ts_us for r in got] == sorted((r.ts_us for r in records), reverse=True)
+    # A record written between two pages does not shift the pages (it is newer than the cursor).
+    first = await store.requests(RequestQuery(deployment="bot", limit=10))
+    await store.write([rec(999, ts_us=T0 + 10 * DAY_US)])
+    second = await store.requests(RequestQuery(deployment="bot", limit=10, cursor=Cursor.decode(first.next_cursor or "")))
+    assert {r.request_id for r in first.data}.isdisjoint(r.request_id for r in second.data)
+    assert [r.request_id for r in (first.data + second.data)] == [r.request_id for r in got[:20]]
+
+
+async def test_filters_by_time_key_and_status_and_deployment(store: LedgerStore) -> None:
+    await store.write([
+        rec(0), rec(1, key="team-b"), rec(2, status=429), rec(3, status=502), rec(4, deployment="other"), rec(5, status=400),
+    ])
+
+    async def ids(**kw: object) -> list[str]:
+        page = await store.requests(RequestQuery(deployment=str(kw.pop("deployment", "bot")), **kw))  # type: ignore[arg-type]
+        return [r.request_id for r in page.data]
+
+    assert await ids() == ["req-5", "req-3", "req-2", "req-1", "req-0"]
+    assert await ids(deployment="other") == ["req-4"]
+    assert await ids(deployment="nobody") == []
+    assert await ids(key_id="team-b") == ["req-1"]
+    assert await ids(status=429) == ["req-2"]
+    assert await ids(status_class=4) == ["req-5", "req-2"]
+    assert await ids(status_class=2) == ["req-1", "req-0"]
+    # start inclusive, end exclusive
+    assert await ids(start_us=T0 + 60_000_000, end_us=T0 + 3 * 60_000_000) == ["req-2", "req-1"]
+
+
+async def test_usage_sums_equal_the_sums_of_the_records_in_every_grouping(store: LedgerStore) -> None:
+    records = [
+        rec(i, ts_us=T0 + i * 7 * 60_000_000 * 60, deployment=("bot", "other")[i % 2], key=("team-a", "team-b", None)[i % 3],
+            prompt=None if i % 5 == 0 else 10 + i, cached=None if i % 5 == 0 else i % 4, completion=i)
+        for i in range(40)
+    ]  # every 7 hours: over several days and two months (Nov 30 -> Dec)
+    await store.write(records[:25])
+    await store.write(records[25:])
+    end = T0 + 400 * DAY_US
+    for group_by in [(), ("deployment",), ("key",), ("day",), ("month",), ("deployment", "key", "day"), ("key", "month")]:
+        rows = await store.usage(UsageQuery(start_us=T0, end_us=end, group_by=group_by))  # type: ignore[arg-type]
+        expected: dict[tuple, list[int]] = {}
+        for r in records:
+            period = "day" if "day" in group_by else "month" if "month" in group_by else None
+            group = (r.deployment if "deployment" in group_by else None, r.key_id if "key" in group_by else None,
+                     period_of(r.ts_us, period) if period else None)
+            s = expected.setdefault(group, [0, 0, 0, 0])
+            s[0] += 1
+            s[1] += r.prompt_tokens or 0
+            s[2] += r.cached_prompt_tokens or 0
+            s[3] += r.completion_tokens or 0
+        got = {(u.deployment, u.key_id, u.period): [u.requests, u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens]
+               for u in rows}
+        assert got == expected, group_by
+        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in rows)
+        assert [(u.period or "", u.deployment or "", u.key_id or "") for u in rows] == sorted(
+            (u.period or "", u.deployment or "", u.key_id or "") for u in rows)
+    months = await store.usage(UsageQuery(start_us=T0, end_us=end, group_by=("month",)))
+    assert [m.period for m in months] == ["2026-11", "2026-12"]
+    assert (await store.usage(UsageQuery(start_us=T0, end_us=end, group_by=("day",))))[0].period == "2026-11-30"
+
+
+async def test_usage_filters_and_an_empty_range(store: LedgerStore) -> None:
+    await store.write([rec(0), rec(1, key="team-b"), rec(2, deployment="other")])
+    rows = await store.usage(UsageQuery(start_us=T0, end_us=T0 + DAY_US, group_by=("key",), deployment="bot"))
+    assert [(u.key_id, u.requests) for u in rows] == [("team-a", 1), ("team-b", 1)]
+    rows = await store.usage(UsageQuery(start_us=T0, end_us=T0 + DAY_US, group_by=(), key_id="team-a"))
+    assert [(u.requests, u.prompt_tokens, u.completion_tokens) for u in rows] == [(2, 20, 10)]
+    assert await store.usage(UsageQuery(start_us=0, end_us=T0, group_by=())) == []
+    assert await store.usage(UsageQuery(start_us=0, end_us=T0, group_by=("deployment",))) == []
+
+
+# -- one store alone ---------------------------------------------------------------------
+
+
+async def test_sqlite_is_in_wal_mode_and_readable_by_another_connection_while_open(tmp_path) -> None:
+    path = tmp_path / "ledger.db"
+    s = await open_store(f"sqlite://{path}")
+    try:
+        await s.write([rec(1)])
+        other = sqlite3.connect(path)
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert other.execute("SELECT request_id FROM ledger_requests").fetchall() == [("req-1",)]
+        assert other.execute("SELECT version FROM ledger_schema").fetchall() == [(schema.LATEST,)]
+        other.close()
+    finally:
+        await s.close()
+
+
+async def test_a_schema_newer_than_the_code_is_refused(tmp_path) -> None:
+    path = tmp_path / "ledger.db"
+    await (await open_store(f"sqlite://{path}")).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE ledger_schema SET version = ?", (schema.LATEST + 1,))
+    db.commit()
+    db.close()
+    with pytest.raises(schema.SchemaTooNew, match=f"version {schema.LATEST + 1}"):
+        await open_store(f"sqlite://{path}")
+
+
+async def test_a_batch_is_all_or_nothing(store: LedgerStore) -> None:
+    bad = rec(2)
+    bad.route = None  # type: ignore[assignment]  # NOT NULL: the database refuses the batch
+    if isinstance(store, MemoryStore):
+        pytest.skip("the fake stores what it is given")
+    with pytest.raises(Exception):
+        await store.write([rec(1), bad])
+    await store.write([rec(3)])  # the store still works after a refused batch
+    assert [r.request_id for r in (await store.requests(RequestQuery(deployment="bot"))).data] == ["req-3"]
+
+
+
+
+# -- keys made through the admin API ---------------------------------------------------------
+
+
+def stored(key_id: str, secret: str, **kw: object) -> StoredKey:
+    return StoredKey(id=key_id, hash=hash_secret(secret), deployments=["bot", "dep-x"], created=1_764_547_200, **kw)  # type: ignore[arg-type]
+
+
+async def test_keys_are_put_listed_and_revoked(store: LedgerStore) -> None:
+    a = stored("key-a", "sk-a", rpm=60, budget_tokens=1000, budget_period="month")
+    b = stored("key-b", "sk-b")
+    await store.put_key(a)
+    await store.put_key(b)
+    assert await store.list_keys() == [a, b]
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-a", "sk-other"))  # the same id
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-c", "sk-b"))  # the same secret
+    assert await store.revoke_key("key-a", 1_764_547_300) is True
+    assert await store.revoke_key("key-a", 1_764_547_400) is False  # once
+    assert await store.revoke_key("key-zzz", 1_764_547_400) is False
+    a.revoked = 1_764_547_300
+    assert await store.list_keys() == [a, b]  # the revoked with their time
+    with pytest.raises(KeyExists):
+        await store.put_key(stored("key-a", "sk-new"))  # a revoked key's id is not given again

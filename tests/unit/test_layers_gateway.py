@@ -1,0 +1,29 @@
+"""The gateway's import rules (ARCHITECTURE.md, "The gateway"), read as test_layers.py reads the others.
+
+Its sans-IO modules are fed bytes and clocks in tests: no aiohttp, asyncio, sockets or edge,
+and of the gateway only each other (and its metrics). No module of the gateway reaches an
+engine: replicas are reached over HTTP only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_layers import ENGINES, ROOT, modules, offending
+
+GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1")
+
+
+@pytest.mark.parametrize("name", GATEWAY_SANS_IO)
+def test_gateway_sans_io_modules_import_no_io(name: str) -> None:
+    path = ROOT / "streamproxy" / "gateway" / f"{name}.py"
+    allowed = {"streamproxy.gateway"} | {f"streamproxy.gateway.{n}" for n in (*GATEWAY_SANS_IO, "metrics")}
+    gateway_io = [m for m in offending(path, ("streamproxy.gateway",)) if m not in allowed]
+    assert offending(path, ("aiohttp", "asyncio", "socket", "streamproxy.http", "streamproxy.cli") + ENGINES) + gateway_io == []
+
+
+@pytest.mark.parametrize("path", modules("streamproxy/gateway"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_gateway_reaches_no_engine(path: Path) -> None:
+    assert offending(path, ("engine_adapter",) + ENGINES) == []
