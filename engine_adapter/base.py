@@ -386,7 +386,10 @@ class Engine(Protocol):
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]: ...
+        chat_template: str | None = None,
+    ) -> list[int]:
+        """The prompt's token ids, rendered by `chat_template` (None: the model's own template)."""
+        ...
 
     @property
     def tokenizer(self) -> Any:

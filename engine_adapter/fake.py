@@ -24,7 +24,9 @@ logprobs at most 20, like vLLM's default `--max-logprobs`, are on the stream
 from the start). The chat template puts `tools` (as JSON) before the
 messages, and `rendered` keeps what each render_chat call was given (and
 `template_kwargs` its chat_template_kwargs), so tests can see a tool-call
-round trip, or a thinking switch, reach the template.
+round trip, or a thinking switch, reach the template. A template given to
+`render_chat` (--chat-template, or a trusted request's) is rendered with Jinja
+as a real one, and its text is the prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import jinja2.sandbox
 import msgspec
 
 from .base import (
@@ -52,6 +55,13 @@ from .base import (
 from .fake_text import char, prompt_logprobs, release, sample_logprobs, script_words
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+def _text(content: Any) -> str:
+    """A message's content as the fake template shows it: a string, or the texts of a list of parts."""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text") or "") for part in content)
+    return content or ""
 
 
 class FakeScript(msgspec.Struct, kw_only=True):
@@ -192,10 +202,17 @@ class FakeEngine:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
         self.rendered.append((messages, tools))
         self.template_kwargs.append(chat_template_kwargs)
-        parts = [f"<|{m['role']}|>{m.get('content') or ''}\n" for m in messages]
+        if chat_template is not None:  # a template of the server's or the request's: Jinja, as a real one
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+            text = env.from_string(chat_template).render(
+                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
+            )
+            return self.encode(text)
+        parts = [f"<|{m['role']}|>{_text(m.get('content'))}\n" for m in messages]
         if tools:
             parts.insert(0, "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n")
         if add_generation_prompt and not continue_final_message:

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from engine_adapter.vllm_engine import VllmEngine
@@ -26,7 +27,8 @@ DEFAULT_CPU_KV_CACHE_GIB = 4
 
 
 def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
-    """vLLM's engine flags plus the server's own (added by `add_own_flags`)."""
+    """vLLM's engine flags, the server's own (added by `add_own_flags`), then every other front-end
+    flag of `vllm serve` as vLLM's own parser defines it (what each means here: streamproxy/frontend_flags.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -34,8 +36,56 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     p.add_argument("model_tag", nargs="?", default=None, help="model folder or hub id (same as --model)")
     AsyncEngineArgs.add_cli_args(p)
     add_own_flags(p)
+    group = p.add_argument_group("vLLM front end", "vllm serve's other front-end flags (see docs/flags-and-routes.md)")
+    taken = p._option_string_actions
+    for action in frontend_actions():
+        if not any(o in taken for o in action.option_strings):
+            group._add_action(action)
     p.set_defaults(model=None)
     return p
+
+
+@cache
+def frontend_actions() -> tuple[argparse.Action, ...]:
+    """The options of `vllm serve`'s parser (vLLM's `make_arg_parser`) that are not engine flags:
+    the front end's, with vLLM's own types, defaults and choices."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    engine_options = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False))._option_string_actions
+    serve = make_arg_parser(FlexibleArgumentParser(add_help=False))
+    return tuple(a for a in serve._actions if a.option_strings and not any(o in engine_options for o in a.option_strings))
+
+
+def frontend_defaults(ns: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's default of each front-end flag the parsed namespace has."""
+    return {a.dest: a.default for a in frontend_actions() if hasattr(ns, a.dest)}
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template as vLLM reads it: a file, the template itself, or the name of one of vLLM's
+    own templates (vllm/transformers_utils/chat_templates)."""
+    if value is None:
+        return None
+    from vllm.renderers.chat_utils import load_chat_template as vllm_load
+
+    try:
+        return vllm_load(value)
+    except Exception as exc:
+        raise SystemExit(f"--chat-template: {exc}") from None
+
+
+def import_tool_parser_plugin(path: str) -> None:
+    """--tool-parser-plugin: the file registers its parsers in vLLM's registry (as vllm serve does at start)."""
+    if not path:
+        return
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        ToolParserManager.import_tool_parser(path)
+    except Exception as exc:
+        raise SystemExit(f"--tool-parser-plugin {path!r} could not be imported: {exc}") from None
 
 
 def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool = False,
@@ -62,7 +112,11 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool 
     ns.model = model
     ns.served_model_name = ns.served_model_name or [model]
     _default_cpu_kv_cache(ns)
-    return VllmEngine(AsyncEngineArgs.from_cli_args(ns), ns.served_model_name, root=model, direct_outputs=direct_outputs,
+    engine_args = AsyncEngineArgs.from_cli_args(ns)
+    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
+
+    propagate_flash_late_interaction(ns, engine_args)  # --no-enable-flash-late-interaction, as vllm serve
+    return VllmEngine(engine_args, ns.served_model_name, root=model, direct_outputs=direct_outputs,
                       cpu_placement=cpu_placement, client=client)
 
 

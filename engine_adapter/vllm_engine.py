@@ -253,9 +253,11 @@ class VllmEngine:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
         text = self._tokenizer.apply_chat_template(
             messages,
+            chat_template=chat_template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,

@@ -42,9 +42,10 @@ def _fake_engine(settings: Settings) -> Engine:
     )
 
 
-def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[Settings, Engine]:
-    """Settings and engine from the command line; `client` (index, count, vLLM client config or None):
-    this process is one of `count` API servers (workers.py)."""
+def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
+    """`streamproxy serve`'s flags as settings (and the namespace the engine is built from), checked
+    as far as they can be before an engine exists. With vLLM, `vllm serve`'s front-end flags too:
+    refused or mapped onto ours (frontend_flags.py)."""
     argv = expand_config_file(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--engine", default=Settings().engine)
@@ -57,20 +58,63 @@ def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[
         _check_tool_flags(settings, vllm_parsers=False)
         _check_reasoning_flag(settings, vllm_parsers=False)
         _check_lora_modules(settings, lora_enabled=True)
-        return settings, _fake_engine(settings)
+        _check_front_end(settings)
+        return settings, ns
     if known.engine != "vllm":
         raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
     from engine_adapter import vllm_cli
+    from streamproxy import frontend_flags
 
     ns = vllm_cli.parser(lambda p: add_arguments(p, with_model_flags=False)).parse_args(argv)
     settings = settings_from_namespace(ns)
+    frontend_flags.apply(ns, vllm_cli.frontend_defaults(ns), settings)
+    vllm_cli.import_tool_parser_plugin(ns.tool_parser_plugin)
+    settings.chat_template = vllm_cli.load_chat_template(settings.chat_template)
     _check_tool_flags(settings, vllm_parsers=True)
     _check_reasoning_flag(settings, vllm_parsers=True)
     _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))
+    _check_front_end(settings)
+    return settings, ns
+
+
+def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[Settings, Engine]:
+    """Settings and engine from the command line; `client` (index, count, vLLM client config or None):
+    this process is one of `count` API servers (workers.py)."""
+    settings, ns = parse(argv)
+    if settings.engine == "fake":
+        return settings, _fake_engine(settings)
+    from engine_adapter import vllm_cli
+
     shared = client if client is not None and client[2] is not None else None
     engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, cpu_placement=settings.cpu_placement, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
+
+
+def _check_front_end(settings: Settings) -> None:
+    """vLLM's front-end flags we define ourselves: the chat template read now (a file or the
+    template itself), values with a fixed set of choices."""
+    from streamproxy.core.chat_template import CONTENT_FORMATS, load
+
+    if settings.chat_template_content_format not in CONTENT_FORMATS:
+        raise SystemExit(f"--chat-template-content-format must be one of {', '.join(CONTENT_FORMATS)}")
+    if settings.chat_template is not None:
+        try:
+            settings.chat_template = load(settings.chat_template)
+        except ValueError as exc:
+            raise SystemExit(f"--chat-template: {exc}") from None
+    from streamproxy.http.tls import TLSError, server_context
+
+    try:
+        server_context(settings)  # the files read now: a bad one stops the start before the engine loads
+    except TLSError as exc:
+        raise SystemExit(str(exc)) from None
+    if settings.uds and settings.api_server_count != 1:
+        raise SystemExit("--uds with --api-server-count above 1 is not supported (the workers share a TCP port)")
+    if settings.root_path:
+        settings.root_path = "/" + settings.root_path.strip("/")
+        if settings.root_path == "/":
+            settings.root_path = None
 
 
 def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
@@ -126,7 +170,27 @@ def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
     parser = argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
     ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
-    return settings_from_namespace(ns), config
+    settings = settings_from_namespace(ns)
+    defaults = Settings()
+    for name in SERVE_ONLY:
+        if getattr(settings, name) != getattr(defaults, name):
+            raise SystemExit(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
+    from streamproxy.http.tls import TLSError, server_context
+
+    try:  # the gateway listens through the same runner: TLS and --uds work there too
+        server_context(settings)
+    except TLSError as exc:
+        raise SystemExit(str(exc)) from None
+    return settings, config
+
+
+# vLLM's front-end flags that `serve` takes and the gateway does not (yet): refused there, never ignored.
+SERVE_ONLY = (
+    "root_path", "chat_template", "chat_template_content_format", "trust_request_chat_template", "response_role",
+    "return_tokens_as_token_ids", "enable_force_include_usage", "exclude_tools_when_tool_choice_none",
+    "enable_server_load_tracking", "enable_tokenizer_info_endpoint", "responses_store", "enable_log_outputs",
+    "max_log_len", "disable_fastapi_docs", "log_error_stack",
+)
 
 
 def _config_error(path: str, message: str) -> NoReturn:
@@ -164,12 +228,14 @@ def main(argv: list[str] | None = None) -> None:
             return
         settings, config = build_gateway(rest)
         logging.getLogger().setLevel(settings.log_level.upper())
+        _http_log_level(settings)
         from streamproxy.gateway.app import run_gateway
 
         run_gateway(settings, config)
         return
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())
+    _http_log_level(settings)
     if settings.api_server_count != 1:
         code = serve_workers(settings, engine, rest)
         if code:
@@ -178,6 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     from streamproxy.http.server import run
 
     run(settings, engine)
+
+
+def _http_log_level(settings: Settings) -> None:
+    """vLLM's --uvicorn-log-level: aiohttp's loggers here ("trace" is DEBUG)."""
+    if settings.http_log_level:
+        level = settings.http_log_level.upper()
+        logging.getLogger("aiohttp").setLevel("DEBUG" if level == "TRACE" else level)
 
 
 def serve_workers(settings: Settings, engine: Engine, argv: list[str]) -> int:

@@ -50,6 +50,7 @@ class Settings(msgspec.Struct, kw_only=True):
     max_concurrent_requests: int = 0  # 0: unlimited
     max_queued_requests: int = 0
     max_header_bytes: int = 16384  # per request line and per header field
+    max_header_count: int = 256  # header fields per request (vLLM's --h11-max-header-count default)
     # Client timeouts and the connection cap, named after nginx's directives and with its defaults (seconds).
     client_header_timeout: float = 60.0  # 0: none
     client_body_timeout: float = 60.0  # between two reads of the body; 0: none
@@ -64,6 +65,22 @@ class Settings(msgspec.Struct, kw_only=True):
     allow_credentials: bool = False
     # Observability.
     access_log: str = "stdout"  # stdout, stderr, a file path, or off
+    disable_access_log_for_endpoints: str | None = None  # vLLM's flag: comma-separated paths without a line
+    log_error_stack: bool = False
+    enable_log_outputs: bool = False  # vLLM's flag: the generated text in the access-log line
+    max_log_len: int | None = None  # vLLM's flag: at most this many characters of it per choice  # vLLM's flag: every error response is logged with its stack
+    http_log_level: str | None = None  # aiohttp's own loggers (vLLM's --uvicorn-log-level sets it)
+    # vLLM's front-end flags (streamproxy/frontend_flags.py): the path prefix of a path-routing proxy, no /openapi.json.
+    root_path: str | None = None
+    # TLS and a Unix socket, as vLLM's flags (streamproxy/http/tls.py).
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2: mutual TLS
+    ssl_ciphers: str | None = None
+    enable_ssl_refresh: bool = False
+    uds: str | None = None
+    disable_fastapi_docs: bool = False
     deprecated: list[str] = []  # "/route" or "/route#field", optionally "@YYYY-MM-DD"
     deprecation_link: str | None = None
     # Tool calling in tool_choice "auto" (as in vLLM): a parser for the model's tool-call syntax.
@@ -74,6 +91,18 @@ class Settings(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None
     reasoning_content_field: bool = True
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # Chat templates and answers, as vLLM's flags of the same names (streamproxy/core/chat_template.py).
+    chat_template: str | None = None
+    chat_template_content_format: str = "auto"
+    trust_request_chat_template: bool = False
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    enable_force_include_usage: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
+    enable_server_load_tracking: bool = False
+    enable_tokenizer_info_endpoint: bool = False
+    # Responses made with `store` kept for GET /v1/responses/{id} (0: none; apis/responses/store.py).
+    responses_store: int = 0
     # LoRA adapters served beside the model (as in vLLM): `name=path` or JSON objects (streamproxy/core/adapters.py).
     lora_modules: list[str] = []
     # Fake engine knobs (--engine fake).
@@ -120,6 +149,7 @@ _FLAG_HELP: dict[str, str] = {
     "max_concurrent_requests": "requests generated at once (0: no limit)",
     "max_queued_requests": "requests that may wait for a slot",
     "max_header_bytes": "longest request line or header field accepted (431 beyond)",
+    "max_header_count": "most header fields a request may have (431 beyond; vLLM's --h11-max-header-count)",
     "client_header_timeout": "seconds a client may take to send a request's headers (nginx's client_header_timeout; "
     "408 and close, or only a close if it sent nothing; 0: no limit)",
     "client_body_timeout": "seconds between two reads of a request body before the request ends (nginx's "
@@ -135,6 +165,20 @@ _FLAG_HELP: dict[str, str] = {
     "allowed_headers": "CORS: allowed request headers (default '*')",
     "allow_credentials": "CORS: allow credentials",
     "access_log": "JSON access log: stdout, stderr, a file path, or off",
+    "disable_access_log_for_endpoints": "comma-separated paths (e.g. /health,/metrics) that get no access-log line",
+    "enable_log_outputs": "put each request's generated text in its access-log line (`output`; as vLLM's flag)",
+    "max_log_len": "at most this many characters of a choice's text in the log (with --enable-log-outputs)",
+    "log_error_stack": "log every error response with its stack trace (as vLLM's flag)",
+    "http_log_level": "level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)",
+    "root_path": "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
+    "disable_fastapi_docs": "no GET /openapi.json (vLLM's flag)",
+    "ssl_keyfile": "TLS: the private key file (as vLLM's flag)",
+    "ssl_certfile": "TLS: the certificate (chain) file; serve HTTPS (as vLLM's flag)",
+    "ssl_ca_certs": "TLS: the CA certificates client certificates must chain to (as vLLM's flag)",
+    "ssl_cert_reqs": "TLS: client certificates: 0 not asked, 1 optional, 2 required (mutual TLS; as vLLM's flag)",
+    "ssl_ciphers": "TLS: cipher suites for TLS 1.2 and below (OpenSSL cipher list; as vLLM's flag)",
+    "enable_ssl_refresh": "TLS: reload the certificate files when they change (as vLLM's flag)",
+    "uds": "listen on this Unix socket path instead of --host/--port (as vLLM's flag)",
     "deprecated": "mark a route (/v1/completions) or field (/v1/chat/completions#max_tokens) deprecated, optionally @YYYY-MM-DD; repeatable",
     "deprecation_link": "URL sent as Link rel=deprecation with the Deprecation header",
     "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
@@ -146,6 +190,18 @@ _FLAG_HELP: dict[str, str] = {
     "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
     "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "
     "'{\"enable_thinking\": false}'); a request's own chat_template_kwargs win",
+    "chat_template": "the chat template: a file, or the template itself (as vLLM's flag); default: the model's",
+    "chat_template_content_format": "how message content reaches the template: string, openai (a list of parts) "
+    "or auto (read from the template), as vLLM's flag",
+    "trust_request_chat_template": "let a request bring its own chat_template (refused with a 400 otherwise, as vLLM)",
+    "response_role": "the role of the answer's message (as vLLM's flag)",
+    "return_tokens_as_token_ids": "logprobs name each token 'token_id:N' (as vLLM's flag)",
+    "enable_force_include_usage": "every answer carries usage, streams a usage chunk too (as vLLM's flag)",
+    "exclude_tools_when_tool_choice_none": "tool_choice none: the tools are not shown to the chat template (as vLLM's flag)",
+    "responses_store": "keep the last N responses made with store (OpenAI's default) for GET /v1/responses/{id} "
+    "(0: none, unless VLLM_ENABLE_RESPONSES_API_STORE=1, which keeps 1000, as vLLM's switch)",
+    "enable_tokenizer_info_endpoint": "serve GET /tokenizer_info (as vLLM's flag; it shows the chat template)",
+    "enable_server_load_tracking": "count requests in flight for GET /load (as vLLM's flag)",
     "lora_modules": "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "
     "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several per flag, or the flag repeated "
     "(vLLM engine: needs --enable-lora; VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 adds POST /v1/load_lora_adapter "
@@ -173,10 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
         if flag in taken:
             continue  # vLLM defines it (e.g. --log-level): its definition wins
         env_default = os.environ.get("STREAMPROXY_" + name.upper())
-        if name == "api_key":
-            parser.add_argument(flag, action="append", default=None, help=help_text)
-            continue
-        if name == "lora_modules":  # vLLM's form: several values per flag, each kept whole (JSON has commas)
+        if name in ("api_key", "lora_modules"):  # vLLM's form: several values per flag, each kept whole (JSON has commas)
             parser.add_argument(flag, nargs="+", action="append", default=None, help=help_text)
             continue
         if isinstance(default, list):
@@ -220,6 +273,15 @@ _FLAG_TYPE: dict[str, Any] = {
     "fake_crash_on": str,
     "tool_call_parser": str,
     "reasoning_parser": str,
+    "chat_template": str,
+    "root_path": str,
+    "ssl_keyfile": str,
+    "ssl_certfile": str,
+    "ssl_ca_certs": str,
+    "ssl_ciphers": str,
+    "uds": str,
+    "http_log_level": str,
+    "disable_access_log_for_endpoints": str,
     "default_chat_template_kwargs": _json_object,
 }
 
@@ -236,7 +298,7 @@ def settings_from_namespace(ns: argparse.Namespace) -> Settings:
     values = {f: getattr(ns, f) for f in Settings.__struct_fields__ if hasattr(ns, f)}
     defaults = Settings()
     for name, value in list(values.items()):
-        if isinstance(getattr(defaults, name), list) and name != "api_key":
+        if isinstance(getattr(defaults, name), list):
             if value is None:
                 del values[name]
             else:

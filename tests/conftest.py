@@ -67,7 +67,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     and engine flags as `engine_server`; its base URL once its /health is 200."""
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
-    args = ["--model", str(ensure_default_model(progress=False)), "--served-model-name", DEFAULT_MODEL_NAME, *VLLM_ENGINE_ARGS]
+    # --enable-scale-out: vLLM's render routes (test_vllm_routes_engine.py compares them), which it serves only with it.
+    args = ["--model", str(ensure_default_model(progress=False)), "--served-model-name", DEFAULT_MODEL_NAME, *VLLM_ENGINE_ARGS,
+            "--enable-scale-out"]
     with vllm_process(args, log_dir=tmp_path_factory.mktemp("vllm"), name="vllm", timeout=START_TIMEOUT, interval=0.5,
                       stop_timeout=60) as server:
         yield server.base

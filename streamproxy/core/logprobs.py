@@ -26,6 +26,9 @@ first, the first of them unscored: `null` in `token_logprobs` and
 vLLM's `prompt_logprobs` extra (`prompt_logprobs`), one entry per prompt
 token: `null` for the first, then `{"<token id>": {"logprob", "rank",
 "decoded_token"}}` holding the prompt's own token first and the top k.
+
+With `--return-tokens-as-token-ids` (`token_ids=True`) every token is named
+`token_id:N` instead of its text, and `bytes` are that name's, as vLLM sends them.
 """
 
 from __future__ import annotations
@@ -43,13 +46,23 @@ def _lp(value: float | None) -> float | None:
     return value if value is None or value > _FLOOR else _FLOOR
 
 
-def chat_entries(tokens: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+def _name(t: TokenLogprob, token_ids: bool) -> str:
+    return f"token_id:{t.token_id}" if token_ids else t.token
+
+
+def _bytes(t: TokenLogprob, token_ids: bool) -> list[int]:
+    return list(f"token_id:{t.token_id}".encode()) if token_ids else list(t.bytes)
+
+
+def chat_entries(tokens: Sequence[TokenLogprob], token_ids: bool = False) -> list[dict[str, Any]]:
     return [
         {
-            "token": t.token,
+            "token": _name(t, token_ids),
             "logprob": _lp(t.logprob),
-            "bytes": list(t.bytes),
-            "top_logprobs": [{"token": a.token, "logprob": _lp(a.logprob), "bytes": list(a.bytes)} for a in t.top],
+            "bytes": _bytes(t, token_ids),
+            "top_logprobs": [
+                {"token": _name(a, token_ids), "logprob": _lp(a.logprob), "bytes": _bytes(a, token_ids)} for a in t.top
+            ],
         }
         for t in tokens
     ]
@@ -62,11 +75,12 @@ def chat_choice_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
 class CompletionLogprobs:
     """One choice's legacy logprobs; `add` per step, and the running text offset."""
 
-    __slots__ = ("_decoder", "offset")
+    __slots__ = ("_decoder", "offset", "token_ids")
 
-    def __init__(self) -> None:
+    def __init__(self, token_ids: bool = False) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.offset = 0
+        self.token_ids = token_ids
 
     def add(self, tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
         out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -75,14 +89,14 @@ class CompletionLogprobs:
             # finishes one starts where that character does.
             out["text_offset"].append(self.offset)
             self.offset += len(self._decoder.decode(t.bytes))
-            out["tokens"].append(t.token)
+            out["tokens"].append(_name(t, self.token_ids))
             out["token_logprobs"].append(_lp(t.logprob))
             if t.logprob is None:  # a prompt's first token: nothing to score it by
                 out["top_logprobs"].append(None)
                 continue
-            top = {t.token: _lp(t.logprob)}
+            top = {_name(t, self.token_ids): _lp(t.logprob)}
             for a in t.top:
-                top.setdefault(a.token, _lp(a.logprob))
+                top.setdefault(_name(a, self.token_ids), _lp(a.logprob))
             out["top_logprobs"].append(top)
         return out
 

@@ -184,6 +184,11 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
 
 
 def _content_text(message: ChatMessage, index: int) -> str | None:
+    texts = _content_texts(message, index)
+    return texts if texts is None or isinstance(texts, str) else "\n".join(texts)
+
+
+def _content_texts(message: ChatMessage, index: int) -> str | list[str] | None:
     content = message.content
     if content is None or isinstance(content, str):
         return content
@@ -200,11 +205,12 @@ def _content_text(message: ChatMessage, index: int) -> str | None:
             )
         else:
             raise InvalidRequest(f"unknown content part type '{part.type}'", param=f"{where}.type")
-    return "\n".join(texts)
+    return texts
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Validate roles and flatten content into the dicts chat templates expect."""
+def chat_messages(messages: list[ChatMessage], content_format: str = "string") -> list[dict[str, Any]]:
+    """Validate roles and flatten content into the dicts chat templates expect: each message's
+    content one string, or with `content_format` "openai" a list of text parts (as vLLM passes them)."""
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     out: list[dict[str, Any]] = []
@@ -215,8 +221,13 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 param=f"messages[{i}].role",
             )
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
-        text = _content_text(m, i)
-        item["content"] = text if text is not None else ""
+        if content_format == "openai":
+            texts = _content_texts(m, i)
+            texts = [] if texts is None else [texts] if isinstance(texts, str) else texts
+            item["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            text = _content_text(m, i)
+            item["content"] = text if text is not None else ""
         if m.name is not None:
             item["name"] = m.name
         if m.tool_calls:

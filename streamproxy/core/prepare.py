@@ -26,11 +26,12 @@ from typing import Any
 from engine_adapter.base import Engine, GenerationParams
 from streamproxy.config import Settings
 from streamproxy.core import params as P
+from streamproxy.core.chat_template import content_format
 from streamproxy.core import structured as S
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.base import FilterFactory
 from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec
-from streamproxy.protocol.openai_chat import ChatCompletionRequest, TemplateRequest
+from streamproxy.protocol.openai_chat import ChatCompletionRequest, ChatMessage, TemplateRequest
 
 # A parser name that only lets `tool_plan` pass "auto" when counting tokens.
 _COUNTING = "(counting)"
@@ -45,21 +46,48 @@ class Prepared:
     window_capped: bool  # max_tokens was lowered to what the context leaves
 
 
+# vLLM's words for a request that brings its own template to a server that does not trust them.
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
+def template_for(settings: Settings, req: TemplateRequest) -> str | None:
+    """The template `req` renders with: its own `chat_template` (only with
+    --trust-request-chat-template, else a 400 as in vLLM), else --chat-template, else the model's (None)."""
+    kwargs = req.chat_template_kwargs
+    own = req.chat_template if req.chat_template is not None else (kwargs or {}).get("chat_template")
+    if own is not None:
+        if not settings.trust_request_chat_template:
+            raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+        return str(own)
+    return settings.chat_template
+
+
 def render_prompt(
+    settings: Settings,
     engine: Engine,
-    messages: list[dict[str, Any]],
+    messages: list[ChatMessage],
     req: TemplateRequest,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The chat template's token ids; `template_kwargs` None means the request's own."""
+    template = template_for(settings, req)
+    kwargs = req.chat_template_kwargs if template_kwargs is None else template_kwargs
+    if kwargs and "chat_template" in kwargs:  # the template is chosen above, never through the kwargs
+        kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
+    fmt = content_format(settings.chat_template_content_format, template or engine.info.chat_template)
+    dicts = P.chat_messages(messages, fmt)
     try:
         return engine.render_chat(
-            messages,
+            dicts,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             tools=tools,
-            chat_template_kwargs=req.chat_template_kwargs if template_kwargs is None else template_kwargs,
+            chat_template_kwargs=kwargs,
+            chat_template=template,
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidRequest(f"the chat template could not render these messages: {exc}", param="messages") from exc
@@ -84,7 +112,10 @@ def prompt(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, co
     auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
     plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None), no_parser=_NO_PARSER if settings.enable_auto_tool_choice else None)
     kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
-    ids = render_prompt(engine, P.chat_messages(req.messages), req, plan.tools if plan is not None else None, kwargs)
+    tools = plan.tools if plan is not None else None
+    if tools and settings.exclude_tools_when_tool_choice_none and req.tool_choice == "none":
+        tools = None  # --exclude-tools-when-tool-choice-none: the template does not see them (as vLLM)
+    ids = render_prompt(settings, engine, req.messages, req, tools, kwargs)
     return plan, ids
 
 

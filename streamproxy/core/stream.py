@@ -118,6 +118,7 @@ class ChunkEncoder:
     finish_body = b""  # the choice body of the finish chunk, before the reason
     # The end of the common chunk after its JSON text (text_close, null logprobs and finish, closing braces).
     _text_tail = b""
+    token_ids = False  # --return-tokens-as-token-ids: logprobs name tokens `token_id:N`
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -334,16 +335,18 @@ class ChatStreamEncoder(ChunkEncoder):
         return b'"delta":{"tool_calls":[' + _dumps(call) + b"]}"
 
     def _logprobs_json(self, choice: _ChoiceState) -> bytes:
-        entries = chat_entries(choice.logprobs)
+        entries = chat_entries(choice.logprobs, self.token_ids)
         choice.logprobs = []
         return b'{"content":' + _dumps(entries) + b',"refusal":null}'
 
     # The role chunk's content: "" (text may follow), or null when the answer
     # is known to be tool calls (tool_choice required or named), as OpenAI sends.
     role_content = b'""'
+    # The answer's role (--response-role), as JSON.
+    role = b'"assistant"'
 
     def start(self) -> bytes:
-        role = b'"delta":{"role":"assistant","content":' + self.role_content + b'},"logprobs":null,"finish_reason":null'
+        role = b'"delta":{"role":' + self.role + b',"content":' + self.role_content + b'},"logprobs":null,"finish_reason":null'
         return b"".join([opening + role + self._close() for opening in self._choice_open])
 
 
@@ -355,7 +358,7 @@ class CompletionStreamEncoder(ChunkEncoder):
 
     def _logprobs_json(self, choice: _ChoiceState) -> bytes:
         if choice.legacy is None:
-            choice.legacy = CompletionLogprobs()
+            choice.legacy = CompletionLogprobs(self.token_ids)
         data = choice.legacy.add(choice.logprobs)
         choice.logprobs = []
         return _dumps(data)

@@ -293,7 +293,7 @@ async def open_ledger(config: GatewayConfig) -> Ledger | None:
 
 async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
     ledger = await open_ledger(config)
-    listener = accesslog.configure(settings.access_log)
+    listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     app = create_gateway_app(settings, config, ledger)
     for d in config.deployments:
         if d.launch is not None:

@@ -7,15 +7,17 @@ the error middleware: the error code), and when the handler returns, raises
 or is cancelled (the client went away), `observe` writes the line and counts
 the response, once. Nothing here runs per token.
 
-The line has no prompt or completion text and never a header value, so no
-API key can reach it; `path` is the path only (no query string). It goes to
+The line has no prompt or completion text (the completion's only with
+`--enable-log-outputs`, vLLM's flag, at most `--max-log-len` characters per
+choice) and never a header value, so no API key can reach it; `path` is the path only (no query string). It goes to
 `configure()`'s `BatchWriter`: a line costs the event loop one list append,
 and one background thread writes the lines to stdout, stderr or a file in
 batches (waking once per batch, at most every `FLUSH_INTERVAL` s), so a slow
 sink never blocks the loop and a busy server does not hand the GIL to a
 logging thread per request. Handlers added to the `streamproxy.access` logger
 (an embedding application's, the tests') get each line as a record too.
-aiohttp's own access log is off (server.py).
+aiohttp's own access log is off (server.py). Paths named by
+`--disable-access-log-for-endpoints` (vLLM's flag) get no line.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Record:
     __slots__ = (
         "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
         "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
-        "deployment", "upstream", "key_id", "usage_source",
+        "deployment", "upstream", "key_id", "usage_source", "outputs",
     )
 
     def __init__(self, request_id: str, start: float) -> None:
@@ -87,6 +89,8 @@ class Record:
         self.upstream: str | None = None
         self.key_id: str | None = None
         self.usage_source: str | None = None
+        # --enable-log-outputs: the generated text per choice (cut to --max-log-len).
+        self.outputs: list[str] | None = None
 
     def first_token(self, now: float) -> None:
         """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
@@ -180,7 +184,7 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
         REQUEST_DURATION.observe(duration)
         if rec.ttfb is not None:
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
-    if enabled():
+    if enabled() and request.path not in QUIET_PATHS:
         write(line(request, rec, status, duration))
     hook = request.app.get(ON_FINISH)
     if hook is not None:
@@ -230,6 +234,8 @@ def line(request: web.Request, rec: Record, status: int, duration: float) -> str
     }
     if PID is not None:
         fields["pid"] = PID
+    if rec.outputs is not None:
+        fields["output"] = rec.outputs[0] if len(rec.outputs) == 1 else rec.outputs
     if rec.deployment is not None:
         fields.update(
             deployment=rec.deployment, upstream=rec.upstream, key_id=rec.key_id,
@@ -245,6 +251,8 @@ FLUSH_INTERVAL = 0.05
 ATOMIC_WRITE = 4096
 
 _writer: BatchWriter | None = None
+# Paths that get no line (--disable-access-log-for-endpoints).
+QUIET_PATHS: frozenset[str] = frozenset()
 
 
 def enabled() -> bool:
@@ -382,9 +390,11 @@ def _whole_lines(lines: list[str], limit: int) -> list[str]:
     return chunks
 
 
-def configure(target: str) -> BatchWriter | None:
-    """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off")."""
-    global _writer
+def configure(target: str, quiet: str | None = None) -> BatchWriter | None:
+    """Send access-log lines to `target` ("stdout", "stderr", a file path, or "off"), none for the
+    comma-separated paths `quiet`."""
+    global _writer, QUIET_PATHS
+    QUIET_PATHS = frozenset(p.strip() for p in (quiet or "").split(",") if p.strip())
     if _writer is not None:
         _writer.stop()
         _writer = None

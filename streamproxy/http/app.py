@@ -72,6 +72,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except APIError as exc:
+        state = request.app.get(STATE_KEY)  # (the gateway's app shares this middleware, without a state)
+        if state is not None and state.settings.log_error_stack:  # vLLM's --log-error-stack
+            log.error("error response %d on %s %s: %s", exc.status, request.method, request.path, exc.message, exc_info=exc)
         return _error(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -156,6 +159,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
                 settings.api_key,
                 protect_health=settings.health_requires_api_key,
                 protect_metrics=settings.metrics_requires_api_key,
+                root_path=settings.root_path,
             )
         )
     elif settings.health_requires_api_key or settings.metrics_requires_api_key:

@@ -7,6 +7,9 @@ values). `/health`, `/metrics` and `/version` stay open unless
 `--health-requires-api-key` / `--metrics-requires-api-key` close the first two
 (a load balancer's probe or a Prometheus scraper then sends the key too).
 CORS preflights (`OPTIONS`) pass: browsers never send credentials on them.
+`/invocations` (vLLM's SageMaker route, which vLLM leaves open although it
+generates) needs the key too. Under `--root-path` the same rules apply to
+the prefixed paths.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from streamproxy.errors import AuthenticationError
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -30,13 +33,17 @@ def presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def make_auth_middleware(keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False) -> Middleware:
+def make_auth_middleware(
+    keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False, root_path: str | None = None
+) -> Middleware:
     encoded = [k.encode() for k in keys]
     exact = frozenset(p for p, on in (("/health", protect_health), ("/metrics", protect_metrics)) if on)
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
+        if root_path and path.startswith(root_path + "/"):
+            path = path[len(root_path) :]
         if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
             presented = presented_key(request)
             candidate = (presented or "").encode()

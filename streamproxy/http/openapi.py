@@ -37,7 +37,7 @@ from streamproxy.apis.anthropic import protocol as anthropic
 from streamproxy.apis.responses import protocol as responses
 from streamproxy.errors import ErrorEnvelope
 from streamproxy.http.state import VERSION
-from streamproxy.protocol import embeddings, lora, openai_chat, openai_completions, tokenize
+from streamproxy.protocol import embeddings, lora, openai_chat, openai_completions, render, tokenize
 from streamproxy.protocol.common import HealthStatus, ModelCard, ModelList, VersionInfo
 
 SSE = "text/event-stream"
@@ -76,6 +76,7 @@ class Operation:
     tag: str = "OpenAI"
     also: tuple[int, ...] = ()  # statuses other than 200 and the errors, with the 200's body
     statuses: tuple[ErrorStatus, ...] = ()  # error statuses described one by one
+    array: bool = False  # a 200's JSON body is a list of `response`
     query: tuple[QueryParam, ...] = ()  # the query string's parameters
 
 
@@ -89,11 +90,20 @@ OPERATIONS: tuple[Operation, ...] = (
               embeddings.EmbeddingList),
     Operation("post", "/v1/responses", "Create a model response (Responses API)", responses.ResponsesRequest,
               responses.Response, stream="named events (`event: response.created` ... `response.completed`), as OpenAI's Responses API"),
+    Operation("get", "/v1/responses/{response_id}", "Retrieve a response kept by the server's response store "
+              "(--responses-store)", response=responses.Response),
+    Operation("post", "/v1/responses/{response_id}/cancel", "Cancel a background response (none here: a kept "
+              "response is finished, a 400)", response=responses.Response),
     Operation("post", "/v1/messages", "Create a message (Anthropic Messages API)", anthropic.MessagesRequest, anthropic.Message,
               stream="named events (`event: message_start` ... `message_stop`), as Anthropic's Messages API",
               errors=anthropic.ErrorEnvelope, tag="Anthropic"),
     Operation("post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic Messages API)",
               anthropic.CountTokensRequest, anthropic.TokenCount, errors=anthropic.ErrorEnvelope, tag="Anthropic"),
+    Operation("post", "/v1/chat/completions/render", "The prompt's token ids and sampling parameters a chat completion "
+              "would generate from, without generating (vLLM)", openai_chat.ChatCompletionRequest, render.RenderedRequest, tag="vLLM"),
+    Operation("post", "/v1/completions/render", "The prompts' token ids and sampling parameters a completion would "
+              "generate from, one per prompt, without generating (vLLM)", openai_completions.CompletionRequest,
+              render.RenderedRequest, tag="vLLM", array=True),
     Operation("get", "/v1/models", "List the served models", response=ModelList),
     Operation("get", "/v1/models/{model_id}", "Retrieve a served model", response=ModelCard),
     *(
@@ -108,6 +118,16 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation("get", "/health", "Readiness: 200 once the engine is ready, 503 while it loads or after it died",
               response=HealthStatus, tag="Server", also=(503,)),
+    *(
+        Operation(method, "/ping", "Readiness as vLLM's SageMaker route answers it: 200 (empty) once the engine is "
+                  "ready, 503 while it loads or after it died", media="text/plain", tag="vLLM", also=(503,))
+        for method in ("get", "post")
+    ),
+    Operation("post", "/invocations", "SageMaker's inference route (vLLM): a body with `messages` is a chat completion, "
+              "with `prompt` a completion, with `input` an embedding (embedding models)", media="application/json",
+              stream="as the route the body is dispatched to", tag="vLLM"),
+    Operation("get", "/load", "Generation requests in flight (with --enable-server-load-tracking; else 0) (vLLM)",
+              response=render.ServerLoad, tag="vLLM"),
     Operation("get", "/version", "The server's version", response=VersionInfo, tag="Server"),
     Operation("get", "/metrics", "Prometheus metrics (vLLM's and the server's)", media=METRICS, tag="Server"),
     Operation("get", "/openapi.json", "This document", media="application/json", tag="Server"),
@@ -120,8 +140,14 @@ LORA_OPERATIONS: tuple[Operation, ...] = (
               media="text/plain", tag="vLLM"),
 )
 
+# Only with --enable-tokenizer-info-endpoint, as in vLLM.
+TOKENIZER_INFO_OPERATIONS: tuple[Operation, ...] = (
+    Operation("get", "/tokenizer_info", "The tokenizer's configuration and class, and --chat-template (vLLM)",
+              media="application/json", tag="vLLM"),
+)
+
 # Path parameters, by name: what they are.
-PARAMETERS = {"model_id": "A served model's name"}
+PARAMETERS = {"model_id": "A served model's name", "response_id": "A response's id (resp_...)"}
 
 
 def _types(operations: Iterable[Operation]) -> list[type]:
@@ -140,7 +166,7 @@ _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying"
 
 def _operation(op: Operation, refs: dict[type, dict[str, Any]], parameters: Mapping[str, str]) -> dict[str, Any]:
     if op.response is not None:
-        content = _json_content(refs[op.response])
+        content = _json_content({"type": "array", "items": refs[op.response]} if op.array else refs[op.response])
     else:
         content = {(op.media or "application/json").split(";")[0]: {"schema": {"type": "object"} if op.media == "application/json" else {"type": "string"}}}
     ok: dict[str, Any] = {"description": "OK", "content": content}
@@ -201,10 +227,10 @@ def build_document(
     }
 
 
-def build(lora_routes: bool = False) -> dict[str, Any]:
+def build(lora_routes: bool = False, tokenizer_info: bool = False) -> dict[str, Any]:
     """serve's OpenAPI document as a dict (a fresh one on every call; `document()` caches the bytes)."""
     return build_document(
-        OPERATIONS + (LORA_OPERATIONS if lora_routes else ()),
+        OPERATIONS + (LORA_OPERATIONS if lora_routes else ()) + (TOKENIZER_INFO_OPERATIONS if tokenizer_info else ()),
         title="streamproxy",
         description="OpenAI-compatible (and Anthropic Messages) streaming server. Request bodies ignore unknown fields.",
         key_note="Only when the server runs with --api-key",
@@ -212,13 +238,16 @@ def build(lora_routes: bool = False) -> dict[str, Any]:
 
 
 @cache
-def document(lora_routes: bool = False) -> bytes:
-    return msgspec.json.encode(build(lora_routes))
+def document(lora_routes: bool = False, tokenizer_info: bool = False) -> bytes:
+    return msgspec.json.encode(build(lora_routes, tokenizer_info))
 
 
 # Set by routes.add_routes when it adds the run-time LoRA routes.
 LORA_ROUTES_KEY: web.AppKey[bool] = web.AppKey("lora_routes", bool)
+TOKENIZER_INFO_KEY: web.AppKey[bool] = web.AppKey("tokenizer_info", bool)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.Response(body=document(request.app.get(LORA_ROUTES_KEY, False)), content_type="application/json")
+    app = request.app
+    body = document(app.get(LORA_ROUTES_KEY, False), app.get(TOKENIZER_INFO_KEY, False))
+    return web.Response(body=body, content_type="application/json")

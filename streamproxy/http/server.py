@@ -60,7 +60,7 @@ from aiohttp.web_server import Server
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
-from streamproxy.http import accesslog
+from streamproxy.http import accesslog, tls
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
 from streamproxy.http.connection import ConnectionServer, Limits
 from streamproxy.http.drain import INFLIGHT_KEY
@@ -97,6 +97,7 @@ def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> Runn
         shutdown_timeout=DRAIN_GRACE,
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
+        max_headers=settings.max_header_count,
         **kwargs,
     )
 
@@ -126,7 +127,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
     engine failure hangs. `sock`: a listening socket from the parent (one of --api-server-count
     workers, streamproxy/workers.py) instead of binding host:port."""
-    listener = accesslog.configure(settings.access_log)
+    listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     if sock is not None:
         accesslog.PID = os.getpid()  # the log says which of the workers served each request
     app = create_app(settings, engine)
@@ -209,13 +210,19 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
     if sock is not None:
         loop.add_signal_handler(signal.SIGUSR1, engine_lost, app[STATE_KEY].engine, "the shared engine core died")
     freezer: asyncio.Task[None] | None = None
+    refresher: asyncio.Task[None] | None = None
     try:
         await runner.setup()
         site: web.BaseSite
-        if sock is None:
-            site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048)
+        ctx = tls.server_context(settings)
+        if sock is not None:
+            site = web.SockSite(runner, sock, backlog=2048, ssl_context=ctx)
+        elif settings.uds:
+            site = web.UnixSite(runner, settings.uds, backlog=2048, ssl_context=ctx)
         else:
-            site = web.SockSite(runner, sock, backlog=2048)
+            site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048, ssl_context=ctx)
+        if ctx is not None and settings.enable_ssl_refresh:
+            refresher = asyncio.create_task(tls.Refresher(ctx, settings).run(), name="tls-refresh")
         await site.start()
         log.info("listening on %s (pid %d)", site.name, os.getpid())
         limits = runner.limits
@@ -231,8 +238,9 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
             on_stop(signals[0] if signals else 0)
         await drain(runner, app, settings.drain_timeout)
     finally:
-        if freezer is not None:
-            freezer.cancel()
+        for task in (freezer, refresher):
+            if task is not None:
+                task.cancel()
         await runner.cleanup()
         for sig in (*handled, *((signal.SIGUSR1,) if sock is not None else ())):
             loop.remove_signal_handler(sig)

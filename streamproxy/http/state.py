@@ -18,6 +18,7 @@ from aiohttp import web
 
 from engine_adapter.base import Adapter, Engine
 from streamproxy.config import Settings
+from streamproxy.apis.responses.store import ResponseStore, size_from
 from streamproxy.core.adapters import AdapterRegistry
 from streamproxy.errors import EngineDead, EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
 from streamproxy.http.admission import Admission
@@ -44,6 +45,7 @@ class AppState:
         # loads and unloads take the lock one at a time (vLLM: a lock per name).
         self.adapters = AdapterRegistry(engine.info.served_names)
         self.adapter_lock = asyncio.Lock()
+        self.responses = ResponseStore(size_from(settings.responses_store))
 
     def claim_engine_id(self, request_id: str) -> str:
         """The engine request id for a request: its X-Request-Id, made unique

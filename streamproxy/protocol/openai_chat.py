@@ -24,6 +24,8 @@ class TemplateRequest(Protocol):
     def continue_final_message(self) -> bool: ...
     @property
     def chat_template_kwargs(self) -> dict[str, Any] | None: ...
+    @property
+    def chat_template(self) -> str | None: ...
 
 class ContentPart(msgspec.Struct):
     type: str
@@ -89,6 +91,8 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # The request's own template: only with --trust-request-chat-template (core.prepare.template_for).
+    chat_template: str | None = None
     # Reasoning models: an effort turns thinking on (params.template_kwargs).
     reasoning_effort: str | None = None
     # Tool calling (params.tool_plan) and structured outputs (params.structured_outputs).

@@ -19,6 +19,7 @@ class TokenizeRequest(msgspec.Struct):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
     tools: list[Any] | None = None
     return_token_strs: bool = False
 

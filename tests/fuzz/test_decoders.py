@@ -82,7 +82,7 @@ def embed(body: bytes) -> None:
 def tokenize_(body: bytes) -> None:
     req = decode(body, tokenize.decode_tokenize)
     if req.messages is not None:
-        render_prompt(ENGINE, P.chat_messages(req.messages), req)
+        render_prompt(SETTINGS, ENGINE, req.messages, req)
 
 
 def detokenize(body: bytes) -> None:

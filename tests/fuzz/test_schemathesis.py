@@ -30,9 +30,13 @@ from tests.support.server import fake_server
 OPERATIONS = [(op.method.upper(), op.path) for op in openapi.OPERATIONS]
 
 
+_WITH_BODY = {(op.method.upper(), op.path) for op in openapi.OPERATIONS if op.request is not None}
+
+
 def _breakable(method: str, path: str) -> bool:
-    """Negative data needs something to break: a body (a string path parameter cannot be broken)."""
-    return method == "POST"
+    """Negative data needs something to break: a body (a string path parameter cannot be broken;
+    POST /ping and /invocations document none)."""
+    return (method, path) in _WITH_BODY
 
 
 CASES = [

@@ -31,6 +31,7 @@ def serve(aiohttp_client: Any) -> Serve:
         served_names: list[str] | None = None,
         wait_ready: bool = True,
         chat_template: str | None = None,
+        template: str | None = None,
         **settings: Any,
     ) -> tuple[Any, FakeEngine]:
         engine = FakeEngine(
@@ -40,7 +41,8 @@ def serve(aiohttp_client: Any) -> Serve:
             served_names=served_names,
             chat_template=chat_template,
         )
-        app = create_app(Settings(engine="fake", **settings), engine)
+        # `chat_template`: the model's own (the fake engine's); `template`: the server's --chat-template.
+        app = create_app(Settings(engine="fake", chat_template=template, **settings), engine)
         client = await aiohttp_client(app)
         if wait_ready:
             assert await wait_until(lambda: engine.state == "ready", timeout=5.0), engine.state

@@ -74,11 +74,14 @@ class ServerProcess:
     def __init__(
         self, args: Sequence[str], log_dir: Path, name: str = "server", env: dict[str, str] | None = None, *,
         command: str | None = "serve", port: int | None = None, module: str = "streamproxy", new_session: bool = False,
+        tls: tuple[str, tuple[str, str] | None] | None = None,
     ) -> None:
         self.args = list(args)
         self.command = command
         self.port = port or free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        # `tls`: (the CA file to trust, the client's (cert, key) or None): an HTTPS server.
+        self.tls = tls
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.stdout_path = log_dir / f"{name}.out"
         self.stderr_path = log_dir / f"{name}.err"
         environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -104,7 +107,10 @@ class ServerProcess:
         if self.proc.poll() is not None:
             raise ServerFailed(f"server exited with {self.proc.returncode}", self.log())
         try:
-            return requests.get(self.base + "/health", timeout=2).status_code == 200
+            if self.tls is None:
+                return requests.get(self.base + "/health", timeout=2).status_code == 200
+            ca, cert = self.tls
+            return requests.get(self.base + "/health", timeout=2, verify=ca, cert=cert).status_code == 200
         except requests.RequestException:
             return False
 
@@ -132,13 +138,13 @@ class ServerProcess:
 def start_server(
     args: Sequence[str], log_dir: Path, *, name: str = "server", timeout: float = 30.0, interval: float = 0.05,
     env: dict[str, str] | None = None, attempts: int = 3, command: str | None = "serve", port: int | None = None,
-    module: str = "streamproxy",
+    module: str = "streamproxy", tls: tuple[str, tuple[str, str] | None] | None = None,
 ) -> ServerProcess:
     """A started and ready server; the caller stops it (`ServerProcess.stop`). With `port`, every
     attempt is on that port (a restart where the last one listened)."""
     for attempt in range(attempts):
         server = ServerProcess(args, log_dir, name if attempt == 0 else f"{name}-{attempt}", env, command=command, port=port,
-                               module=module)
+                               module=module, tls=tls)
         try:
             server.wait_ready(timeout, interval)
             return server
@@ -164,12 +170,12 @@ def start_gateway(
 def serve_process(
     args: Sequence[str], *, log_dir: Path | None = None, name: str = "server", timeout: float = 30.0,
     interval: float = 0.05, stop_timeout: float = 10.0, env: dict[str, str] | None = None, command: str | None = "serve",
-    module: str = "streamproxy",
+    module: str = "streamproxy", tls: tuple[str, tuple[str, str] | None] | None = None,
 ) -> Iterator[ServerProcess]:
-    """A ready server for the `with` block, stopped after it."""
+    """A ready server for the `with` block, stopped after it (`tls`: see ServerProcess)."""
     with tempfile.TemporaryDirectory(prefix="streamproxy-test-") as tmp:
         server = start_server(args, log_dir or Path(tmp), name=name, timeout=timeout, interval=interval, env=env,
-                              command=command, module=module)
+                              command=command, module=module, tls=tls)
         try:
             yield server
         finally:

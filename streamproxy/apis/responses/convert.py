@@ -60,7 +60,7 @@ _ROLES = ("user", "assistant", "system", "developer")
 def _stateless(field: str, what: str) -> InvalidRequest:
     return InvalidRequest(
         f"'{field}' is not supported: this server does not store {what}. "
-        "Send the whole conversation in 'input' instead ('store' is accepted and ignored).",
+        "Send the whole conversation in 'input' instead ('store' only keeps a response for GET /v1/responses/{id}).",
         param=field,
     )
 

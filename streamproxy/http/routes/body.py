@@ -27,10 +27,15 @@ from streamproxy.http import accesslog, deprecation
 
 T = TypeVar("T")
 
+# A body a dispatching route (/invocations) has read already, for the route it hands the request to.
+PRELOADED: web.RequestKey[bytes] = web.RequestKey("preloaded_body", bytes)
+
 
 async def read_body(request: web.Request) -> bytes:
     """`request.read()` without its cache: the request object (alive as long as a
     stream is) does not keep the raw body once it has been decoded."""
+    if PRELOADED in request:
+        return request.pop(PRELOADED)
     limit = request.client_max_size
     declared = request.content_length
     if limit and declared is not None and declared > limit:

@@ -40,12 +40,12 @@ from streamproxy.protocol.openai_chat import (
 _encode = msgspec.json.Encoder().encode
 
 
-def _message(acc: ChoiceAccumulator, i: int, reasoning_content: bool) -> ResponseMessage:
+def _message(acc: ChoiceAccumulator, i: int, reasoning_content: bool, role: str) -> ResponseMessage:
     calls = acc.tool_calls(i)
     text = acc.text(i)
     thinking = acc.reasoning(i)
     return ResponseMessage(
-        role="assistant",
+        role=role,
         # Only tool calls: content is null, as OpenAI sends it.
         content=(text or None) if calls else text,
         refusal=None,
@@ -86,13 +86,17 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
         created=int(time.time()),
         model=req.model or engine.info.name,
         n=prep.params.n,
-        include_usage=bool(options and options.include_usage),
+        # --enable-force-include-usage: a usage chunk whether asked for or not (as vLLM).
+        include_usage=state.settings.enable_force_include_usage or bool(options and options.include_usage),
         continuous_usage=bool(options and options.continuous_usage_stats),
         filters=prep.filters,
         logprobs=prep.params.logprobs is not None,
         forced_call=prep.forced_call,
         reasoning_content=state.settings.reasoning_content_field,
         gen=gen if prep.params.prompt_logprobs is not None else None,
+        # vLLM's rule: --response-role when the template adds the generation prompt, else the last message's role.
+        role=state.settings.response_role if req.add_generation_prompt else req.messages[-1].role,
+        token_ids=state.settings.return_tokens_as_token_ids,
     )
     return {
         "gen": gen,
@@ -122,6 +126,8 @@ class _ChatOutput:
     forced_call: bool
     reasoning_content: bool
     gen: generation.Generation | None  # when the prompt's logprobs were asked for: where they come from
+    role: str
+    token_ids: bool  # --return-tokens-as-token-ids
 
     def encoder(self) -> ChatStreamEncoder:
         enc = ChatStreamEncoder(
@@ -138,6 +144,8 @@ class _ChatOutput:
         if self.forced_call:
             enc.role_content = b"null"
         enc.reasoning_content = self.reasoning_content
+        enc.role = _encode(self.role)
+        enc.token_ids = self.token_ids
         return enc
 
     def accumulator(self) -> ChoiceAccumulator:
@@ -147,9 +155,9 @@ class _ChatOutput:
         choices = []
         for i in range(self.n):
             lp = acc.logprobs(i)
-            logprobs = chat_choice_logprobs(chat_entries(lp)) if lp is not None else None
+            logprobs = chat_choice_logprobs(chat_entries(lp, self.token_ids)) if lp is not None else None
             choices.append(
-                ChatChoice(index=i, message=_message(acc, i, self.reasoning_content), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
+                ChatChoice(index=i, message=_message(acc, i, self.reasoning_content, self.role), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
             )
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
         answer = ChatCompletion(

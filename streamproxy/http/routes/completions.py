@@ -27,6 +27,7 @@ from streamproxy.core import completion as C
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
+from streamproxy.config import Settings
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
@@ -53,7 +54,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "(--max-concurrent-requests); send fewer per request",
             param="prompt",
         )
-    out = _Output(req, engine.info.name, request[REQUEST_ID], plan)
+    out = _Output(req, engine.info.name, request[REQUEST_ID], plan, state.settings)
     work: generation.Generation | generation.Batch
     if len(plan.prompts) == 1 and plan.texts is None:
         work = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), plan.prompts[0], plan.params[0])
@@ -84,10 +85,10 @@ class _Output:
 
     __slots__ = (
         "response_id", "created", "model", "n", "choices", "stream", "include_usage", "continuous_usage", "logprobs",
-        "prompt_logprobs", "prompt_logprobs_of",
+        "prompt_logprobs", "prompt_logprobs_of", "token_ids",
     )
 
-    def __init__(self, req: CompletionRequest, served: str, request_id: str, plan: C.CompletionPlan) -> None:
+    def __init__(self, req: CompletionRequest, served: str, request_id: str, plan: C.CompletionPlan, settings: Settings) -> None:
         self.response_id = "cmpl-" + request_id
         self.created = int(time.time())
         self.model = req.model or served
@@ -95,15 +96,17 @@ class _Output:
         self.choices = plan.choices
         self.stream = bool(req.stream)
         options = req.stream_options
-        self.include_usage = bool(options and options.include_usage)
+        # --enable-force-include-usage: a usage chunk whether asked for or not (as vLLM).
+        self.include_usage = settings.enable_force_include_usage or bool(options and options.include_usage)
         self.continuous_usage = bool(options and options.continuous_usage_stats)
         self.logprobs = plan.logprobs
+        self.token_ids = settings.return_tokens_as_token_ids
         self.prompt_logprobs = plan.prompt_logprobs
         # Prompt number -> its prompt logprobs, from the work (set by the handler).
         self.prompt_logprobs_of: Callable[[int], list[TokenLogprob] | None] = _none
 
     def encoder(self) -> CompletionStreamEncoder:
-        return CompletionStreamEncoder(
+        enc = CompletionStreamEncoder(
             response_id=self.response_id,
             created=self.created,
             model=self.model,
@@ -113,6 +116,8 @@ class _Output:
             system_fingerprint=SYSTEM_FINGERPRINT,
             logprobs=self.logprobs,
         )
+        enc.token_ids = self.token_ids
+        return enc
 
     def accumulator(self) -> ChoiceAccumulator:
         return ChoiceAccumulator(self.choices, logprobs=self.logprobs)
@@ -124,7 +129,7 @@ class _Output:
             choice = CompletionChoice(
                 index=i,
                 text=acc.text(i),
-                logprobs=None if tokens is None else CompletionLogprobs().add(tokens),
+                logprobs=None if tokens is None else CompletionLogprobs(self.token_ids).add(tokens),
                 finish_reason=acc.finish_reasons[i],
             )
             if self.prompt_logprobs:

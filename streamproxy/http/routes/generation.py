@@ -37,6 +37,7 @@ from aiohttp import web
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
+from streamproxy.core.output_tap import AccumulatorTap, EncoderTap
 from streamproxy.core.prepare import Prepared
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
@@ -203,19 +204,29 @@ async def run_work(
     rec.stream = stream
     ticket: Ticket | None = None
     work: asyncio.Task[bytes] | None = None
+    settings = state.settings
+    tap: EncoderTap | AccumulatorTap | None = None
     try:
         ticket = state.admission.enter(gen.weight)
         if stream:
-            return await _stream(request, state, gen, ticket, encoder(), rec)
-        settings = state.settings
+            enc = encoder()
+            if settings.enable_log_outputs:
+                enc = tap = EncoderTap(enc)
+            return await _stream(request, state, gen, ticket, enc, rec)
         acc = accumulator()
-        work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
+        if settings.enable_log_outputs:
+            tap = AccumulatorTap(acc)
+            work = asyncio.ensure_future(_finish(gen, ticket, tap, rec, partial(_render_inner, render)))
+        else:
+            work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
         try:
             life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
             return await answer_nonstream(request, work, settings, life, rec)
         finally:
             rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
     finally:
+        if tap is not None:
+            rec.outputs = tap.outputs(settings.max_log_len)
         if work is not None and not work.done():
             work.cancel()
         if ticket is not None:
@@ -225,6 +236,10 @@ async def run_work(
         finally:
             for engine_id in gen.engine_ids:
                 state.release_engine_id(engine_id)
+
+
+def _render_inner(render: Callable[[A], bytes], tap: AccumulatorTap) -> bytes:
+    return render(tap.inner)  # type: ignore[arg-type]  # the tap holds the route's own accumulator
 
 
 B = TypeVar("B", bound=BlockEncoder)

@@ -6,6 +6,12 @@ builds prompt, params and filter chain exactly as chat does, and
 the rendering: a `ResponsesEncoder` streams the Responses events, and the
 same class (with `emit=False`) is the non-stream sink whose final `Response`
 is the body. Errors keep the OpenAI shape (the default).
+
+With the server's response store on (`--responses-store`), a finished
+response made with `store` (OpenAI's default: true) is kept as its final JSON,
+and `GET /v1/responses/{id}` answers it; `POST /v1/responses/{id}/cancel`
+answers vLLM's 400 for a synchronous response (there are no others here), or
+its 404 for an id not kept.
 """
 
 from __future__ import annotations
@@ -15,9 +21,18 @@ import time
 from aiohttp import web
 
 from streamproxy.apis.responses import convert as C
-from streamproxy.apis.responses.protocol import ReasoningEcho, Response, ResponsesRequest, TextEcho, TextFormat, decode_request
+from streamproxy.apis.responses.protocol import (
+    ReasoningEcho,
+    Response,
+    ResponsesRequest,
+    TextEcho,
+    TextFormat,
+    decode_request,
+    encode,
+)
 from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import prepare, renamed
+from streamproxy.errors import InvalidRequest
 from streamproxy.http.accesslog import REQUEST_ID
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
@@ -55,10 +70,34 @@ async def responses(request: web.Request) -> web.StreamResponse:
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat)
     prep.params.adapter = state.adapter(req.model)
+    store = state.responses if state.responses.enabled and req.store is not False else None
     shell = _shell(req, "resp_" + request[REQUEST_ID], req.model or engine.info.name)
+    shell.store = store is not None
     filters = prep.filters
+    made: list[ResponsesEncoder] = []
 
     def encoder(emit: bool) -> ResponsesEncoder:
-        return ResponsesEncoder(shell, filters, emit=emit)
+        enc = ResponsesEncoder(shell, filters, emit=emit)
+        if store is not None:
+            made.append(enc)
+        return enc
 
-    return await generation.run_blocks(request, state, engine, prep, stream=bool(req.stream), make=encoder, render=ResponsesEncoder.final_json)
+    try:
+        return await generation.run_blocks(request, state, engine, prep, stream=bool(req.stream), make=encoder,
+                                           render=ResponsesEncoder.final_json)
+    finally:
+        if store is not None and made and made[0].response().status != "in_progress":
+            store.keep(shell.id, encode(made[0].response()))
+
+
+async def get_response(request: web.Request) -> web.Response:
+    if request.query.get("stream", "").lower() == "true":
+        raise InvalidRequest("streaming a stored response is not supported (it is finished: GET it without stream)",
+                             param="stream")
+    body = app_state(request).responses.get(request.match_info["response_id"])
+    return web.Response(body=body, content_type="application/json")
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    app_state(request).responses.cancel(request.match_info["response_id"])
+    raise AssertionError("unreachable: cancel always raises")

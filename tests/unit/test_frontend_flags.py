@@ -1,0 +1,249 @@
+"""Every front-end flag of the installed vLLM's `vllm serve` parser, through `streamproxy serve`'s
+argument parsing (no engine is built): accepted with the setting it maps to, or refused naming it.
+
+The flags and a value other than vLLM's default for each come from vLLM's own
+parser (`make_arg_parser`, minus the engine's flags): a boolean flag is given
+alone (or as `--no-...` where vLLM's default is on), a flag with choices gets
+one that is not the default, a number 7; only values a flag cannot take from
+its type (a file, a JSON list) are written here. A flag that a newer vLLM
+adds and `streamproxy/frontend_flags.py` has not decided about fails
+`test_every_flag_is_decided`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_adapter import vllm_cli  # noqa: E402
+from streamproxy import cli, frontend_flags  # noqa: E402
+from streamproxy.config import Settings  # noqa: E402
+from tests.support.tls import make_certs  # noqa: E402
+
+from vllm.entrypoints.launchers.cli_args import FrontendArgs  # noqa: E402
+
+CERTS = make_certs(Path(tempfile.mkdtemp(prefix="sp-flags-")))
+ACTIONS = {a.dest: a for a in vllm_cli.frontend_actions() if a.dest != "help"}
+# The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it).
+HINTS = typing.get_type_hints(FrontendArgs)
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+# Values a flag's type cannot make up.
+VALUES: dict[str, Any] = {
+    "allowed_origins": '["https://a.example"]',
+    "allowed_methods": '["GET"]',
+    "allowed_headers": '["x-a"]',
+    "api_key": "k1",
+    "lora_modules": "ada=/tmp/ada",
+    "default_chat_template_kwargs": '{"enable_thinking": false}',
+    "chat_template": TEMPLATE,
+    "tool_call_parser": "hermes",
+    "root_path": "/proxy",
+    "host": "127.0.0.1",
+    "disable_access_log_for_endpoints": "/health,/metrics",
+    "tool_parser_plugin": "",  # (a file: test_tool_parser_plugin)
+    "ssl_certfile": str(CERTS.cert),
+    "ssl_keyfile": str(CERTS.key),
+    "ssl_ca_certs": str(CERTS.ca),
+    "ssl_cert_reqs": "2",
+    "ssl_ciphers": "ECDHE+AESGCM",
+    "uds": "/tmp/sp-flags.sock",
+}
+# What a TLS flag needs beside it to mean anything.
+_TLS = ["--ssl-certfile", str(CERTS.cert), "--ssl-keyfile", str(CERTS.key)]
+COMPANIONS: dict[str, list[str]] = {
+    "enable_auto_tool_choice": ["--tool-call-parser", "hermes"],
+    "lora_modules": ["--enable-lora"],
+    "ssl_keyfile": ["--ssl-certfile", str(CERTS.cert)],
+    "ssl_certfile": ["--ssl-keyfile", str(CERTS.key)],
+    "ssl_ca_certs": _TLS,
+    "ssl_cert_reqs": [*_TLS, "--ssl-ca-certs", str(CERTS.ca)],
+    "ssl_ciphers": _TLS,
+    "enable_ssl_refresh": _TLS,
+}
+
+# Ours and aliases: the setting each maps to and its value after the flag.
+EXPECT: dict[str, tuple[str, Any]] = {
+    "api_server_count": ("api_server_count", 7),
+    "host": ("host", "127.0.0.1"),
+    "port": ("port", 7),
+    "root_path": ("root_path", "/proxy"),
+    "h11_max_incomplete_event_size": ("max_header_bytes", 7),
+    "h11_max_header_count": ("max_header_count", 7),
+    "allow_credentials": ("allow_credentials", True),
+    "allowed_origins": ("allowed_origins", ["https://a.example"]),
+    "allowed_methods": ("allowed_methods", ["GET"]),
+    "allowed_headers": ("allowed_headers", ["x-a"]),
+    "api_key": ("api_key", ["k1"]),
+    "disable_fastapi_docs": ("disable_fastapi_docs", True),
+    "sse_keep_alive_interval": ("sse_heartbeat", 7.0),
+    "uvicorn_log_level": ("http_log_level", None),  # the first choice that is not vLLM's default: below
+    "disable_uvicorn_access_log": ("access_log", "off"),
+    "disable_access_log_for_endpoints": ("disable_access_log_for_endpoints", "/health,/metrics"),
+    "log_error_stack": ("log_error_stack", True),
+    "chat_template": ("chat_template", TEMPLATE),
+    "chat_template_content_format": ("chat_template_content_format", None),
+    "trust_request_chat_template": ("trust_request_chat_template", True),
+    "default_chat_template_kwargs": ("default_chat_template_kwargs", {"enable_thinking": False}),
+    "cohere_format": ("default_chat_template_kwargs", None),
+    "response_role": ("response_role", "x"),
+    "return_tokens_as_token_ids": ("return_tokens_as_token_ids", True),
+    "enable_force_include_usage": ("enable_force_include_usage", True),
+    "enable_auto_tool_choice": ("enable_auto_tool_choice", True),
+    "tool_call_parser": ("tool_call_parser", "hermes"),
+    "exclude_tools_when_tool_choice_none": ("exclude_tools_when_tool_choice_none", True),
+    "lora_modules": ("lora_modules", ["ada=/tmp/ada"]),
+    "enable_server_load_tracking": ("enable_server_load_tracking", True),
+    "ssl_certfile": ("ssl_certfile", str(CERTS.cert)),
+    "ssl_keyfile": ("ssl_keyfile", str(CERTS.key)),
+    "ssl_ca_certs": ("ssl_ca_certs", str(CERTS.ca)),
+    "ssl_cert_reqs": ("ssl_cert_reqs", 2),
+    "ssl_ciphers": ("ssl_ciphers", "ECDHE+AESGCM"),
+    "enable_ssl_refresh": ("enable_ssl_refresh", True),
+    "uds": ("uds", "/tmp/sp-flags.sock"),
+    "enable_tokenizer_info_endpoint": ("enable_tokenizer_info_endpoint", True),
+    "enable_log_outputs": ("enable_log_outputs", True),
+    "max_log_len": ("max_log_len", 7),
+}
+
+
+def flag_args(action: argparse.Action) -> list[str]:
+    """The command-line words that give `action` a value other than vLLM's default."""
+    dest = action.dest
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [action.option_strings[1] if action.default else action.option_strings[0]]
+    if action.nargs == 0:  # store_true
+        return [action.option_strings[0]]
+    if dest in VALUES:
+        value = VALUES[dest]
+    elif action.choices:
+        value = next(c for c in action.choices if c != action.default)
+    elif action.type in (int, float) or {int, float} & set(typing.get_args(HINTS.get(dest)) or (HINTS.get(dest),)):
+        value = "7"
+    else:
+        value = "x"
+    return [action.option_strings[0], str(value)]
+
+
+def parse(words: list[str]) -> Settings:
+    settings, _ = cli.parse(["--model", "m", *words])
+    return settings
+
+
+def test_every_flag_is_decided():
+    undecided = sorted(set(ACTIONS) - set(frontend_flags.FLAGS))
+    assert undecided == [], f"vLLM front-end flags nobody decided about (streamproxy/frontend_flags.py): {undecided}"
+    stale = sorted(set(frontend_flags.FLAGS) - set(ACTIONS) - {"model_tag"})
+    assert stale == [], f"decisions about flags vLLM no longer has: {stale}"
+
+
+@pytest.mark.parametrize("dest", sorted(ACTIONS))
+def test_flag(dest: str) -> None:
+    if dest == "config":  # --config FILE: the file's keys are flags (test_config_file)
+        return
+    action = ACTIONS[dest]
+    words = flag_args(action)
+    words += COMPANIONS.get(dest, [])
+    decision = frontend_flags.FLAGS[dest]
+    if decision.kind == "refused":
+        with pytest.raises(SystemExit) as err:
+            parse(words)
+        message = str(err.value)
+        assert action.option_strings[0] in message and decision.note in message and "\n" not in message
+        return
+    settings = parse(words)
+    if decision.kind in ("ours", "alias"):
+        name, expected = EXPECT[dest]
+        if dest in ("uvicorn_log_level", "chat_template_content_format"):
+            expected = words[1]
+        if dest == "cohere_format":
+            expected = {"cohere_format": "x"}
+        assert getattr(settings, name) == expected
+    else:  # engine / same: parsed, nothing of ours changes but what the note says
+        assert decision.note
+
+
+def test_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("response-role: bot\nsse-keep-alive-interval: 3\n")
+    settings, _ = cli.parse(["--config", str(config), "--model", "m"])
+    assert (settings.response_role, settings.sse_heartbeat) == ("bot", 3.0)
+
+
+def test_chat_template_from_a_file_or_inline(tmp_path: Path) -> None:
+    path = tmp_path / "tool.jinja"
+    path.write_text(TEMPLATE)
+    assert parse(["--chat-template", str(path)]).chat_template == TEMPLATE
+    assert parse(["--chat-template", "{{ messages[0].content }}"]).chat_template == "{{ messages[0].content }}"
+    with pytest.raises(SystemExit, match=r"^--chat-template: .*/nowhere/t.jinja.* looks like a file path"):
+        parse(["--chat-template", "/nowhere/t.jinja"])
+    with pytest.raises(SystemExit, match=r"^--chat-template: '/nowhere/t.jinja' looks like a file path"):
+        cli.parse(["--engine", "fake", "--chat-template", "/nowhere/t.jinja"])
+    # vLLM's own templates by name, as vllm serve finds them
+    assert "im_start" in parse(["--chat-template", "template_chatml.jinja"]).chat_template
+
+
+def test_tool_parser_plugin(tmp_path: Path) -> None:
+    plugin = tmp_path / "my_parser.py"
+    plugin.write_text(
+        "from vllm.tool_parsers import ToolParserManager\n"
+        "from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser\n"
+        "@ToolParserManager.register_module('my_plugin_parser')\n"
+        "class MyParser(Hermes2ProToolParser):\n    pass\n"
+    )
+    settings = parse(["--tool-parser-plugin", str(plugin), "--enable-auto-tool-choice", "--tool-call-parser", "my_plugin_parser"])
+    assert settings.tool_call_parser == "my_plugin_parser"
+
+
+def test_an_undecided_flag_is_refused_at_start() -> None:
+    ns = argparse.Namespace(brand_new_flag=True)
+    with pytest.raises(SystemExit, match="^--brand-new-flag: a vLLM front-end flag streamproxy has not decided about"):
+        frontend_flags.apply(ns, {"brand_new_flag": False}, Settings())
+
+
+def test_fake_engine_takes_our_front_end_flags() -> None:
+    settings, _ = cli.parse(["--engine", "fake", "--response-role", "bot", "--chat-template", "{{ 1 }}",
+                             "--enable-force-include-usage", "--root-path", "proxy/"])
+    assert (settings.response_role, settings.chat_template, settings.enable_force_include_usage, settings.root_path) == (
+        "bot", "{{ 1 }}", True, "/proxy")
+
+
+def test_the_docs_list_every_flag_and_refused_route() -> None:
+    from streamproxy.http.routes.unsupported import UNSUPPORTED
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "flags-and-routes.md").read_text()
+    assert [d for d in frontend_flags.FLAGS if d != "model_tag" and f"`{frontend_flags.option(d)}`" not in docs] == []
+    assert [p for m, p, _ in UNSUPPORTED if f"`{m} {p}`" not in docs] == []
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--ssl-keyfile", str(CERTS.key)], "--ssl-keyfile needs --ssl-certfile"),
+    (["--ssl-ca-certs", str(CERTS.ca)], "--ssl-ca-certs needs --ssl-certfile"),
+    ([*_TLS, "--ssl-cert-reqs", "2"], "--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs"),
+    ([*_TLS, "--ssl-cert-reqs", "5"], "--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), not 5"),
+    (["--ssl-certfile", "/nowhere.pem"], "--ssl-certfile/--ssl-keyfile could not be loaded"),
+    ([*_TLS, "--ssl-ciphers", "NOPE"], "--ssl-ciphers 'NOPE'"),
+    (["--uds", "/tmp/x.sock", "--api-server-count", "2"], "--uds with --api-server-count above 1 is not supported"),
+])
+def test_bad_tls_flags_stop_the_start(words: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as err:
+        cli.parse(["--engine", "fake", *words])
+    assert str(err.value).startswith(message)
+
+
+def test_gateway_refuses_serve_only_flags(tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text("deployments:\n  - name: m\n    id: d1\n    upstreams: [\"http://127.0.0.1:9\"]\n")
+    with pytest.raises(SystemExit, match="^--response-role is a flag of streamproxy serve; the gateway does not support it$"):
+        cli.build_gateway(["--config", str(config), "--response-role", "bot"])
+    with pytest.raises(SystemExit, match="^--ssl-keyfile needs --ssl-certfile$"):
+        cli.build_gateway(["--config", str(config), "--ssl-keyfile", str(CERTS.key)])
+    settings, _ = cli.build_gateway(["--config", str(config), *_TLS])  # the gateway listens with TLS too
+    assert settings.ssl_certfile == str(CERTS.cert)
