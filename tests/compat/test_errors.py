@@ -8,6 +8,8 @@ mistake a failed stream for a complete answer.
 """
 
 from __future__ import annotations
+from typing import Any
+from pydantic import SecretStr
 
 import openai
 import pytest
@@ -17,7 +19,7 @@ from langchain_openai import ChatOpenAI
 from tests.compat.capture import Exchange
 from tests.compat.wirecheck import assert_wire_ok
 
-PROMPT = [{"role": "user", "content": "hi"}]
+PROMPT: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def client(base: str, wire) -> openai.OpenAI:
@@ -51,10 +53,10 @@ def test_openai_python_mid_stream_error_raises(fake_failing_server, wire):
 
 
 def test_langchain_errors(fake_server, fake_failing_server, wire):
-    llm = ChatOpenAI(base_url=fake_server + "/v1", api_key="unused", model="no-such-model", max_retries=0, http_client=wire.client())
+    llm = ChatOpenAI(base_url=fake_server + "/v1", api_key=SecretStr("unused"), model="no-such-model", max_retries=0, http_client=wire.client())
     with pytest.raises(openai.NotFoundError):
         llm.invoke([HumanMessage("hi")])
-    failing = ChatOpenAI(base_url=fake_failing_server + "/v1", api_key="unused", model="fake", max_tokens=10, max_retries=0, http_client=wire.client())
+    failing = ChatOpenAI(base_url=fake_failing_server + "/v1", api_key=SecretStr("unused"), model="fake", max_completion_tokens=10, max_retries=0, http_client=wire.client())
     with pytest.raises(openai.APIError):
         for _ in failing.stream([HumanMessage("hi")]):
             pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 import json
 import re
 import socket
@@ -14,7 +15,7 @@ from tests.support import sse, wait_until_sync
 
 pytestmark = pytest.mark.engine
 
-MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 # Greedy answers differ between CPUs (kernels, ISA), so no test may depend on what the
 # model says. Where a test needs known text, a regex constraint forces it: any model,

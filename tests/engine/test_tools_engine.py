@@ -11,6 +11,7 @@ own tool parsers through the adapter filter with the real tokenizer.
 
 from __future__ import annotations
 
+from typing import Any
 import json
 
 import jsonschema
@@ -36,7 +37,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "description": "Current time", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
 
 
 def chat(base: str, body: dict) -> requests.Response:

@@ -8,6 +8,7 @@ SIGTERM and SIGKILL taking the replicas with it (checked by pid)."""
 
 from __future__ import annotations
 
+from typing import Any
 import concurrent.futures
 import json
 import math
@@ -21,7 +22,7 @@ from tests.gateway.gateway_support import fits
 from tests.support.gateway import alive, gateway_process
 from tests.support.waiting import wait_until_sync
 
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 FAKE = '["--fake-boot-delay", "0.3"'
 
 

@@ -7,6 +7,7 @@ the same calls from the stream and from the non-stream answer.
 
 from __future__ import annotations
 
+from typing import Any
 import json
 
 import openai
@@ -17,14 +18,14 @@ from tests.http.http_support import assert_openai_error
 from tests.support import sse, validate
 from tests.support.chat import chat_chunks, reassemble
 
-USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+USER: list[Any] = [{"role": "user", "content": "Weather in Paris and Rome?"}]
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
     "required": ["city"],
     "additionalProperties": False,
 }
-TOOLS = [
+TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
@@ -41,7 +42,7 @@ NATIVE = {
 EXPECTED = [("get_weather", PARIS), ("get_weather", ROME)]
 
 
-def tokens(text: str, size: int = 3) -> list[str]:
+def tokens(text: str, size: int = 3) -> list[str | bytes]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 

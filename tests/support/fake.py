@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from openai.types.chat import ChatCompletionMessageParam
+from typing import Any
 
 from engine_adapter.fake import FakeEngine
 
-# Typed as the OpenAI SDK's message param so `client.chat.completions.create(messages=USER_HI)` type-checks;
-# at run time a plain dict (also what the raw-HTTP tests post). Anthropic's SDK: `anthropic_messages(USER_HI)`.
-USER_HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+# `list[Any]`: posted as raw JSON (requests, aiohttp) and passed to the OpenAI and Anthropic SDKs,
+# whose message TypedDicts differ.
+USER_HI: list[Any] = [{"role": "user", "content": "hi"}]
 # FakeEngine's chat template renders [user "hi"] as "<|user|>hi\n<|assistant|>",
 # one token per character.
 USER_HI_PROMPT_TOKENS = len("<|user|>hi\n<|assistant|>")
