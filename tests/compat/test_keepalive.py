@@ -12,15 +12,15 @@ then raise rather than hand back an empty completion.
 """
 
 from __future__ import annotations
-from typing import Any
-from pydantic import SecretStr
 
 import json
+from typing import Any
 
 import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from tests.compat.capture import Exchange
 from tests.compat.wirecheck import assert_wire_ok

@@ -8,7 +8,6 @@ delta it expects as a string comes back null.
 """
 
 from __future__ import annotations
-from pydantic import SecretStr
 
 import json
 from typing import Literal
@@ -17,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from tests.compat.conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, Target
 from tests.compat.wirecheck import assert_wire_ok
@@ -116,8 +115,10 @@ def test_bind_tools_invoke_and_stream(fake_tool_server, wire):
 
     full: AIMessageChunk | None = None
     for chunk in llm.stream([HumanMessage("Weather in Paris?")]):
+        assert isinstance(chunk, AIMessageChunk), chunk
         full = chunk if full is None else full + chunk
-    assert full is not None and [tc["args"] for tc in full.tool_calls] == [TOOL_ARGS], (
+    assert full is not None
+    assert [tc["args"] for tc in full.tool_calls] == [TOOL_ARGS], (
         f"{CLIENT} bind_tools stream: tool_calls = {full.tool_calls} tool_call_chunks = {full.tool_call_chunks}"
     )
     assert [tc["index"] for tc in full.tool_call_chunks] == [0], f"{CLIENT}: tool_call_chunks index = {full.tool_call_chunks}"
@@ -129,6 +130,7 @@ def test_bind_tools_parallel_stream_merges_by_index(fake_parallel_tool_server, w
     llm = chat(Target("fake", fake_parallel_tool_server, "fake"), wire, max_tokens=100, stop=[END]).bind_tools([get_weather])
     full: AIMessageChunk | None = None
     for chunk in llm.stream([HumanMessage("Weather in Paris and London?")]):
+        assert isinstance(chunk, AIMessageChunk), chunk
         full = chunk if full is None else full + chunk
     assert full is not None
     assert [tc["args"] for tc in full.tool_calls] == PARALLEL_ARGS, (

@@ -9,13 +9,14 @@ The fake engine only ends an answer at `max_tokens` (Responses: status
 """
 
 from __future__ import annotations
-from tests.support.sdk import text_of
+
 from typing import Any
 
 import anthropic
 import openai
 
 from tests.compat.conftest import Target
+from tests.support.sdk import text_of
 
 
 def test_openai_responses_create_and_stream(target: Target, wire):

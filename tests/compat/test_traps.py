@@ -8,14 +8,14 @@ that depends on it.
 """
 
 from __future__ import annotations
-from typing import Any
-from pydantic import SecretStr
 
 import json
+from typing import Any
 
 import openai
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from tests.compat.capture import Exchange
 from tests.compat.conftest import END, WEATHER_TOOL, Target

@@ -243,7 +243,7 @@ def exchange_problems(ex: Any, stream_error: bool = False) -> list[str]:
 
 
 def problems(exchanges: list[Any], client: str, stream_error: bool = False) -> list[str]:
-    out = []
+    out: list[str] = []
     for ex in exchanges:
         out.extend(f"{client} {ex.method} {ex.path}: {m}" for m in exchange_problems(ex, stream_error))
     return out

@@ -6,9 +6,9 @@ on what the model says: only shapes, counts and equality between the two paths."
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest

@@ -12,10 +12,10 @@ on whether two answers are the same.
 
 from __future__ import annotations
 
-from typing import Any
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests

@@ -8,12 +8,12 @@ SIGTERM and SIGKILL taking the replicas with it (checked by pid)."""
 
 from __future__ import annotations
 
-from typing import Any
 import concurrent.futures
 import json
 import math
 import os
 import signal
+from typing import Any
 
 import openai
 import requests
@@ -119,7 +119,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_in_band_and_is_restarted(tm
             rest = [line for line in lines if line.startswith(b"data: ")]
         assert rest[-1] == b"data: [DONE]"
         assert json.loads(rest[-2][6:])["error"]["code"] == "upstream_unavailable"
-        info = wait_until_sync(lambda: gw.deployment("dep-smol")["restarts"] == 1 and gw.state("dep-smol") == "ready", 60)
+        wait_until_sync(lambda: gw.deployment("dep-smol")["restarts"] == 1 and gw.state("dep-smol") == "ready", 60)
         info = gw.deployment("dep-smol")
         assert info["restarts"] == 1 and pids_of(info) and pids_of(info)[0] != pid, info
         assert chat(gw, "smol").status_code == 200

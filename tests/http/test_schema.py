@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsonschema
 import pytest
 
@@ -32,7 +34,7 @@ def test_schema_helper_is_strict():
 def test_schema_helper_requires_what_the_api_reference_requires():
     # The keys the SDK leaves optional and the API reference requires (REQUIRED), and null
     # only where the reference says `nullable`: a broken copy of a good payload must fail.
-    good_chunk = {
+    good_chunk: dict[str, Any] = {
         "id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "system_fingerprint": "fp",
         "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None,
                      "logprobs": {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}], "refusal": None}}],
@@ -53,7 +55,7 @@ def test_schema_helper_requires_what_the_api_reference_requires():
     ]:
         assert errors("CreateChatCompletionStreamResponse", bad), bad
     message = {"role": "assistant", "content": "hi", "refusal": None}
-    good = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+    good: dict[str, Any] = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
     assert errors("CreateChatCompletionResponse", good) == []
@@ -139,10 +141,11 @@ async def test_stream_chunks_match_schema(serve, extra):
 
 async def test_error_bodies_match_schema(serve):
     client, _ = await serve()
-    for method, path, body in [
+    requests: list[tuple[str, str, dict[str, Any] | None]] = [
         ("POST", "/v1/chat/completions", {"messages": []}),
         ("GET", "/v1/models/nope", None),
         ("GET", "/nowhere", None),
-    ]:
+    ]
+    for method, path, body in requests:
         resp = await client.request(method, path, json=body)
         validate("ErrorResponse", await resp.json())

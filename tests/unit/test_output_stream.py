@@ -14,6 +14,7 @@ import asyncio
 import pytest
 
 from engine_adapter.base import Delta, DeltaQueue, EngineFailure
+from tests.support.push import keep
 
 
 def d(text: str, index: int = 0) -> Delta:
@@ -94,8 +95,8 @@ def test_get_wakes_on_close_without_a_last_step():
 def test_close_disarms_and_wakes_the_consumer():
     async def main():
         s = DeltaQueue()
-        got = []
-        assert s.arm(lambda deltas: got.append(deltas) or True)
+        got: list[list[Delta]] = []
+        assert s.arm(keep(got))
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.close()
