@@ -67,12 +67,12 @@ TEST_WORKERS ?= 2
 
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
-	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS)
+	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal
 	$(BIN)/pytest -q tests -m engine
 
 # (--ignore: not even imported, which saves each worker the clients' and fuzzers' imports.)
 test-fast: typecheck
-	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --ignore=tests/compat --ignore=tests/fuzz
+	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/compat --ignore=tests/fuzz
 
 # docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
 docs: $(STAMP)
