@@ -18,6 +18,7 @@ import pytest
 
 from engine_adapter.base import Delta, DeltaQueue, EngineFailure, GenerationParams
 from engine_adapter.vllm_direct import DirectRoute, eligible
+from tests.support.push import keep
 
 pytestmark = pytest.mark.engine
 
@@ -695,7 +696,7 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     route = DirectRoute(StandInProcessor(), tokenizer, backlog=lambda: waiting[0])
     stream = add(route, _request("b-1", [1, 2]), "b", GenerationParams(max_tokens=4))
     pushed: list[list[Delta]] = []
-    assert stream.arm(lambda deltas: pushed.append(deltas) or True)
+    assert stream.arm(keep(pushed))
     ids = tokenizer.encode(" one two three four", add_special_tokens=False)[:4]
     for step in ids[:3]:  # a backlog of three batches, taken one after the other
         route.process_outputs([_output("b-1", [step])])
@@ -703,6 +704,6 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     assert pushed == []  # none pushed: the writer takes them together
     held = stream.get_nowait()
     assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[:3]]
-    assert stream.arm(lambda deltas: pushed.append(deltas) or True)  # the writer caught up
+    assert stream.arm(keep(pushed))  # the writer caught up
     route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
     assert [d.token_ids for d in pushed[0]] == [[ids[3]]] and pushed[0][0].finish_reason == "length"
