@@ -2,6 +2,7 @@
 #
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
 #   make test                                        install if needed, type-check, then run every test
+#   make test-fast                                   type-check, then the quick tests (no engine, no client processes), in parallel
 #   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
@@ -58,12 +59,20 @@ COMPAT           := $(NODE_STAMP) $(LLAMAINDEX_STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two runs: the tests without the real engine in parallel (pytest-xdist, TEST_WORKERS processes,
+# each with its own session servers on free ports), then the real-engine tests (marker `engine`)
+# in one process, so they share one engine server per session (tests/conftest.py).
+# `make test-fast` also leaves out the `slow` tests (client processes, fuzzers, process storms).
+TEST_WORKERS ?= 2
+
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -q tests -m engine
 
-test-fast: typecheck $(COMPAT)
-	$(BIN)/pytest -q tests -m "not engine"
+# (--ignore: not even imported, which saves each worker the clients' and fuzzers' imports.)
+test-fast: typecheck
+	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/compat --ignore=tests/fuzz
 
 # docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
 docs: $(STAMP)

@@ -37,13 +37,14 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from . import loadgen, relays
 from .compare import _git_rev, model_path
 from .servers import RESULTS, SERVED_NAME, Server, stop_on_signals, streamproxy_server
 
 ENGINE_ARGS = "--max-model-len 2048 --max-num-seqs 32 --dtype float32 --enable-prefix-caching -O0"
-POLICIES = [  # label, the gateway's `upstream:` section, replicas
+POLICIES: list[tuple[str, dict[str, Any], int]] = [  # label, the gateway's `upstream:` section, replicas
     ("round robin", {"policy": "round_robin"}, 2),
     ("least outstanding (prefix_affinity: false)", {"prefix_affinity": False}, 2),
     ("prefix affinity (default)", {}, 2),

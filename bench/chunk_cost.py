@@ -28,7 +28,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from engine_adapter.base import Delta, DeltaQueue, GenerationParams
 from engine_adapter.fake import FakeEngine, FakeScript
@@ -61,7 +61,7 @@ def _sink(layer: str, out: DeltaQueue, transport: NullTransport) -> Callable[[li
         step = _encoder(0).step
         return lambda deltas: bool(step(deltas)) or True
     pump = _Pump(out, _encoder(0), transport, None)
-    return getattr(pump, "push", pump)
+    return cast(Callable[[list[Delta]], bool], getattr(pump, "push", pump))
 
 
 async def _round(layer: str, streams: int, steps: int) -> float:

@@ -19,6 +19,8 @@ runs on the machine). Results: bench/results/compare-<time>.{json,md,png}.
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import json
 import os
@@ -41,7 +43,7 @@ DEFAULT_TINY_ARGS = "--dtype float32"
 
 # Request kinds (--kinds): what is added to every request's body. Usage counts every choice's tokens,
 # so CPU per token stays comparable; the model column is "<model>/<kind>" for all but plain.
-KINDS = {
+KINDS: dict[str, dict[str, dict[str, Any]]] = {
     "plain": {"chat": {}, "completions": {}},
     "n2": {"chat": {"n": 2, "temperature": 1.0}, "completions": {"n": 2, "temperature": 1.0}},  # n > 1 is not greedy in vLLM
     "logprobs": {"chat": {"logprobs": True, "top_logprobs": 5}, "completions": {"logprobs": 5}},

@@ -111,7 +111,7 @@ async def wake_overhead(kube: FakeKube, base: dict[str, Any], n: int) -> list[fl
             readied.append(time.perf_counter())
         set_ready(name, ready, namespace)
 
-    kube._scale_to, kube.set_ready = timed_scale, timed_ready  # type: ignore[method-assign]
+    kube._scale_to, kube.set_ready = timed_scale, timed_ready  # type: ignore[method-assign, assignment]
     app, runner, url = await gateway({**base, "scale": {"name": "bench", "replicas": 1}, "wait_for_wake": True})
     source = app[STATE_KEY].sources["bench"]
     await until(lambda: kube.open_watches() == 1)

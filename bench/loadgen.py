@@ -89,15 +89,21 @@ class _Conn(asyncio.Protocol):
         self.done: asyncio.Future | None = None
         self.rec: RequestRecord | None = None
         self.keep_alive = True
+        # The response being read (send() resets them): its head until complete, then its body's framing.
+        self.head: bytearray | None = None
+        self.buf = b""
+        self.left = 0
+        self.sse = b""
+        self.chunked = False
 
     # -- asyncio.Protocol ------------------------------------------------
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def connection_lost(self, exc) -> None:  # type: ignore[override]
+    def connection_lost(self, exc) -> None:
         if not self.closed.done():
             self.closed.set_result(None)
         self.keep_alive = False
@@ -105,7 +111,7 @@ class _Conn(asyncio.Protocol):
             self.rec.error = f"connection lost: {exc}"  # type: ignore[union-attr]
             self.done.set_result(None)
 
-    def data_received(self, data: bytes) -> None:  # type: ignore[override]
+    def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
         if self.rec is None:
             return
@@ -133,7 +139,7 @@ class _Conn(asyncio.Protocol):
     # -- request / response ---------------------------------------------
     def send(self, raw: bytes, rec: RequestRecord) -> asyncio.Future:
         self.rec = rec
-        self.head: bytearray | None = bytearray()
+        self.head = bytearray()
         self.buf = b""        # undecoded chunked bytes
         self.left = 0         # bytes left in the current chunk (or body)
         self.sse = b""        # undelimited SSE text
@@ -272,7 +278,7 @@ class LoadResult:
 
     @property
     def errors(self) -> list[str]:
-        return [r.error for r in self.records if r.error is not None]  # type: ignore[misc]
+        return [r.error for r in self.records if r.error is not None]
 
 
 async def _connect(host: str, port: int, parse: bool) -> _Conn:
@@ -280,7 +286,7 @@ async def _connect(host: str, port: int, parse: bool) -> _Conn:
     for attempt in range(20):
         try:
             _, proto = await loop.create_connection(lambda: _Conn(parse), host, port)
-            return proto  # type: ignore[return-value]
+            return proto
         except OSError:
             if attempt == 19:
                 raise

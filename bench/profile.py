@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.parts:
         moved = tuple(args.moved.split("=", 1)) if args.moved else None
-        for part, us in chunk_parts(args.parts, args.us_per_chunk, moved).items():  # type: ignore[arg-type]
+        for part, us in chunk_parts(args.parts, args.us_per_chunk, moved).items():
             print(f"{us:6.2f}  {part}")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -20,6 +20,7 @@ import math
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 # key, column title, format
 METRICS = [
@@ -37,9 +38,9 @@ METRICS = [
 SERVERS = ["vllm", "streamproxy-base", "streamproxy"]
 
 
-def _median(values: list[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(values) if values else float("nan")
+def _median(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(present) if present else float("nan")
 
 
 def medians(rows: list[dict]) -> dict[tuple[str, int, str], dict]:
@@ -48,7 +49,7 @@ def medians(rows: list[dict]) -> dict[tuple[str, int, str], dict]:
         groups.setdefault((r["model"], r["concurrency"], r["server"]), []).append(r)
     out = {}
     for key, rs in groups.items():
-        m = {k: _median([r.get(k) for r in rs]) for k, _, _ in METRICS}
+        m: dict[str, Any] = {k: _median([r.get(k) for r in rs]) for k, _, _ in METRICS}
         m["rounds"] = len(rs)
         m["errors"] = sum(r.get("errors", 0) for r in rs)
         m["values"] = {k: [r.get(k) for r in rs] for k, _, _ in METRICS}
@@ -184,13 +185,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
                              + f" | {m['rounds']} | {m['errors']} |")
             for s, title in (("streamproxy-base", "base ratio"), ("streamproxy", "**ratio**")):
                 a, b = cells.get(s), cells.get("vllm")
-                if a and b:
+                if a is not None and b is not None:
                     lines.append(f"| {model} | {conc} | {title} | "
                                  + " | ".join(_fmt("{:.2f}", ratio(a[k], b[k])) for k, _, _ in METRICS) + " | | |")
             for s in labels:
                 # --api-server-count N (streamproxy-nN) and --variant NAME (streamproxy-NAME) against plain streamproxy.
                 if s.startswith("streamproxy-") and s != "streamproxy-base" and cells.get(s) and cells.get("streamproxy"):
                     a, b = cells[s], cells["streamproxy"]
+                    assert a is not None and b is not None
                     name = s.removeprefix("streamproxy-")
                     base = "n1" if name[:1] == "n" and name[1:].isdigit() else "streamproxy"
                     lines.append(f"| {model} | {conc} | **{name} / {base}** | "

@@ -20,12 +20,13 @@ import resource
 import selectors
 import socket
 import time
+from multiprocessing.synchronize import Event as EventType
 
 
-def _reader(port: int, n: int, ready: mp.Event) -> None:
+def _reader(port: int, n: int, ready: EventType) -> None:
     sel = selectors.DefaultSelector()
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
-    for s in socks:
+    socks = {s.fileno(): s for s in (socket.create_connection(("127.0.0.1", port)) for _ in range(n))}
+    for s in socks.values():
         s.setblocking(False)
         sel.register(s, selectors.EVENT_READ)
     ready.set()
@@ -33,12 +34,12 @@ def _reader(port: int, n: int, ready: mp.Event) -> None:
     while open_:
         for key, _ in sel.select():
             try:
-                data = key.fileobj.recv(65536)
+                data = socks[key.fd].recv(65536)
             except BlockingIOError:
                 continue
             if not data:
                 sel.unregister(key.fileobj)
-                key.fileobj.close()
+                socks[key.fd].close()
                 open_ -= 1
 
 

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -78,6 +79,20 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def model_name(engine_server: str) -> str:
     return requests.get(engine_server + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+# `make test-fast` leaves these out (marker `slow`): the client libraries' processes (compat/), the
+# property-based fuzzers (fuzz/), and the modules that start and kill many processes. `make test`
+# runs them all.
+TESTS = Path(__file__).resolve().parent
+SLOW = ("compat/", "fuzz/", "gateway/test_managed.py", "gateway/test_storms.py", "gateway/test_process.py",
+        "production/test_api_servers.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(TESTS).as_posix().startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

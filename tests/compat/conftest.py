@@ -48,7 +48,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -268,7 +268,7 @@ def engine_target(engine_server: str, model_name: str) -> Target:
     return Target("engine", engine_server, model_name)
 
 
-def missing_runtime(what: str, fix: str) -> None:
+def missing_runtime(what: str, fix: str) -> NoReturn:
     """Fail under CI, skip (saying how to fix it) on a developer's machine."""
     message = f"{what}; {fix}"
     if IN_CI:

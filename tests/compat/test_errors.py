@@ -9,15 +9,18 @@ mistake a failed stream for a complete answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from tests.compat.capture import Exchange
 from tests.compat.wirecheck import assert_wire_ok
 
-PROMPT = [{"role": "user", "content": "hi"}]
+PROMPT: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def client(base: str, wire) -> openai.OpenAI:
@@ -30,12 +33,12 @@ def test_openai_python_http_errors(fake_server, wire):
         c.chat.completions.create(model="no-such-model", messages=PROMPT, max_tokens=2)
     e = info.value
     assert (e.status_code, e.code, e.param) == (404, "model_not_found", "model"), f"openai-python: unknown model -> {e.status_code} code={e.code!r} param={e.param!r}"
-    with pytest.raises(openai.BadRequestError) as info:
+    with pytest.raises(openai.BadRequestError) as bad:
         c.chat.completions.create(model="fake", messages=PROMPT, max_tokens=2, temperature=5)
-    assert info.value.param == "temperature", f"openai-python: temperature=5 -> param {info.value.param!r}"
-    with pytest.raises(openai.BadRequestError) as info:
+    assert bad.value.param == "temperature", f"openai-python: temperature=5 -> param {bad.value.param!r}"
+    with pytest.raises(openai.BadRequestError) as bad:
         c.chat.completions.create(model="fake", messages=PROMPT, max_tokens=2, stream=True, n=0)
-    assert info.value.param == "n", f"openai-python: n=0 (stream) -> param {info.value.param!r}"
+    assert bad.value.param == "n", f"openai-python: n=0 (stream) -> param {bad.value.param!r}"
     assert_wire_ok(wire.exchanges, "openai-python", min_exchanges=3)
 
 
@@ -51,10 +54,10 @@ def test_openai_python_mid_stream_error_raises(fake_failing_server, wire):
 
 
 def test_langchain_errors(fake_server, fake_failing_server, wire):
-    llm = ChatOpenAI(base_url=fake_server + "/v1", api_key="unused", model="no-such-model", max_retries=0, http_client=wire.client())
+    llm = ChatOpenAI(base_url=fake_server + "/v1", api_key=SecretStr("unused"), model="no-such-model", max_retries=0, http_client=wire.client())
     with pytest.raises(openai.NotFoundError):
         llm.invoke([HumanMessage("hi")])
-    failing = ChatOpenAI(base_url=fake_failing_server + "/v1", api_key="unused", model="fake", max_tokens=10, max_retries=0, http_client=wire.client())
+    failing = ChatOpenAI(base_url=fake_failing_server + "/v1", api_key=SecretStr("unused"), model="fake", max_completion_tokens=10, max_retries=0, http_client=wire.client())
     with pytest.raises(openai.APIError):
         for _ in failing.stream([HumanMessage("hi")]):
             pass

@@ -14,17 +14,19 @@ then raise rather than hand back an empty completion.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from tests.compat.capture import Exchange
 from tests.compat.wirecheck import assert_wire_ok
 from tests.support.openai_schema import errors as schema_errors
 
-PROMPT = [{"role": "user", "content": "hi"}]
+PROMPT: list[Any] = [{"role": "user", "content": "hi"}]
 TEXT = "Hello! This is"
 
 BUG_200_ERROR = (
@@ -47,14 +49,14 @@ def test_openai_python_parses_after_newlines(fake_keepalive_server, wire):
     c = openai.OpenAI(base_url=fake_keepalive_server + "/v1", api_key="unused", http_client=wire.client(), max_retries=0)
     r = c.chat.completions.create(model="fake", messages=PROMPT, max_tokens=3)
     assert r.choices[0].message.content == TEXT, f"openai-python: choices[0].message.content = {r.choices[0].message.content!r}"
-    r = c.completions.create(model="fake", prompt="hi", max_tokens=3)
-    assert r.choices[0].text == TEXT, f"openai-python: completions choices[0].text = {r.choices[0].text!r}"
+    completion = c.completions.create(model="fake", prompt="hi", max_tokens=3)
+    assert completion.choices[0].text == TEXT, f"openai-python: completions choices[0].text = {completion.choices[0].text!r}"
     leading_newlines(wire.exchanges[0])
     assert_wire_ok(wire.exchanges, "openai-python", min_exchanges=2)
 
 
 def test_langchain_parses_after_newlines(fake_keepalive_server, wire):
-    llm = ChatOpenAI(base_url=fake_keepalive_server + "/v1", api_key="unused", model="fake", max_tokens=3, max_retries=0, http_client=wire.client())
+    llm = ChatOpenAI(base_url=fake_keepalive_server + "/v1", api_key=SecretStr("unused"), model="fake", max_completion_tokens=3, max_retries=0, http_client=wire.client())
     assert llm.invoke([HumanMessage("hi")]).content == TEXT
     leading_newlines(wire.exchanges[0])
     assert_wire_ok(wire.exchanges, "langchain")
@@ -90,8 +92,8 @@ def test_python_clients_skip_sse_comments(fake_heartbeat_server, wire):
     chunks = list(c.chat.completions.create(model="fake", messages=PROMPT, max_tokens=2, stream=True))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == "Hello! This", f"openai-python: streamed {text!r} across keepalive comments"
-    llm = ChatOpenAI(base_url=fake_heartbeat_server + "/v1", api_key="unused", model="fake", max_tokens=2, max_retries=0, http_client=wire.client())
-    assert "".join(p.content for p in llm.stream([HumanMessage("hi")])) == "Hello! This", "langchain: stream across keepalive comments"
+    llm = ChatOpenAI(base_url=fake_heartbeat_server + "/v1", api_key=SecretStr("unused"), model="fake", max_completion_tokens=2, max_retries=0, http_client=wire.client())
+    assert "".join(p.text for p in llm.stream([HumanMessage("hi")])) == "Hello! This", "langchain: stream across keepalive comments"
     has_comments(wire.exchanges[0])
     assert_wire_ok(wire.exchanges, "openai-python+langchain", min_exchanges=2)
 
@@ -141,7 +143,7 @@ def test_openai_python_raises_on_failure_after_early_200(fake_keepalive_failing_
 
 
 def test_langchain_raises_on_failure_after_early_200(fake_keepalive_failing_server, wire):
-    llm = ChatOpenAI(base_url=fake_keepalive_failing_server + "/v1", api_key="unused", model="fake", max_tokens=3, max_retries=0, http_client=wire.client())
+    llm = ChatOpenAI(base_url=fake_keepalive_failing_server + "/v1", api_key=SecretStr("unused"), model="fake", max_completion_tokens=3, max_retries=0, http_client=wire.client())
     with pytest.raises(Exception, match="injected failure"):
         llm.invoke([HumanMessage("hi")])
     check_error_body(wire.exchanges[0], "langchain")

@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from tests.compat.conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, Target
 from tests.compat.wirecheck import assert_wire_ok
@@ -28,7 +28,7 @@ PROMPT = [HumanMessage("Say hello in five words.")]
 def chat(target: Target, wire, **kw) -> ChatOpenAI:
     kw.setdefault("max_tokens", 6)
     return ChatOpenAI(
-        base_url=target.v1, api_key="unused", model=target.model, temperature=0, max_retries=0,
+        base_url=target.v1, api_key=SecretStr("unused"), model=target.model, temperature=0, max_retries=0,
         stream_usage=True, http_client=wire.client(), http_async_client=wire.async_client(), **kw,
     )
 
@@ -78,7 +78,7 @@ async def test_ainvoke_and_astream(target: Target, wire):
     llm = chat(target, wire)
     msg = await llm.ainvoke(PROMPT)
     parts = [c async for c in llm.astream(PROMPT)]
-    text = "".join(c.content for c in parts)
+    text = "".join(c.text for c in parts)
     assert text == msg.content, f"{CLIENT} astream: {text!r} != ainvoke {msg.content!r} at temperature 0"
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
@@ -113,10 +113,12 @@ def test_bind_tools_invoke_and_stream(fake_tool_server, wire):
     sent = json.loads(wire.exchanges[-1].request_body)["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool"], f"{CLIENT} round trip sent {sent}"
 
-    full = None
+    full: AIMessageChunk | None = None
     for chunk in llm.stream([HumanMessage("Weather in Paris?")]):
+        assert isinstance(chunk, AIMessageChunk), chunk
         full = chunk if full is None else full + chunk
-    assert full is not None and [tc["args"] for tc in full.tool_calls] == [TOOL_ARGS], (
+    assert full is not None
+    assert [tc["args"] for tc in full.tool_calls] == [TOOL_ARGS], (
         f"{CLIENT} bind_tools stream: tool_calls = {full.tool_calls} tool_call_chunks = {full.tool_call_chunks}"
     )
     assert [tc["index"] for tc in full.tool_call_chunks] == [0], f"{CLIENT}: tool_call_chunks index = {full.tool_call_chunks}"
@@ -126,9 +128,11 @@ def test_bind_tools_invoke_and_stream(fake_tool_server, wire):
 def test_bind_tools_parallel_stream_merges_by_index(fake_parallel_tool_server, wire):
     """LangChain merges streamed tool-call fragments by `index`: two calls must stay two."""
     llm = chat(Target("fake", fake_parallel_tool_server, "fake"), wire, max_tokens=100, stop=[END]).bind_tools([get_weather])
-    full = None
+    full: AIMessageChunk | None = None
     for chunk in llm.stream([HumanMessage("Weather in Paris and London?")]):
+        assert isinstance(chunk, AIMessageChunk), chunk
         full = chunk if full is None else full + chunk
+    assert full is not None
     assert [tc["args"] for tc in full.tool_calls] == PARALLEL_ARGS, (
         f"{CLIENT} stream: tool_calls = {full.tool_calls}, invalid = {full.invalid_tool_calls}"
     )
@@ -141,7 +145,7 @@ def test_bind_tools_parallel_stream_merges_by_index(fake_parallel_tool_server, w
 def test_with_structured_output_json_schema_fake(fake_json_server, wire):
     llm = chat(Target("fake", fake_json_server, "fake"), wire, max_tokens=100, stop=[END])
     result = llm.with_structured_output(Weather).invoke([HumanMessage("Weather in Paris as JSON")])
-    assert result == Weather(**JSON_ANSWER), f"{CLIENT} with_structured_output(json_schema): {result!r}"
+    assert result == Weather.model_validate(JSON_ANSWER), f"{CLIENT} with_structured_output(json_schema): {result!r}"
     request = json.loads(wire.exchanges[0].request_body)
     assert request["response_format"]["type"] == "json_schema"
     assert_wire_ok(wire.exchanges, CLIENT)
@@ -166,7 +170,7 @@ def test_completion_model_batches_prompts_into_one_request(target: Target, wire)
 
     llm = OpenAI(
         # n=2 needs sampling: vLLM refuses n > 1 with greedy decoding.
-        base_url=target.v1, api_key="unused", model=target.model, temperature=0.8, max_tokens=6, n=2, max_retries=0,
+        base_url=target.v1, api_key=SecretStr("unused"), model=target.model, temperature=0.8, max_tokens=6, n=2, max_retries=0,
         http_client=wire.client(), http_async_client=wire.async_client(),
     )
     result = llm.generate(["Say hello.", "Say goodbye.", "Count to three."])

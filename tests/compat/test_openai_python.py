@@ -8,7 +8,7 @@ hands back, then checks every byte the SDK read (wirecheck.py).
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 import openai
 import pytest
@@ -18,7 +18,7 @@ from tests.compat.conftest import END, JSON_ANSWER, PARALLEL_ARGS, TOOL_ARGS, WE
 from tests.compat.wirecheck import assert_wire_ok, stream_chunks
 
 CLIENT = "openai-python"
-PROMPT = [{"role": "user", "content": "Say hello in five words."}]
+PROMPT: list[Any] = [{"role": "user", "content": "Say hello in five words."}]
 
 
 def sync_client(target: Target, wire) -> openai.OpenAI:
@@ -114,7 +114,7 @@ async def test_async_chat_stream_and_non_stream(target: Target, wire):
             pass
         final = await s.get_final_completion()
     assert final.choices[0].finish_reason == "stop"
-    assert final.choices[0].message.content.startswith(text), f"{CLIENT} async .stream(): {final.choices[0].message.content!r}"
+    assert (final.choices[0].message.content or "").startswith(text), f"{CLIENT} async .stream(): {final.choices[0].message.content!r}"
     await client.close()
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=3)
 
@@ -164,7 +164,7 @@ def fake_target(base: str) -> Target:
 
 def test_tools_auto_non_stream_and_stream(fake_tool_server, wire):
     client = sync_client(fake_target(fake_tool_server), wire)
-    kw = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
+    kw: dict[str, Any] = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
     r = client.chat.completions.create(**kw)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls", f"{CLIENT}: choices[0].finish_reason = {r.choices[0].finish_reason!r}"
@@ -197,15 +197,16 @@ def test_tools_stream_helper_parses_arguments(fake_tool_server, wire):
         final = stream.get_final_completion()
     done = [e for e in events if e.type == "tool_calls.function.arguments.done"]
     assert len(done) == 1 and done[0].name == "get_weather", f"{CLIENT} .stream(): tool_calls.function.arguments.done events = {done!r}"
-    assert done[0].parsed_arguments == GetWeather(**TOOL_ARGS), f"{CLIENT} .stream(): parsed_arguments = {done[0].parsed_arguments!r}"
-    call = final.choices[0].message.tool_calls[0]
-    assert call.function.parsed_arguments == GetWeather(**TOOL_ARGS)
+    assert done[0].parsed_arguments == GetWeather.model_validate(TOOL_ARGS), f"{CLIENT} .stream(): parsed_arguments = {done[0].parsed_arguments!r}"
+    calls = final.choices[0].message.tool_calls
+    assert calls
+    assert calls[0].function.parsed_arguments == GetWeather.model_validate(TOOL_ARGS)
     assert_wire_ok(wire.exchanges, CLIENT)
 
 
 def test_parallel_tool_calls(fake_parallel_tool_server, wire):
     client = sync_client(fake_target(fake_parallel_tool_server), wire)
-    kw = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris and London?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
+    kw: dict[str, Any] = dict(model="fake", messages=[{"role": "user", "content": "Weather in Paris and London?"}], tools=[WEATHER_TOOL], stop=[END], max_tokens=100)
     calls = client.chat.completions.create(**kw).choices[0].message.tool_calls
     assert [json.loads(c.function.arguments) for c in calls] == PARALLEL_ARGS, f"{CLIENT}: message.tool_calls = {calls}"
     assert len({c.id for c in calls}) == 2, f"{CLIENT}: tool_calls[].id not unique: {[c.id for c in calls]}"
@@ -213,13 +214,13 @@ def test_parallel_tool_calls(fake_parallel_tool_server, wire):
         done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
         final = stream.get_final_completion()
     assert [(e.index, json.loads(e.arguments)) for e in done] == list(enumerate(PARALLEL_ARGS)), f"{CLIENT} .stream(): {done}"
-    assert [json.loads(c.function.arguments) for c in final.choices[0].message.tool_calls] == PARALLEL_ARGS
+    assert [json.loads(c.function.arguments) for c in final.choices[0].message.tool_calls or ()] == PARALLEL_ARGS
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
 
 
 def test_logprobs_stream_and_non_stream(target: Target, wire):
     client = sync_client(target, wire)
-    kw = dict(model=target.model, messages=PROMPT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    kw: dict[str, Any] = dict(model=target.model, messages=PROMPT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
     r = client.chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens, f"{CLIENT}: choices[0].logprobs.content has {len(content)} entries for {r.usage.completion_tokens} tokens"
@@ -236,14 +237,14 @@ def test_parse_response_format_pydantic_fake(fake_json_server, wire):
     r = client.chat.completions.parse(
         model="fake", messages=[{"role": "user", "content": "Weather in Paris as JSON"}], response_format=Weather, stop=[END], max_tokens=100,
     )
-    assert r.choices[0].message.parsed == Weather(**JSON_ANSWER), f"{CLIENT} parse(): choices[0].message.parsed = {r.choices[0].message.parsed!r}"
+    assert r.choices[0].message.parsed == Weather.model_validate(JSON_ANSWER), f"{CLIENT} parse(): choices[0].message.parsed = {r.choices[0].message.parsed!r}"
     with client.chat.completions.stream(
         model="fake", messages=[{"role": "user", "content": "Weather in Paris as JSON"}], response_format=Weather, stop=[END], max_tokens=100,
     ) as stream:
         for _ in stream:
             pass
         final = stream.get_final_completion()
-    assert final.choices[0].message.parsed == Weather(**JSON_ANSWER)
+    assert final.choices[0].message.parsed == Weather.model_validate(JSON_ANSWER)
     request = json.loads(wire.exchanges[0].request_body)
     assert request["response_format"]["type"] == "json_schema"
     assert_wire_ok(wire.exchanges, CLIENT, min_exchanges=2)
@@ -252,7 +253,7 @@ def test_parse_response_format_pydantic_fake(fake_json_server, wire):
 @pytest.mark.engine
 def test_named_tool_choice_real_engine(engine_target: Target, wire):
     client = sync_client(engine_target, wire)
-    kw = dict(
+    kw: dict[str, Any] = dict(
         model=engine_target.model, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=60, temperature=0,
     )
@@ -278,5 +279,5 @@ def test_parse_json_schema_real_engine(engine_target: Target, wire):
     assert isinstance(parsed, Weather), f"{CLIENT} parse(): choices[0].message.parsed = {parsed!r} from content {r.choices[0].message.content!r}"
     import jsonschema
 
-    jsonschema.validate(json.loads(r.choices[0].message.content), WEATHER_SCHEMA)
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), WEATHER_SCHEMA)
     assert_wire_ok(wire.exchanges, CLIENT)

@@ -10,16 +10,18 @@ that depends on it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from tests.compat.capture import Exchange
 from tests.compat.conftest import END, WEATHER_TOOL, Target
 from tests.compat.wirecheck import assert_wire_ok, stream_chunks
 
-PROMPT = [{"role": "user", "content": "Say hello in five words."}]
+PROMPT: list[Any] = [{"role": "user", "content": "Say hello in five words."}]
 
 
 def oai(target: Target, wire) -> openai.OpenAI:
@@ -45,10 +47,10 @@ def test_trap_content_empty_string_not_null(target: Target, wire):
     r = oai(target, wire).chat.completions.create(model=target.model, messages=PROMPT, max_tokens=5, temperature=0)
     body = json.loads(wire.exchanges[-1].body)
     assert isinstance(body["choices"][0]["message"]["content"], str), f"langchain: choices[0].message.content = {body['choices'][0]['message']['content']!r}"
-    llm = ChatOpenAI(base_url=target.v1, api_key="unused", model=target.model, max_tokens=5, temperature=0, http_client=wire.client(), stream_usage=True)
+    llm = ChatOpenAI(base_url=target.v1, api_key=SecretStr("unused"), model=target.model, max_completion_tokens=5, temperature=0, http_client=wire.client(), stream_usage=True)
     parts = list(llm.stream([HumanMessage("Say hello in five words.")]))
     assert all(isinstance(p.content, str) for p in parts), f"langchain: AIMessageChunk.content types {[type(p.content).__name__ for p in parts]}"
-    assert "".join(p.content for p in parts) == r.choices[0].message.content
+    assert "".join(p.text for p in parts) == r.choices[0].message.content
     assert_wire_ok(wire.exchanges, "openai-python+langchain", min_exchanges=3)
 
 

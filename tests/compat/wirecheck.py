@@ -8,10 +8,10 @@ problems, each naming the client, the endpoint and the exact field, e.g.
     role in a chunk after the first of choice 0
 
 Every chat response and every chat stream chunk is validated against
-OpenAI's published schemas (tests/support/openai_schema.py); `/v1/models`
-against ListModelsResponse / Model; errors against ErrorResponse. The spec
-files hold no legacy-completions schema, so `/v1/completions` gets a
-structural check here. On top of the schemas, streams are held to the
+OpenAI's shapes (tests/support/openai_schema.py: the `openai` SDK's models,
+as strict as OpenAI's API reference); `/v1/models` against
+ListModelsResponse / Model; errors against ErrorResponse.
+`/v1/completions` gets a structural check here. On top of the schemas, streams are held to the
 contract the clients rely on (the known traps): role only in the first
 chunk of a choice, `content` a string (never null) in text deltas,
 `finish_reason` on the last chunk of a choice only, the usage chunk last
@@ -243,7 +243,7 @@ def exchange_problems(ex: Any, stream_error: bool = False) -> list[str]:
 
 
 def problems(exchanges: list[Any], client: str, stream_error: bool = False) -> list[str]:
-    out = []
+    out: list[str] = []
     for ex in exchanges:
         out.extend(f"{client} {ex.method} {ex.path}: {m}" for m in exchange_problems(ex, stream_error))
     return out

@@ -44,7 +44,7 @@ class Subject:
     unstarted: Callable[[], Any]  # a fresh engine of the same kind, not started
 
     def run(self, coro: Awaitable[T]) -> T:
-        return self.runner.run(asyncio.wait_for(coro, START_TIMEOUT))  # type: ignore[arg-type]
+        return self.runner.run(asyncio.wait_for(coro, START_TIMEOUT))
 
     def prompt(self) -> list[int]:
         return self.engine.render_chat(MESSAGES)
@@ -80,7 +80,7 @@ async def collect(stream: OutputStream) -> list[Delta]:
 
     async def go() -> list[Delta]:
         out: list[Delta] = []
-        async for step in stream:
+        async for step in stream:  # type: ignore[attr-defined]  # both implementations iterate; the Protocol does not promise it
             assert isinstance(step, list) and step, step
             out += step
         return out
@@ -225,7 +225,7 @@ def test_the_same_greedy_request_gives_the_same_answer_with_and_without_logprobs
     assert all(d.logprobs is not None and len(d.logprobs) == d.num_tokens for d in with_logprobs if d.num_tokens)
     assert [lp.token_id for _, lp in entries] == answers[0][1]
     for _, lp in entries:
-        assert isinstance(lp, TokenLogprob) and isinstance(lp.bytes, bytes) and lp.logprob <= 0
+        assert isinstance(lp, TokenLogprob) and isinstance(lp.bytes, bytes) and lp.logprob is not None and lp.logprob <= 0
         assert 1 <= len(lp.top) <= 2 and all(isinstance(t, TokenLogprob) for t in lp.top)
         assert lp.logprob == lp.top[0].logprob  # greedy: the chosen token is the most likely one
 

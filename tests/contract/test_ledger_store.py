@@ -11,6 +11,8 @@ refuses leaving nothing behind).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import datetime as dt
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -137,7 +139,7 @@ async def test_usage_sums_equal_the_sums_of_the_records_in_every_grouping(store:
         rows = await store.usage(UsageQuery(start_us=T0, end_us=end, group_by=group_by))  # type: ignore[arg-type]
         expected: dict[tuple, list[int]] = {}
         for r in records:
-            period = "day" if "day" in group_by else "month" if "month" in group_by else None
+            period: Literal["day", "month"] | None = "day" if "day" in group_by else "month" if "month" in group_by else None
             group = (r.deployment if "deployment" in group_by else None, r.key_id if "key" in group_by else None,
                      period_of(r.ts_us, period) if period else None)
             s = expected.setdefault(group, [0, 0, 0, 0])

@@ -55,7 +55,7 @@ def reasons(deltas: Sequence[Delta]) -> dict[int, str]:
     return {d.index: d.finish_reason for d in deltas if d.finish_reason is not None}
 
 
-def drain(stream) -> list[Delta]:  # type: ignore[no-untyped-def]
+def drain(stream) -> list[Delta]:
     """Everything pending now (up to the end, if it came)."""
     out: list[Delta] = []
     try:
@@ -418,8 +418,12 @@ def test_vllm_prompt_logprobs_are_on_the_stream_before_the_first_step_is_handed_
     stream = producer.stream
     assert stream.prompt_logprobs is None
     seen_at_step: list[object] = []
+    def record(deltas: list[Delta]) -> bool:
+        seen_at_step.append(stream.prompt_logprobs)
+        return True
+
     if push:
-        assert stream.arm(lambda deltas: seen_at_step.append(stream.prompt_logprobs) is None)
+        assert stream.arm(record)
     producer.step("a")
     producer.step("b")
     if not push:

@@ -89,7 +89,7 @@ def test_data_parallel_two_engine_cores_in_one_process() -> None:
             answers = list(pool.map(lambda _: _complete(srv.base, 32), range(16)))
         assert all(a["usage"]["completion_tokens"] == 32 for a in answers)
         text = requests.get(srv.url("/metrics"), timeout=10).text
-        per_engine = {}
+        per_engine: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("vllm:generation_tokens_total{"):
                 engine = line.split('engine="', 1)[1].split('"', 1)[0]

@@ -6,12 +6,16 @@ and raw HTTP, every stream checked event by event against the SDKs' models.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 import openai
 import pytest
 import requests
+from anthropic.types import MessageParam
 
 from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic, check_responses, responses_order, responses_text
+from tests.support.sdk import text_of
 from tests.support.sse import named_events
 
 pytestmark = pytest.mark.engine
@@ -52,14 +56,14 @@ def test_responses_raw_stream_events(engine_server, model_name):
 
 def test_anthropic_create_stream_and_count(engine_server, model_name):
     api = anthropic.Anthropic(base_url=engine_server, api_key="x", max_retries=0)
-    messages = [{"role": "user", "content": QUESTION}]
-    greedy = {"extra_body": {"temperature": 0}}  # current SDKs no longer take `temperature` as an argument
+    messages: list[MessageParam] = [{"role": "user", "content": QUESTION}]
+    greedy: dict[str, Any] = {"extra_body": {"temperature": 0}}  # current SDKs no longer take `temperature` as an argument
     message = api.messages.create(model=model_name, max_tokens=30, messages=messages, **greedy)
     assert message.stop_reason in ("end_turn", "max_tokens")
     with api.messages.stream(model=model_name, max_tokens=30, messages=messages, **greedy) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text == message.content[0].text == final.content[0].text
+    assert text == text_of(message.content[0]) == text_of(final.content[0])
     assert final.usage.output_tokens == message.usage.output_tokens
     counted = api.messages.count_tokens(model=model_name, messages=messages)
     billed = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)

@@ -12,10 +12,13 @@ end against vLLM's path on the running engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from engine_adapter.base import Delta, EngineFailure, GenerationParams
+from engine_adapter.base import Delta, DeltaQueue, EngineFailure, GenerationParams
 from engine_adapter.vllm_direct import DirectRoute, eligible
+from tests.support.push import keep
 
 pytestmark = pytest.mark.engine
 
@@ -78,6 +81,11 @@ def _vllm_text(tokenizer, prompt_ids: list[int], steps: list[list[int]], stop_te
     return detok.output_text
 
 
+def text_of(delta: Delta) -> str:
+    assert isinstance(delta.text, str), delta
+    return delta.text
+
+
 def _drain(stream) -> list[Delta]:
     got: list[Delta] = []
     while True:
@@ -102,7 +110,7 @@ def test_text_equals_vllms_detokenizer(tokenizer, per_step):
         last = i == len(steps) - 1
         route.process_outputs([_output("r-1", step, FinishReason.LENGTH if last else None)])
     deltas = _drain(stream)
-    assert "".join(d.text for d in deltas) == _vllm_text(tokenizer, prompt, steps, False) == TEXT
+    assert "".join(text_of(d) for d in deltas) == _vllm_text(tokenizer, prompt, steps, False) == TEXT
     assert sum(d.num_tokens for d in deltas) == len(ids)
     assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
     assert len(route) == 0 and route.internal_ids == {}
@@ -121,7 +129,7 @@ def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
     route.process_outputs([_output("s-1", [eos], FinishReason.STOP)])
     deltas = _drain(stream)
     expected = _vllm_text(tokenizer, [1, 2], [ids, [eos]], True, include_stop_str_in_output=include, skip_special_tokens=False)
-    assert "".join(d.text for d in deltas) == expected
+    assert "".join(text_of(d) for d in deltas) == expected
     assert expected.endswith(tokenizer.eos_token) is include
     assert deltas[-1].finish_reason == "stop" and deltas[-1].token_ids == [eos]
     assert sum(d.num_tokens for d in deltas) == len(ids) + 1
@@ -140,7 +148,7 @@ def test_mixed_batch_other_requests_reach_vllm(tokenizer):
     result = route.process_outputs([_output("d-1", ids)])
     assert vllm_side.seen == [["x-1", "y-1"]] and result.request_outputs == [] and result.reqs_to_abort == []
     route.uninstall()
-    assert vllm_side.process_outputs.__self__ is vllm_side
+    assert getattr(vllm_side.process_outputs, "__self__") is vllm_side  # its own bound method again
 
 
 def _drain_pending(stream) -> list[Delta]:
@@ -173,7 +181,7 @@ def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
     odd = add(route, _request("odd-1", [5]), "odd", GenerationParams(max_tokens=4))
     route.requests["bad-1"].decoder = object()  # its decoder breaks
     ok = tokenizer.encode(" ok", add_special_tokens=False)
-    route.process_outputs([_output("bad-1", ok), _output("good-1", ok), _output("odd-1", ["not a token id"])])
+    route.process_outputs([_output("bad-1", ok), _output("good-1", ok), _output("odd-1", ["not a token id"])])  # type: ignore[list-item]  # a bad token id on purpose
     assert [d.text for d in good.get_nowait()] == [" ok"]
     with pytest.raises(EngineFailure, match="AttributeError"):
         bad.get_nowait()
@@ -192,6 +200,10 @@ def test_unsupported_names_what_is_missing(monkeypatch):
     from engine_adapter import vllm_direct
 
     class Part:
+        output_processor: object
+        input_processor: Part
+        engine_core: Part
+
         def __init__(self, *names):
             for n in names:
                 setattr(self, n, lambda *a, **k: None)
@@ -208,14 +220,14 @@ def test_unsupported_names_what_is_missing(monkeypatch):
     llm.input_processor = Part("process_inputs", "assign_request_id")
     llm.engine_core = Part("add_request_async", "abort_requests_async")
     assert vllm_direct.unsupported(llm) is None
-    del llm.engine_core.abort_requests_async
+    delattr(llm.engine_core, "abort_requests_async")
     assert vllm_direct.unsupported(llm) == "EngineCoreClient has no abort_requests_async"
     monkeypatch.setattr(vllm_direct, "CHECKED_VLLM", ("0.1.",))
-    assert "is not a release it was checked against" in vllm_direct.unsupported(llm)
+    assert "is not a release it was checked against" in (vllm_direct.unsupported(llm) or "")
 
 
 # Stop strings: the route against vLLM's own OutputProcessor, fed the same engine-core outputs.
-STOP_CASES = {
+STOP_CASES: dict[str, dict[str, Any]] = {
     "mid-text, one token a step": dict(stop=["wörld"], per_step=1),
     "surplus tokens in the step": dict(stop=["日本"], per_step=4),
     "kept in the output": dict(stop=["日本"], per_step=3, include_stop_str_in_output=True),
@@ -264,8 +276,8 @@ def test_stop_strings_as_vllms_output_processor(tokenizer, case):
         result = route.process_outputs([_output("d-1", list(step), finish(i))])
         d_aborted |= "d-1" in result.reqs_to_abort
     deltas = _drain(stream)
-    assert "".join(d.text for d in deltas) == v_text
-    assert [t for d in deltas for t in d.token_ids] == v_ids
+    assert "".join(text_of(d) for d in deltas) == v_text
+    assert [t for d in deltas for t in d.token_ids or ()] == v_ids
     assert sum(d.num_tokens for d in deltas) == len(v_ids)
     assert deltas[-1].finish_reason == v_finish and d_aborted == v_aborted
     assert len(route) == 0
@@ -455,7 +467,7 @@ def _prompt_tensors(rng, prompt: list[int], k: int, pool: list[int]):
                            torch.tensor([r[2] for r in rows]))
 
 
-MIXED_CASES = {  # name: (sampling kwargs, tokens per step)
+MIXED_CASES: dict[str, tuple[dict[str, Any], int]] = {  # name: (sampling kwargs, tokens per step)
     "n=2": (dict(n=2, seed=7), 2),
     "logprobs=5": (dict(logprobs=5), 1),
     "logprobs=0": (dict(logprobs=0), 3),
@@ -536,6 +548,7 @@ def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bo
     request.arrival_time = ARRIVAL
     keys = ("n", "logprobs", "prompt_logprobs", "stop", "include_stop_str_in_output")
     params = GenerationParams(max_tokens=64, **{k: v for k, v in sampling.items() if k in keys})
+    stream: DeltaQueue | VllmOutputStream
     if direct:
         stream, sent = route.add(request, "m", params)
         assert [r.request_id for r in sent] == [b.request_id for b in batches[0][1]]
@@ -569,7 +582,7 @@ def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bo
         except StopAsyncIteration:
             got = None
         for d in got or []:
-            deltas.append((d.index, d.text, d.num_tokens, d.finish_reason, list(d.token_ids), _as_tuples(d.logprobs)))
+            deltas.append((d.index, d.text, d.num_tokens, d.finish_reason, list(d.token_ids or ()), _as_tuples(d.logprobs)))
     with pytest.raises(StopAsyncIteration):
         stream.get_nowait()
     assert not processor.request_states and len(route) == 0 and route.internal_ids == {}
@@ -683,7 +696,7 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     route = DirectRoute(StandInProcessor(), tokenizer, backlog=lambda: waiting[0])
     stream = add(route, _request("b-1", [1, 2]), "b", GenerationParams(max_tokens=4))
     pushed: list[list[Delta]] = []
-    assert stream.arm(lambda deltas: pushed.append(deltas) or True)
+    assert stream.arm(keep(pushed))
     ids = tokenizer.encode(" one two three four", add_special_tokens=False)[:4]
     for step in ids[:3]:  # a backlog of three batches, taken one after the other
         route.process_outputs([_output("b-1", [step])])
@@ -691,6 +704,6 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     assert pushed == []  # none pushed: the writer takes them together
     held = stream.get_nowait()
     assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[:3]]
-    assert stream.arm(lambda deltas: pushed.append(deltas) or True)  # the writer caught up
+    assert stream.arm(keep(pushed))  # the writer caught up
     route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
     assert [d.token_ids for d in pushed[0]] == [[ids[3]]] and pushed[0][0].finish_reason == "length"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.engine
 
 DEPLOYMENT = "smol-gateway"
 # Long enough to fill several of the engine's 16-token KV blocks.
-MESSAGES = [{"role": "system", "content": "You are a terse assistant for a boat shop. " * 12}, {"role": "user", "content": "Hello!"}]
+MESSAGES: list[Any] = [{"role": "system", "content": "You are a terse assistant for a boat shop. " * 12}, {"role": "user", "content": "Hello!"}]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def _lines(access: Path) -> list[dict]:
 
 def test_stream_through_the_gateway_equals_the_replicas_answer(gateway, engine_server, model_name):
     gw, access = gateway
-    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True}
+    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True}
     direct = requests.post(engine_server + "/v1/chat/completions", json={**body, "model": model_name}, timeout=120)
     relayed = requests.post(gw.url("/v1/chat/completions"), json={**body, "model": DEPLOYMENT}, timeout=120)
     assert relayed.status_code == 200 and relayed.headers["X-Accel-Buffering"] == "no"
@@ -61,7 +62,7 @@ def test_stream_through_the_gateway_equals_the_replicas_answer(gateway, engine_s
 
 def test_the_replicas_usage_is_metered_cached_tokens_included(gateway, model_name):
     gw, access = gateway
-    body = {"model": DEPLOYMENT, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    body: dict[str, Any] = {"model": DEPLOYMENT, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
     answers = [requests.post(gw.url("/v1/chat/completions"), json={**body, "stream": stream}, timeout=120) for stream in (False, True, True)]
     assert [a.status_code for a in answers] == [200, 200, 200]
     usage = answers[0].json()["usage"]

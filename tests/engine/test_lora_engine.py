@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -25,7 +26,7 @@ from tests.support.waiting import wait_until_sync
 pytestmark = pytest.mark.engine
 
 PROMPT = "The capital of France is"
-GREEDY = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+GREEDY: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 def _adapter(base: Path, dest: Path, seed: int) -> Path:
@@ -36,7 +37,7 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM")
-    get_peft_model(model, config).save_pretrained(dest)
+    get_peft_model(model, config).save_pretrained(str(dest))
     assert (dest / "adapter_config.json").is_file()
     return dest
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import requests
@@ -143,8 +144,8 @@ def _wait_idle(base: str) -> None:
 
 def _send(base: str, model: str, kind: str) -> tuple[list[str], dict]:
     """One request of `kind`: its choices' finish reasons and its usage."""
-    path, body, _, _ = KINDS[kind]
-    body = {"model": model, "temperature": 0, **body}  # n=2 brings its own temperature
+    path, kind_body, _, _ = KINDS[kind]
+    body: dict[str, Any] = {"model": model, "temperature": 0, **kind_body}  # n=2 brings its own temperature
     if body.get("stream"):
         body["stream_options"] = {"include_usage": True}
     r = requests.post(base + path, json=body, timeout=300)

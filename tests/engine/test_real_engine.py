@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from typing import Any
 
 import openai
 import pytest
@@ -14,7 +15,7 @@ from tests.support import sse, wait_until_sync
 
 pytestmark = pytest.mark.engine
 
-MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 # Greedy answers differ between CPUs (kernels, ISA), so no test may depend on what the
 # model says. Where a test needs known text, a regex constraint forces it: any model,
@@ -127,7 +128,7 @@ def test_openai_sdk_stream(engine_server, model_name):
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     full = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=20, temperature=0)
     assert text == full.choices[0].message.content
@@ -221,8 +222,8 @@ ROUTE_KINDS = {
 
 def _answer(base: str, model: str, kind: str, stream: bool) -> dict:
     """Per choice: text, logprobs, finish reason; the usage, and the prompt logprobs when asked."""
-    path, body = ROUTE_KINDS[kind]
-    body = {"model": model, "temperature": 0, **body, "stream": stream}
+    path, kind_body = ROUTE_KINDS[kind]
+    body: dict[str, Any] = {"model": model, "temperature": 0, **kind_body, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     r = requests.post(base + path, json=body, timeout=120)
@@ -230,9 +231,9 @@ def _answer(base: str, model: str, kind: str, stream: bool) -> dict:
     chat = path == "/v1/chat/completions"
     if not stream:
         data = r.json()
-        choices = {c["index"]: (c["message"]["content"] if chat else c["text"], c["logprobs"], c["finish_reason"],
-                                c.get("prompt_logprobs")) for c in data["choices"]}
-        return {"choices": choices, "usage": _uncached(data["usage"])}
+        answered = {c["index"]: (c["message"]["content"] if chat else c["text"], c["logprobs"], c["finish_reason"],
+                                 c.get("prompt_logprobs")) for c in data["choices"]}
+        return {"choices": answered, "usage": _uncached(data["usage"])}
     chunks = sse.payloads(r.content)
     choices: dict = {}
     for chunk in chunks:

@@ -12,6 +12,7 @@ own tool parsers through the adapter filter with the real tokenizer.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jsonschema
 import openai
@@ -21,6 +22,7 @@ import requests
 
 from tests.support import validate
 from tests.support.chat import Call, chat_chunks, reassemble
+from tests.support.sdk import function_calls
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +38,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "description": "Current time", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
 
 
 def chat(base: str, body: dict) -> requests.Response:
@@ -173,14 +175,14 @@ def test_openai_sdk_tools_and_parse(engine_server, model_name):
     sdk = openai.OpenAI(base_url=engine_server + "/v1", api_key="none", max_retries=0)
     kw = {"model": model_name, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 120}
     done = sdk.chat.completions.create(tool_choice="required", **kw)
-    calls = [(c.function.name, c.function.arguments) for c in done.choices[0].message.tool_calls]
+    calls = function_calls(done.choices[0].message)
     assert_valid_calls(calls)
     with sdk.chat.completions.stream(tool_choice="required", **kw) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_completion()
     assert "tool_calls.function.arguments.delta" in events and "tool_calls.function.arguments.done" in events
-    assert [(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == calls
-    assert [c.id for c in final.choices[0].message.tool_calls] != [c.id for c in done.choices[0].message.tool_calls]
+    assert function_calls(final.choices[0].message) == calls
+    assert [c.id for c in final.choices[0].message.tool_calls or ()] != [c.id for c in done.choices[0].message.tool_calls or ()]
     parsed = sdk.chat.completions.parse(model=model_name, messages=MESSAGES, response_format=Weather, temperature=0, max_tokens=120)
     assert isinstance(parsed.choices[0].message.parsed, Weather)
 
@@ -217,7 +219,7 @@ def test_vllm_registry_parser_through_the_adapter():
             tail, reason = pipe.finish("stop")
             parts += tail
             content = "".join(p.text for p in parts if p.kind == CONTENT)
-            calls = [[p.name, ""] for p in parts if p.kind == TOOL_CALL]
+            calls: list[list[str]] = [[p.name or "", ""] for p in parts if p.kind == TOOL_CALL]
             for p in parts:
                 if p.kind == TOOL_ARGS:
                     calls[p.index][1] += p.text

@@ -120,7 +120,7 @@ class LiveGateway(_OnItsLoop):
 
     async def _serve(self, app: web.Application, settings: Settings) -> str:
         runner = make_runner(app, settings)
-        runner._shutdown_timeout = 0.2  # type: ignore[attr-defined]
+        runner._shutdown_timeout = 0.2
         await runner.setup()
         self.runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0).start()

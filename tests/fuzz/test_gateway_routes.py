@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Iterator
 from urllib.parse import quote
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -116,7 +118,7 @@ def _anthropic_route(path: str) -> bool:
 
 # --- keys ----------------------------------------------------------------------------
 
-KEYS = [{"id": "limited", "key": "sk-limited", "deployments": [CHAT[0]], "rpm": 5}, {"id": "open", "key": "sk-open"}]
+KEYS: list[dict[str, Any]] = [{"id": "limited", "key": "sk-limited", "deployments": [CHAT[0]], "rpm": 5}, {"id": "open", "key": "sk-open"}]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,7 @@ def keyed() -> Iterator[LiveGateway]:
 
 
 # Header values an HTTP client can send: printable Latin-1.
-_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, blacklist_categories=("Cc",)), max_size=30)
+_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, blacklist_categories=["Cc"]), max_size=30)
 _SECRETS = st.sampled_from(["sk-limited", "sk-open"]) | st.sampled_from(["sk-open ", " sk-limited", "sk-", "", "sk-open\t"]) | _HEADER_TEXT
 _AUTH = st.one_of(
     st.builds(lambda scheme, secret: {"Authorization": f"{scheme}{secret}"}, st.sampled_from(["Bearer ", "bearer ", "Bearer  ", "Basic ", ""]), _SECRETS),

@@ -28,7 +28,7 @@ from tests.support import sse as wire
 from tests.support.chat import reassemble
 
 # Every UTF-8 length, and the characters whose bytes look most alike.
-CHARS = st.sampled_from(list("aZ \n\"\\<>{}é€😀中\u0000\u2028\ufeff")) | st.characters(blacklist_categories=("Cs",))
+CHARS = st.sampled_from(list("aZ \n\"\\<>{}é€😀中\u0000\u2028\ufeff")) | st.characters(blacklist_categories=["Cs"])
 texts = st.text(CHARS, max_size=40)
 
 

@@ -94,7 +94,7 @@ class Replica:
         app = create_app(conf, self.engine)
         app.on_response_prepare.append(self._saw)
         self.runner = make_runner(app, conf)
-        self.runner._shutdown_timeout = SHUTDOWN  # type: ignore[attr-defined]
+        self.runner._shutdown_timeout = SHUTDOWN
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048).start()
         self.port = self.runner.addresses[0][1]
@@ -188,7 +188,7 @@ async def gateway(replica: StartReplica) -> AsyncIterator[StartGateway]:
         conf = Settings(host="127.0.0.1", port=0, **settings)
         app = create_gateway_app(conf, config(urls, deployments=deployments, keys=keys, upstream=upstream), ledger)
         runner = make_runner(app, conf)
-        runner._shutdown_timeout = SHUTDOWN  # type: ignore[attr-defined]
+        runner._shutdown_timeout = SHUTDOWN
         await runner.setup()
         started.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()

@@ -12,6 +12,8 @@ records do, behind the admin key, with 400s for bad parameters.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import asyncio
 import json
 import sqlite3
@@ -292,7 +294,7 @@ async def test_usage_sums_equal_the_sums_of_the_records(replica, gateway, sessio
         dims = group_by.split(",")
         expected: dict[tuple, list[int]] = {}
         for r in BOOKS:
-            period = "day" if "day" in dims else "month" if "month" in dims else None
+            period: Literal["day", "month"] | None = "day" if "day" in dims else "month" if "month" in dims else None
             group = (r.deployment if "deployment" in dims else None, r.key_id if "key" in dims else None,
                      period_of(r.ts_us, period) if period else None)
             s = expected.setdefault(group, [0, 0, 0, 0, 0])

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+from typing import Any
 
 import openai
 import requests
@@ -21,7 +22,7 @@ from tests.gateway.gateway_support import fits
 from tests.support.gateway import alive, gateway_process
 from tests.support.waiting import wait_until_sync
 
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 FAKE = '["--fake-boot-delay", "0.3"'
 
 
@@ -118,7 +119,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_in_band_and_is_restarted(tm
             rest = [line for line in lines if line.startswith(b"data: ")]
         assert rest[-1] == b"data: [DONE]"
         assert json.loads(rest[-2][6:])["error"]["code"] == "upstream_unavailable"
-        info = wait_until_sync(lambda: gw.deployment("dep-smol")["restarts"] == 1 and gw.state("dep-smol") == "ready", 60)
+        wait_until_sync(lambda: gw.deployment("dep-smol")["restarts"] == 1 and gw.state("dep-smol") == "ready", 60)
         info = gw.deployment("dep-smol")
         assert info["restarts"] == 1 and pids_of(info) and pids_of(info)[0] != pid, info
         assert chat(gw, "smol").status_code == 200

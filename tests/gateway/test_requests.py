@@ -36,13 +36,13 @@ async def test_integers_past_64_bits_reach_the_replica_exactly(replica, gateway,
             '{"type":"object","properties":{"n":{"type":"integer","maximum":123456789012345678901234567890}}}}}]}'
             % json.dumps(USER_HI))
     sent: list[bytes] = []
-    original = gw.state.upstreams.send  # type: ignore[union-attr]
+    original = gw.state.upstreams.send
 
     async def spy(url, path, data, headers, **kw):
         sent.append(data)
         return await original(url, path, data, headers, **kw)
 
-    gw.state.upstreams.send = spy  # type: ignore[union-attr,method-assign]
+    gw.state.upstreams.send = spy
     async with session.post(gw.url("/v1/chat/completions"), data=body, headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 200, await resp.text()
     assert b'"maximum":123456789012345678901234567890' in sent[0]

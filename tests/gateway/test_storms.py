@@ -29,6 +29,7 @@ pytestmark = pytest.mark.storm
 # Every token 50 ms apart, the same word: a stream of N tokens lasts N/20 s.
 REPLICA_ARGS = [*FAKE_ARGS, "--served-model-name", SERVED, "--fake-text", " word", "--fake-token-delay", "0.05"]
 BOUND = 60.0  # nothing here may take longer; a passing run takes a few seconds
+LONG = 160  # tokens of the streams a replica's death cuts: 8 s at 50 ms a token
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,9 @@ async def test_kill_9_one_replica_of_three_during_200_streams(replica_procs, gat
             return first + await resp.read()
 
     async with client() as session, asyncio.timeout(BOUND):
-        # 150 streams of 3 s; once all are under way (some on the victim), kill it; then 50 more.
-        before = {f"a{i}": asyncio.ensure_future(stream(session, f"a{i}", 60)) for i in range(150)}
+        # 150 streams of 8 s (room for a busy machine to start them all before the first ends);
+        # once all are under way (some on the victim), kill it; then 50 more.
+        before = {f"a{i}": asyncio.ensure_future(stream(session, f"a{i}", LONG)) for i in range(150)}
         assert await wait_until(lambda: under_way == 150 or any(t.done() for t in before.values()), BOUND)
         assert under_way == 150, [t for t in before.values() if t.done()][:1]
         on_victim = gw.pool().replicas[0].outstanding
@@ -94,7 +96,7 @@ async def test_kill_9_one_replica_of_three_during_200_streams(replica_procs, gat
             chunks = [c for c in sse.payloads(body) if c["choices"]]
             assert chunks[-1]["choices"][0]["finish_reason"] == "length"
             text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-            assert text == " word" * (60 if rid.startswith("a") else 10)  # every token
+            assert text == " word" * (LONG if rid.startswith("a") else 10)  # every token
     # The streams cut are exactly those that were running on the victim; the rest never noticed.
     assert sorted(broken) == sorted(rid for rid, url in upstream.items() if url == victim.base)
     assert len(broken) == on_victim and all(rid.startswith("a") for rid in broken)

@@ -5,6 +5,7 @@ client, and closing a response early (how a replica learns to abort)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -123,7 +124,7 @@ async def test_a_replica_silent_past_the_read_timeout_breaks_the_stream(replica)
     upstreams = Upstreams(connect_timeout=5, read_timeout=0.2)
     exchange = await send(upstreams, url)
     pieces: list[bytes] = []
-    exchange.stream(lambda data: pieces.append(data) or True)
+    exchange.stream(collect(pieces, True))
     with pytest.raises(UpstreamClosed, match="sent nothing for 0.2 s"):
         await exchange.wait()
     assert pieces == [b"data: 1"]
@@ -146,7 +147,7 @@ async def test_a_sink_that_cannot_take_more_pauses_reading_until_resumed(replica
     upstreams = Upstreams(connect_timeout=5, read_timeout=5)
     exchange = await send(upstreams, url)
     got: list[bytes] = []
-    exchange.stream(lambda data: got.append(data) or False)  # never keeps up: every piece pauses
+    exchange.stream(collect(got, False))  # never keeps up: every piece pauses
     rounds = 0
     while True:
         await exchange.wait()
@@ -184,7 +185,7 @@ async def test_a_broken_chunked_stream_is_an_error_not_an_end(replica):
     upstreams = Upstreams(connect_timeout=5, read_timeout=5)
     exchange = await send(upstreams, url)
     got: list[bytes] = []
-    exchange.stream(lambda data: got.append(data) or True)
+    exchange.stream(collect(got, True))
     with pytest.raises(UpstreamClosed, match="before the end of its response"):
         await exchange.wait()
     assert got == [b"data: 1"] and not exchange.complete
@@ -231,11 +232,21 @@ async def test_a_connection_closed_before_its_request_fails_the_request_at_once(
         await asyncio.wait_for(exchange.head(), 1)
 
 
-class _ClosedTransport:
+def collect(into: list[bytes], keep_up: bool) -> Callable[[bytes], bool]:
+    """A stream sink that keeps every piece and answers `keep_up`."""
+
+    def sink(data: bytes) -> bool:
+        into.append(data)
+        return keep_up
+
+    return sink
+
+
+class _ClosedTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return True
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         raise AssertionError("nothing is written on a closed connection")
 
     def close(self) -> None:

@@ -10,24 +10,29 @@ in Anthropic's shape, before the first byte and in the stream.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anthropic
 import pytest
 import requests
-from anthropic.types import Message, TextBlock, ToolUseBlock
+from anthropic.types import Message, MessageParam, TextBlock, ToolParam, ToolUseBlock
+from anthropic.types.message_create_params import MessageCreateParamsBase
 
 from engine_adapter.fake import FakeScript
 from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
 from tests.support.fake import USER_HI_PROMPT_TOKENS
+from tests.support.sdk import error_body, text_of
 from tests.support.server import fake_server
 from tests.support.sse import named_events
 
-HI = [{"role": "user", "content": "hi"}]
-WEATHER = {
+HI: list[MessageParam] = [{"role": "user", "content": "hi"}]
+WEATHER: ToolParam = {
     "name": "get_weather",
     "description": "Weather in a city",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
+# For `requests` (its `json=` wants JSON types, not the SDK's TypedDicts).
+ANTHROPIC_STREAM_BODY: dict[str, Any] = {"max_tokens": 4, "messages": HI, "stream": True}
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
@@ -163,16 +168,17 @@ async def test_sdk_create_stream_and_stream_helper(serve):
             final = await stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert text == "Hello world"
-    assert isinstance(final, Message) and final.content[0].text == "Hello world"
+    assert isinstance(final, Message) and text_of(final.content[0]) == "Hello world"
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3 and final.usage.input_tokens == USER_HI_PROMPT_TOKENS
 
 
 async def test_sdk_count_tokens_matches_the_billed_prompt(serve):
     client, _ = await serve()
-    body = {"system": "be brief", "messages": HI, "tools": [WEATHER]}
     async with sdk(client) as api:
-        counted = await api.messages.count_tokens(model="fake", **body)
-        message = await api.messages.create(model="fake", max_tokens=5, tool_choice={"type": "none"}, **body)
+        counted = await api.messages.count_tokens(model="fake", system="be brief", messages=HI, tools=[WEATHER])
+        message = await api.messages.create(
+            model="fake", max_tokens=5, tool_choice={"type": "none"}, system="be brief", messages=HI, tools=[WEATHER]
+        )
         plain = await api.messages.count_tokens(model="fake", system="be brief", messages=HI)
     assert counted.input_tokens == message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
     assert plain.input_tokens == len("<|system|>be brief\n<|user|>hi\n<|assistant|>")
@@ -181,7 +187,9 @@ async def test_sdk_count_tokens_matches_the_billed_prompt(serve):
 
 async def test_sdk_tool_use_forced_and_streamed(serve):
     client, engine = await serve(FakeScript(tokens=['{"city"', ': "Paris"}']))
-    body = dict(model="fake", max_tokens=50, messages=HI, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
+    body: MessageCreateParamsBase = {
+        "model": "fake", "max_tokens": 50, "messages": HI, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}
+    }
     async with sdk(client) as api:
         message = await api.messages.create(**body)
         async with api.messages.stream(**body) as stream:
@@ -203,7 +211,7 @@ async def test_auto_tool_use_with_the_servers_parser(serve):
         message = await api.messages.create(model="fake", max_tokens=200, messages=HI, tools=[WEATHER])
     for m in (final, message):
         assert [b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use"
-        assert m.content[0].text == "On it." and m.content[1].input == {"city": "Paris"}
+        assert text_of(m.content[0]) == "On it." and isinstance(m.content[1], ToolUseBlock) and m.content[1].input == {"city": "Paris"}
 
 
 # -- errors in Anthropic's shape -------------------------------------------------------
@@ -251,10 +259,10 @@ async def test_x_api_key(serve):
     async with sdk(client, key="wrong") as api:
         with pytest.raises(anthropic.AuthenticationError) as info:
             await api.messages.create(model="fake", max_tokens=5, messages=HI)
-    assert info.value.body["error"]["type"] == "authentication_error"
+    assert error_body(info.value)["error"]["type"] == "authentication_error"
     async with sdk(client, key="secret") as api:
         message = await api.messages.create(model="fake", max_tokens=5, messages=HI)
-    assert message.content[0].text == "Hello world"
+    assert text_of(message.content[0]) == "Hello world"
     # Other routes keep the OpenAI shape.
     r = await client.post("/v1/chat/completions", json={"messages": HI}, headers={"x-api-key": "wrong"})
     assert "error" in await r.json() and r.status == 401
@@ -265,7 +273,7 @@ async def test_sdk_bad_request_carries_the_anthropic_body(serve):
     async with sdk(client) as api:
         with pytest.raises(anthropic.BadRequestError) as info:
             await api.messages.create(model="fake", max_tokens=0, messages=HI)
-    assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
+    assert error_body(info.value)["type"] == "error" and error_body(info.value)["error"]["type"] == "invalid_request_error"
 
 
 async def test_engine_failure_mid_stream_is_an_error_event(serve):
@@ -279,7 +287,7 @@ async def test_engine_failure_mid_stream_is_an_error_event(serve):
         with pytest.raises(anthropic.APIStatusError) as info:
             async with api.messages.stream(model="fake", max_tokens=50, messages=HI) as stream:
                 await stream.get_final_message()
-    assert info.value.body["error"]["type"] == "api_error"
+    assert error_body(info.value)["error"]["type"] == "api_error"
 
 
 # -- the sync SDK against a served process ------------------------------------------------
@@ -289,11 +297,11 @@ def test_sync_sdk_against_the_cli_server():
     with fake_server("--fake-text", "Paris is the capital.", "--sse-heartbeat", "0.05", "--fake-ttft", "0.2") as base:
         api = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0)
         message = api.messages.create(model="fake", max_tokens=4, messages=HI)
-        assert isinstance(message, Message) and message.content[0].text == "Paris is the capital."
+        assert isinstance(message, Message) and text_of(message.content[0]) == "Paris is the capital."
         assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 4
         with api.messages.stream(model="fake", max_tokens=4, messages=HI) as stream:
             final = stream.get_final_message()
-        assert final.content[0].text == message.content[0].text and final.stop_reason == "max_tokens"
-        r = requests.post(base + "/v1/messages", json={"max_tokens": 4, "messages": HI, "stream": True}, timeout=10)
+        assert text_of(final.content[0]) == text_of(message.content[0]) and final.stop_reason == "max_tokens"
+        r = requests.post(base + "/v1/messages", json=ANTHROPIC_STREAM_BODY, timeout=10)
         assert b"event: ping\n" in r.content  # the slow first token was bridged with pings
         assert api.messages.count_tokens(model="fake", messages=HI).input_tokens == message.usage.input_tokens

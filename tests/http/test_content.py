@@ -28,7 +28,7 @@ def chat_contents(payloads: list[dict], index: int = 0) -> list[str]:
 
 
 async def test_utf8_split_across_deltas_chat_stream(serve):
-    client, _ = await serve(FakeScript(tokens=SPLIT, token_delay=0.03))
+    client, _ = await serve(FakeScript(tokens=[*SPLIT], token_delay=0.03))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
     assert resp.status == 200
     raw = await resp.read()
@@ -43,7 +43,7 @@ async def test_utf8_split_across_deltas_chat_stream(serve):
 
 
 async def test_utf8_split_across_deltas_completions_stream(serve):
-    client, _ = await serve(FakeScript(tokens=SPLIT, token_delay=0.03))
+    client, _ = await serve(FakeScript(tokens=[*SPLIT], token_delay=0.03))
     resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True, "max_tokens": 50})
     raw = await resp.read()
     assert b"\xef\xbf\xbd" not in raw and b"\\ufffd" not in raw.lower()
@@ -53,7 +53,7 @@ async def test_utf8_split_across_deltas_completions_stream(serve):
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_utf8_split_across_deltas_nonstream(serve, path):
-    client, _ = await serve(FakeScript(tokens=SPLIT))
+    client, _ = await serve(FakeScript(tokens=[*SPLIT]))
     body = {"messages": USER_HI} if "chat" in path else {"prompt": "hi", "max_tokens": 50}
     resp = await client.post(path, json=body)
     assert resp.status == 200
@@ -144,7 +144,7 @@ STOP_TOKENS = ["Hello", " world", ",", " bye", " now"]
     ],
 )
 async def test_stop_nonstream(serve, stop, expected):
-    client, engine = await serve(FakeScript(tokens=STOP_TOKENS))
+    client, engine = await serve(FakeScript(tokens=[*STOP_TOKENS]))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stop": stop})
     assert resp.status == 200
     choice = (await resp.json())["choices"][0]
@@ -155,7 +155,7 @@ async def test_stop_nonstream(serve, stop, expected):
 
 @pytest.mark.parametrize(("stop", "expected"), [("world", "Hello "), (["bye", ","], "Hello world")])
 async def test_stop_stream(serve, stop, expected):
-    client, _ = await serve(FakeScript(tokens=STOP_TOKENS, token_delay=0.005))
+    client, _ = await serve(FakeScript(tokens=[*STOP_TOKENS], token_delay=0.005))
     resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stop": stop, "stream": True})
     payloads = sse.payloads(await resp.read())
     assert "".join(chat_contents(payloads)) == expected
@@ -165,7 +165,7 @@ async def test_stop_stream(serve, stop, expected):
 
 
 async def test_stop_completions(serve):
-    client, _ = await serve(FakeScript(tokens=STOP_TOKENS))
+    client, _ = await serve(FakeScript(tokens=[*STOP_TOKENS]))
     resp = await client.post("/v1/completions", json={"prompt": "hi", "stop": ["bye"], "max_tokens": 50})
     choice = (await resp.json())["choices"][0]
     assert choice["text"] == "Hello world, "

@@ -1,8 +1,8 @@
 """GET /openapi.json: every route, valid OpenAPI 3.1, and in agreement with OpenAI's published shapes.
 
-OpenAI's side comes from two published sources: the response schemas in
-`shared/openai-spec` (tests/support/openai_schema.py), and, for the request
-bodies that extract does not hold, the request types OpenAI's and
+OpenAI's side comes from its SDKs: the response schemas of
+tests/support/openai_schema.py (the `openai` SDK's models, as strict as the
+API reference), and, for the request bodies, the request types OpenAI's and
 Anthropic's own Python SDKs are generated from (`CompletionCreateParams...`,
 TypedDicts turned into JSON Schema by pydantic, which the SDKs depend on).
 
@@ -175,7 +175,7 @@ def test_the_type_check_sees_a_narrower_field():
     assert json_types({"type": "number"}, defs) >= {"integer"}
 
 
-# --- responses against shared/openai-spec -------------------------------------
+# --- responses against OpenAI's (tests/support/openai_schema.py) ---------------
 
 PAIRS = [
     ("CreateChatCompletionResponse", "ChatCompletion"),
@@ -196,7 +196,7 @@ def test_response_has_every_property_openai_requires(openai_name, name):
     assert missing == set()
     # The choices' items, down to the message.
     if openai_name == "CreateChatCompletionResponse":
-        their_choice = theirs["properties"]["choices"]["items"]
+        their_choice = resolve(theirs["properties"]["choices"]["items"], load_defs())
         my_choice = resolve(mine["properties"]["choices"]["items"], doc()["components"]["schemas"])
         assert set(their_choice["required"]) <= set(my_choice["properties"])
 

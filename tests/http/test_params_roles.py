@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from engine_adapter.base import GenerationParams
@@ -133,7 +135,7 @@ async def test_null_means_the_default(serve, path, body):
 
 # -- roles ---------------------------------------------------------------------------
 
-ROLE_CASES = {
+ROLE_CASES: dict[str, list[Any]] = {
     "system": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
     "developer": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
     "user": [{"role": "user", "content": "hi"}],

@@ -36,7 +36,7 @@ def _dechunk(raw: bytes) -> tuple[bytes, list[bytes]]:
     """Strict chunked-encoding parse of a whole response: (headers, chunk payloads)."""
     head, _, rest = raw.partition(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in head.lower(), head
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size_line, sep, rest = rest.partition(b"\r\n")
         assert sep, rest[:80]
@@ -122,7 +122,7 @@ async def test_client_that_stops_reading_moves_to_pull_and_back_to_push(serve, p
 async def test_sink_exception_ends_only_that_stream_in_band(serve, monkeypatch):
     original = writer._Pump.push
 
-    def flaky(self: writer._Pump, deltas):  # type: ignore[no-untyped-def]
+    def flaky(self: writer._Pump, deltas):
         if self.record is not None and self.record.request_id == "boom" and self.pushed >= 3:
             raise RuntimeError("injected sink failure")
         return original(self, deltas)

@@ -15,6 +15,8 @@ import json
 import anthropic
 import openai
 import pytest
+from anthropic.types import MessageParam, ThinkingBlock
+from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
 
 from engine_adapter.fake import FakeScript
@@ -27,6 +29,7 @@ from tests.support.sse import named_events
 QWEN = ["<think>", "\nThe user", " says hi", ".\n", "</think>", "\n\n", "Hello", " there!"]
 THOUGHT, ANSWER = "\nThe user says hi.\n", "\n\nHello there!"
 R1 = ["Hmm", ", a greeting", ".", "</think>", "Hi!"]  # the template opened <think>: the model never writes it
+HI: list[MessageParam] = [{"role": "user", "content": "hi"}]  # USER_HI for Anthropic's SDK
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {
     "type": "function",
@@ -53,7 +56,7 @@ def stream_parts(body: bytes) -> tuple[str, str, list[dict], list[dict]]:
 
 
 async def test_chat_nonstream_and_stream_split_the_thinking(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3")
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3")
     r, body = await chat(client)
     assert r.status == 200
     data = json.loads(body)
@@ -72,7 +75,7 @@ async def test_chat_nonstream_and_stream_split_the_thinking(serve):
 
 
 async def test_deepseek_r1_starts_inside_the_thinking(serve):
-    client, _ = await serve(FakeScript(tokens=R1), reasoning_parser="deepseek_r1")
+    client, _ = await serve(FakeScript(tokens=[*R1]), reasoning_parser="deepseek_r1")
     data = json.loads((await chat(client))[1])
     message = data["choices"][0]["message"]
     assert (message["reasoning"], message["content"]) == ("Hmm, a greeting.", "Hi!")
@@ -81,7 +84,7 @@ async def test_deepseek_r1_starts_inside_the_thinking(serve):
 
 
 async def test_no_reasoning_content_field(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3", reasoning_content_field=False)
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3", reasoning_content_field=False)
     message = json.loads((await chat(client))[1])["choices"][0]["message"]
     assert message["reasoning"] == THOUGHT and "reasoning_content" not in message
     _, _, thinking, _ = stream_parts((await chat(client, stream=True))[1])
@@ -89,7 +92,7 @@ async def test_no_reasoning_content_field(serve):
 
 
 async def test_without_a_parser_nothing_changes(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN))
+    client, _ = await serve(FakeScript(tokens=[*QWEN]))
     data = json.loads((await chat(client))[1])
     assert data["choices"][0]["message"]["content"] == "".join(QWEN)
     assert "reasoning" not in data["choices"][0]["message"] and "completion_tokens_details" not in data["usage"]
@@ -98,7 +101,7 @@ async def test_without_a_parser_nothing_changes(serve):
 @pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
 async def test_think_then_call_a_tool(serve, parser):
     tokens = ["<think>", "Weather", " needs a tool", "</think>", "\n\n", *[CALL[i : i + 5] for i in range(0, len(CALL), 5)]]
-    client, _ = await serve(FakeScript(tokens=tokens), reasoning_parser=parser, enable_auto_tool_choice=True, tool_call_parser="hermes")
+    client, _ = await serve(FakeScript(tokens=[*tokens]), reasoning_parser=parser, enable_auto_tool_choice=True, tool_call_parser="hermes")
     data = json.loads((await chat(client, tools=[WEATHER]))[1])
     validate("CreateChatCompletionResponse", data)
     choice = data["choices"][0]
@@ -115,7 +118,7 @@ async def test_think_then_call_a_tool(serve, parser):
 
 async def test_a_call_inside_the_thinking_stays_thinking(serve):
     tokens = ["Maybe ", CALL, " no.", "</think>", "It is sunny."]
-    client, _ = await serve(FakeScript(tokens=tokens), reasoning_parser="deepseek_r1", enable_auto_tool_choice=True, tool_call_parser="hermes")
+    client, _ = await serve(FakeScript(tokens=[*tokens]), reasoning_parser="deepseek_r1", enable_auto_tool_choice=True, tool_call_parser="hermes")
     choice = json.loads((await chat(client, tools=[WEATHER]))[1])["choices"][0]
     assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
     assert choice["message"]["reasoning"] == "Maybe " + CALL + " no." and choice["message"]["content"] == "It is sunny."
@@ -139,7 +142,7 @@ async def test_template_kwargs_and_reasoning_effort_reach_the_template(serve):
 
 
 async def test_n2_and_truncation(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3")
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3")
     data = json.loads((await chat(client, n=2, max_tokens=3))[1])
     for choice in data["choices"]:
         assert choice["finish_reason"] == "length"
@@ -148,25 +151,27 @@ async def test_n2_and_truncation(serve):
 
 
 async def test_openai_sdk_reads_reasoning(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3")
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3")
     async with openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="x", max_retries=0) as api:
         done = await api.chat.completions.create(model="fake", messages=USER_HI)
         stream = await api.chat.completions.create(model="fake", messages=USER_HI, stream=True, stream_options={"include_usage": True})
         chunks = [c async for c in stream]
     message = done.choices[0].message
-    assert message.content == ANSWER and message.reasoning == THOUGHT and message.reasoning_content == THOUGHT
-    assert done.usage.completion_tokens_details.reasoning_tokens == 3
+    # `reasoning` and `reasoning_content` are vendor fields: the SDK keeps them as extras (untyped).
+    assert message.content == ANSWER and getattr(message, "reasoning") == THOUGHT and getattr(message, "reasoning_content") == THOUGHT
+    assert done.usage and done.usage.completion_tokens_details and done.usage.completion_tokens_details.reasoning_tokens == 3
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == THOUGHT
     assert "".join(d.content or "" for d in deltas) == ANSWER
-    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 3
+    last_usage = chunks[-1].usage
+    assert last_usage and last_usage.completion_tokens_details and last_usage.completion_tokens_details.reasoning_tokens == 3
 
 
 # -- Responses --------------------------------------------------------------------------------
 
 
 async def test_responses_reasoning_item_then_message(serve):
-    client, engine = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3")
+    client, engine = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3")
     r = await client.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "low"}})
     data = json.loads(await r.read())
     assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "low"}
@@ -189,7 +194,7 @@ async def test_responses_reasoning_item_then_message(serve):
             final = await stream.get_final_response()
     for resp in (done, final):
         reasoning, message = resp.output
-        assert isinstance(reasoning, ResponseReasoningItem) and reasoning.content[0].text == THOUGHT
+        assert isinstance(reasoning, ResponseReasoningItem) and reasoning.content and reasoning.content[0].text == THOUGHT
         assert isinstance(message, ResponseOutputMessage) and resp.output_text == ANSWER
     r = await client.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "none"}})
     assert engine.template_kwargs[-1] == {"enable_thinking": False, "reasoning_effort": "none"}
@@ -200,9 +205,11 @@ async def test_responses_reasoning_item_then_message(serve):
 
 
 async def test_anthropic_thinking_block_then_text(serve):
-    client, engine = await serve(FakeScript(tokens=QWEN), reasoning_parser="qwen3")
-    body = {"max_tokens": 50, "messages": USER_HI, "thinking": {"type": "enabled", "budget_tokens": 1024}}
-    r = await client.post("/v1/messages", json=body)
+    client, engine = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3")
+    body: MessageCreateParamsBase = {
+        "model": "fake", "max_tokens": 50, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}
+    }
+    r = await client.post("/v1/messages", json=dict(body))
     data = json.loads(await r.read())
     assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "medium"}
     assert engine.submitted[-1][2].template_kwargs == {"enable_thinking": True, "reasoning_effort": "medium"}
@@ -215,10 +222,11 @@ async def test_anthropic_thinking_block_then_text(serve):
     assert starts == ["thinking", "text"]
     assert "".join(p["delta"]["thinking"] for e, p in events if e == "content_block_delta" and p["delta"]["type"] == "thinking_delta") == THOUGHT
     async with anthropic.AsyncAnthropic(base_url=str(client.make_url("")), api_key="x", max_retries=0) as api:
-        async with api.messages.stream(model="fake", **body) as stream:
+        async with api.messages.stream(**body) as stream:
             final = await stream.get_final_message()
-        disabled = await api.messages.create(model="fake", max_tokens=50, messages=USER_HI, thinking={"type": "disabled"})
-    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == THOUGHT
+        disabled = await api.messages.create(model="fake", max_tokens=50, messages=HI, thinking={"type": "disabled"})
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert isinstance(final.content[0], ThinkingBlock) and final.content[0].thinking == THOUGHT
     assert engine.template_kwargs[-1] == {"enable_thinking": False}
     assert [b.type for b in disabled.content] == ["text"]  # qwen3 with thinking off: no think block to split
 
@@ -240,31 +248,31 @@ def test_langchain_reads_reasoning_content():
     from langchain_core.messages import HumanMessage
     from langchain_deepseek import ChatDeepSeek
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
     text = "<think>Let me think.</think>Hello there.<|end|>"
     with fake_server("--fake-text", text, "--reasoning-parser", "qwen3") as base:
-        kw = dict(model="fake", api_key="x", max_retries=0, stop=["<|end|>"])
-        deepseek = ChatDeepSeek(api_base=base + "/v1", **kw)
+        deepseek = ChatDeepSeek(model="fake", api_key=SecretStr("x"), max_retries=0, stop_sequences=["<|end|>"], base_url=base + "/v1")
         msg = deepseek.invoke([HumanMessage("hi")])
         assert msg.content == "Hello there." and msg.additional_kwargs["reasoning_content"] == "Let me think."
         chunks = list(deepseek.stream([HumanMessage("hi")]))
-        assert "".join(c.content for c in chunks) == "Hello there."
+        assert "".join(c.text for c in chunks) == "Hello there."
         assert "".join(c.additional_kwargs.get("reasoning_content", "") for c in chunks) == "Let me think."
-        plain = ChatOpenAI(base_url=base + "/v1", **kw)
+        plain = ChatOpenAI(model="fake", api_key=SecretStr("x"), max_retries=0, stop_sequences=["<|end|>"], base_url=base + "/v1")
         msg = plain.invoke([HumanMessage("hi")])
         assert msg.content == "Hello there." and "reasoning_content" not in msg.additional_kwargs
-        assert "".join(c.content for c in plain.stream([HumanMessage("hi")])) == "Hello there."
+        assert "".join(c.text for c in plain.stream([HumanMessage("hi")])) == "Hello there."
 
 
 async def test_reasoning_parser_auto_splits_the_thinking_of_a_template_that_thinks(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), chat_template="{{- '<think>\\n\\n</think>\\n\\n' }}", reasoning_parser="auto")
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), chat_template="{{- '<think>\\n\\n</think>\\n\\n' }}", reasoning_parser="auto")
     r, body = await chat(client)
     message = json.loads(body)["choices"][0]["message"]
     assert (r.status, message["content"], message["reasoning"]) == (200, ANSWER, THOUGHT)
 
 
 async def test_reasoning_parser_auto_leaves_a_template_that_does_not_think_alone(serve):
-    client, _ = await serve(FakeScript(tokens=QWEN), chat_template="{{ messages }}", reasoning_parser="auto")
+    client, _ = await serve(FakeScript(tokens=[*QWEN]), chat_template="{{ messages }}", reasoning_parser="auto")
     r, body = await chat(client)
     message = json.loads(body)["choices"][0]["message"]
     assert (r.status, message["content"]) == (200, "".join(QWEN)) and "reasoning" not in message

@@ -9,6 +9,7 @@ hand back complete, correctly typed objects.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
@@ -166,7 +167,7 @@ async def test_sdk_stream_helper_final_response(serve):
 
 async def test_named_tool_choice_gives_a_function_call(serve):
     client, engine = await serve(FakeScript(tokens=['{"city"', ': "Paris"}']))
-    body = {"input": "weather?", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}
+    body: dict[str, Any] = {"input": "weather?", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}
     async with sdk(client) as api:
         resp = await api.responses.create(model="fake", **body)
         stream = await api.responses.create(model="fake", stream=True, **body)
@@ -256,7 +257,7 @@ def test_sync_sdk_against_the_cli_server():
         api = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         resp = api.responses.create(model="fake", input="capital of France?", max_output_tokens=4)
         assert isinstance(resp, Response) and resp.status == "incomplete"
-        assert resp.output_text == "Paris is the capital." and resp.incomplete_details.reason == "max_output_tokens"
+        assert resp.output_text == "Paris is the capital." and resp.incomplete_details is not None and resp.incomplete_details.reason == "max_output_tokens"
         events = list(api.responses.create(model="fake", input="capital of France?", max_output_tokens=4, stream=True))
         assert [e.sequence_number for e in events] == list(range(len(events)))
         assert events[-1].type == "response.incomplete" and events[-1].response.output_text == resp.output_text

@@ -10,6 +10,8 @@ ends them all with exit 1. The split of the limits is checked sans-IO too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import signal
@@ -27,7 +29,7 @@ from tests.support.workers import ApiServers, api_servers
 CHAT = "/v1/chat/completions"
 
 
-def _stream(srv: ApiServers, max_tokens: int, **extra: object) -> requests.Response:
+def _stream(srv: ApiServers, max_tokens: int, **extra: Any) -> requests.Response:
     """A stream on a connection of its own (no session), its first event read."""
     resp = requests.post(srv.url(CHAT), json={"model": "fake", "messages": USER_HI, "stream": True,
                                               "max_tokens": max_tokens, **extra}, stream=True, timeout=30)

@@ -184,7 +184,7 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
     may): the deadline is measured from the last write, so heartbeats still go out."""
 
     class HoldBack(ChatStreamEncoder):
-        def step(self, deltas):  # type: ignore[override]
+        def step(self, deltas):
             super().step(deltas)
             return b""
 

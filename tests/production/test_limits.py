@@ -189,8 +189,8 @@ async def test_engine_death_error_event_in_flight_then_503(server, session):
     status, raw = await plain
     assert status == 500 and _err(raw)["code"] == "engine_error"
     # New requests: 503 engine_dead with Retry-After; /health says so.
-    for body in ({"messages": USER_HI}, {"messages": USER_HI, "stream": True}):
-        async with session.post(url, json=body) as resp:
+    for request in ({"messages": USER_HI}, {"messages": USER_HI, "stream": True}):
+        async with session.post(url, json=request) as resp:
             assert resp.status == 503 and int(resp.headers["Retry-After"]) > 0
             err = _err(await resp.read())
         assert err["code"] == "engine_dead"

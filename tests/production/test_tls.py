@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import aiohttp
-import httpx
 import openai
 import pytest
 import requests
@@ -36,8 +35,8 @@ def test_https_root_path_and_chat_template_through_the_sdk(tmp_path: Path) -> No
             "--root-path", "/proxy", "--chat-template", str(template)]
     with serve_process(args, log_dir=tmp_path, tls=(str(certs.ca), None)) as srv:
         assert srv.base.startswith("https://")
-        client = openai.OpenAI(base_url=srv.base + "/proxy/v1", api_key="x", http_client=httpx.Client(verify=str(certs.ca)))
-        stream = client.chat.completions.create(model="fake", messages=USER_HI, max_tokens=2, stream=True,  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=srv.base + "/proxy/v1", api_key="x", http_client=openai.DefaultHttpxClient(verify=str(certs.ca)))
+        stream = client.chat.completions.create(model="fake", messages=USER_HI, max_tokens=2, stream=True,
                                                 stream_options={"include_usage": True})
         chunks = list(stream)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi there"

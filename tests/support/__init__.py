@@ -1,7 +1,7 @@
 """Helpers shared by every test folder (tests/README.md says who owns what).
 
     sse            the one SSE parser: frames, data, JSON payloads, named events
-    openai_schema  OpenAI's published JSON Schemas: validate, errors, validator_with
+    openai_schema  OpenAI's response shapes, from the openai SDK's models: validate, errors, validator_with
     waiting        wait_until (async) and wait_until_sync
     server         serve_process / fake_server / start_gateway: `python -m streamproxy serve|gateway` on a free port
     api_events     Responses and Anthropic event streams against the SDKs' own models

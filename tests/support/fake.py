@@ -7,9 +7,13 @@ import asyncio
 
 import pytest
 
+from typing import Any
+
 from engine_adapter.fake import FakeEngine
 
-USER_HI = [{"role": "user", "content": "hi"}]
+# `list[Any]`: posted as raw JSON (requests, aiohttp) and passed to the OpenAI and Anthropic SDKs,
+# whose message TypedDicts differ.
+USER_HI: list[Any] = [{"role": "user", "content": "hi"}]
 # FakeEngine's chat template renders [user "hi"] as "<|user|>hi\n<|assistant|>",
 # one token per character.
 USER_HI_PROMPT_TOKENS = len("<|user|>hi\n<|assistant|>")

@@ -123,7 +123,7 @@ class PostgresServer:
 
         name = f"t{os.getpid()}_{next(_databases)}"
         with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+            conn.execute(f"CREATE DATABASE {name}")
         return self.url_of(name)
 
     def log_tail(self) -> str:

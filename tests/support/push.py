@@ -3,20 +3,35 @@
 `spy_pushes(monkeypatch)` wraps `_Pump.push` and returns the list it
 fills: one `(request id, whether the sink took the step)` per call. The
 `pushes` fixture (tests/conftest.py) is this, for any test folder.
+`keep(into)` is a push sink (`OutputStream.arm`) that appends every step to
+`into` and takes it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from engine_adapter.base import Delta
 from streamproxy.http import writer
+
+
+def keep(into: list[list[Delta]]) -> Callable[[list[Delta]], bool]:
+    """A sink for `arm` that keeps every step it is handed and takes it."""
+
+    def sink(deltas: list[Delta]) -> bool:
+        into.append(deltas)
+        return True
+
+    return sink
 
 
 def spy_pushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     calls: list[tuple[str | None, bool]] = []
     original = writer._Pump.push
 
-    def spy(self: writer._Pump, deltas):  # type: ignore[no-untyped-def]
+    def spy(self: writer._Pump, deltas):
         took = original(self, deltas)
         calls.append((self.record.request_id if self.record else None, took))
         return took

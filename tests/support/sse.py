@@ -90,7 +90,7 @@ def parse(body: bytes) -> tuple[list[Frame], list[str]]:
         blocks.pop()
     else:
         problems.append(f"stream does not end with a blank line: {body[-60:]!r}")
-    frames = []
+    frames: list[Frame] = []
     for raw in blocks:
         if not raw.strip(b"\n"):
             problems.append(f"empty frame (an extra blank line) before frame {len(frames)}")

@@ -34,6 +34,7 @@ def outcome(parts: list[Part]) -> tuple[str, list[tuple[str, str]]]:
         if p.kind == TOOL_CALL:
             assert p.index == len(calls), (p.index, len(calls))
             assert p.id and p.id.startswith("call_") and len(p.id) == 29, p.id
+            assert p.name is not None, p
             calls.append([p.name, ""])
         elif p.kind == TOOL_ARGS:
             assert 0 <= p.index < len(calls), "arguments before their call"

@@ -8,6 +8,7 @@ pydantic models (`api_events.check_anthropic`) and its life cycle
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anthropic.types as at
 import pytest
@@ -20,6 +21,7 @@ from streamproxy.filters.base import CONTENT, Part
 from streamproxy.filters.hermes import HermesParser
 from streamproxy.filters.toolset import ToolSet
 from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
+from tests.support.sdk import text_of
 from tests.support.sse import named_events
 
 
@@ -44,7 +46,7 @@ def frame(payload: dict) -> bytes:
 def test_exact_bytes_of_a_text_stream():
     body = run(encoder(), [[Delta(0, "Hel", 1)], [Delta(0, "lo", 1, "stop")]], cached=3)
     start_usage = {"input_tokens": 7, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_x",
         "type": "message",
         "role": "assistant",
@@ -54,7 +56,7 @@ def test_exact_bytes_of_a_text_stream():
         "stop_sequence": None,
         "usage": start_usage,
     }
-    expected = [
+    expected: list[dict[str, Any]] = [
         {"type": "message_start", "message": message},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}},
@@ -166,8 +168,10 @@ def test_sdk_accumulates_the_stream_into_the_non_stream_message():
     message = at.Message.model_validate_json(sink.final_json())
     assert snapshot is not None
     assert message.content[0].type == snapshot.content[0].type == "text"
-    assert message.content[0].text == snapshot.content[0].text == "Checking."
-    assert message.content[1].name == snapshot.content[1].name and message.content[1].input == snapshot.content[1].input == {"city": "Paris"}
+    assert text_of(message.content[0]) == text_of(snapshot.content[0]) == "Checking."
+    call, snapshot_call = message.content[1], snapshot.content[1]
+    assert isinstance(call, at.ToolUseBlock) and isinstance(snapshot_call, at.ToolUseBlock)
+    assert call.name == snapshot_call.name and call.input == snapshot_call.input == {"city": "Paris"}
     assert (message.stop_reason, message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (
         snapshot.stop_reason,
         snapshot.usage.input_tokens,
@@ -217,7 +221,8 @@ def test_thinking_blocks(monkeypatch):
         sink.step(deltas)
     message = at.Message.model_validate_json(sink.final_json())
     assert [b.type for b in message.content] == ["thinking", "text"]
-    assert message.content[0].thinking == "hmm ok" and message.content[0].signature == ""
+    block = message.content[0]
+    assert isinstance(block, at.ThinkingBlock) and block.thinking == "hmm ok" and block.signature == ""
 
 
 # -- errors ------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ def test_merge_content_joins_neighbours_only():
 
 def test_call_ids_are_call_plus_24_hex():
     (part,) = tool_call(0, "f")
+    assert part.id is not None
     assert part.id.startswith("call_") and len(part.id) == 29
     int(part.id[5:], 16)
     assert Part(TOOL_CALL, "", 0, "a", "f") == Part(TOOL_CALL, "", 0, "b", "f")  # ids are random: not compared

@@ -187,7 +187,7 @@ def test_chat_template_from_a_file_or_inline(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"^--chat-template: '/nowhere/t.jinja' looks like a file path"):
         cli.parse(["--engine", "fake", "--chat-template", "/nowhere/t.jinja"])
     # vLLM's own templates by name, as vllm serve finds them
-    assert "im_start" in parse(["--chat-template", "template_chatml.jinja"]).chat_template
+    assert "im_start" in (parse(["--chat-template", "template_chatml.jinja"]).chat_template or "")
 
 
 def test_tool_parser_plugin(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.config import ConfigError, split
 
 URLS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
@@ -18,11 +18,17 @@ def pool(upstream: str = "") -> Pool:
     return Pool(config.deployments[0], config.upstream, random.Random(1))
 
 
+def url_of(replica: Replica | None) -> str:
+    assert replica is not None
+    return replica.url
+
+
 def test_default_policy_is_prefix_affinity() -> None:
     p = pool()
     assert p.policy.policy == "prefix" and p.policy.affinity
     keys = [11, 22, 33]
     first, _ = p.choose(keys, set(), 0.0)
+    assert first is not None
     p.dispatched(first, keys)
     p.completed(first)
     for _ in range(5):  # the same prefix keeps going where it went
@@ -37,6 +43,7 @@ def test_round_robin_takes_the_replicas_in_turn_and_ignores_prefix_and_load() ->
     chosen = []
     for _ in range(6):
         r, matched = p.choose(keys, set(), 0.0)
+        assert r is not None
         p.dispatched(r, keys)  # never completed: loads grow, round robin does not care
         chosen.append(r.url)
         assert matched == 0
@@ -46,7 +53,7 @@ def test_round_robin_takes_the_replicas_in_turn_and_ignores_prefix_and_load() ->
 
 def test_round_robin_skips_excluded_replicas() -> None:
     p = pool("upstream: {policy: round_robin}")
-    picks = [p.choose([], {URLS[1]}, 0.0)[0].url for _ in range(4)]
+    picks = [url_of(p.choose([], {URLS[1]}, 0.0)[0]) for _ in range(4)]
     assert URLS[1] not in picks and set(picks) == {URLS[0], URLS[2]}
 
 

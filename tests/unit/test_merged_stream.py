@@ -16,6 +16,7 @@ from engine_adapter.base import Delta, DeltaQueue, EngineFailure
 from streamproxy.core.echo import Echo
 from streamproxy.http.merge import MergedStream, Part
 from tests.contract.producers import BaseProducer, VllmProducer
+from tests.support.push import keep
 
 SOON = 10.0
 
@@ -61,7 +62,7 @@ async def test_an_armed_merge_gets_each_step_in_the_engines_own_call():
     merged = MergedStream([Part(a.stream, 0), Part(b.stream, 1)])
     await settle()  # the parts' tasks have armed them
     got: list[list[Delta]] = []
-    assert merged.arm(lambda deltas: got.append(deltas) is None)
+    assert merged.arm(keep(got))
     a.step("x")
     b.step("y")
     assert [seen(step) for step in got] == [[(0, "x", None)], [(1, "y", None)]]  # no task ran in between

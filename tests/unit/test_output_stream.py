@@ -14,6 +14,7 @@ import asyncio
 import pytest
 
 from engine_adapter.base import Delta, DeltaQueue, EngineFailure
+from tests.support.push import keep
 
 
 def d(text: str, index: int = 0) -> Delta:
@@ -94,8 +95,8 @@ def test_get_wakes_on_close_without_a_last_step():
 def test_close_disarms_and_wakes_the_consumer():
     async def main():
         s = DeltaQueue()
-        got = []
-        assert s.arm(lambda deltas: got.append(deltas) or True)
+        got: list[list[Delta]] = []
+        assert s.arm(keep(got))
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.close()
@@ -111,14 +112,14 @@ def test_hold_bypasses_the_sink_and_later_puts_queue_behind_it():
     follows: the sink sees none of it, and the consumer takes every step in one go, in order."""
     s = DeltaQueue()
     pushed: list[list[Delta]] = []
-    assert s.arm(lambda deltas: pushed.append(deltas) or True)
+    assert s.arm(keep(pushed))
     s.put([d("a")])  # current: through the sink
     s.hold([d("b")])
     s.put([d("c")])  # behind the held step, not through the sink
     assert [texts(x) for x in pushed] == [["a"]]
     assert texts(s.get_nowait() or []) == ["b", "c"]
     assert s.get_nowait() is None
-    assert s.arm(lambda deltas: pushed.append(deltas) or True)  # caught up: armed again
+    assert s.arm(keep(pushed))  # caught up: armed again
     s.put([d("e")])
     assert [texts(x) for x in pushed] == [["a"], ["e"]]
 

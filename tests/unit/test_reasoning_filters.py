@@ -10,6 +10,8 @@ own parsers (checked against vllm/reasoning and vllm/parser/qwen3.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from streamproxy.filters.base import CONTENT, REASONING, TOOL_CALL, Part, Pipeline, reasoning
@@ -140,7 +142,8 @@ def chain(name: str):
 @pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
 def test_think_then_call(name):
     text = "<think>The user wants weather.</think>\n\n" + CALL
-    for pieces in [[text], *every_split(text), bytewise(text)]:
+    cuts: list[Sequence[str | bytes]] = [[text], *every_split(text), bytewise(text)]
+    for pieces in cuts:
         parts, reason = run(chain(name), pieces)
         assert reason == "tool_calls"
         assert "".join(p.text for p in parts if p.kind == REASONING) == "The user wants weather."
@@ -152,7 +155,8 @@ def test_a_call_written_inside_the_thinking_is_not_a_call(name):
     # qwen3 ends its thinking at <tool_call> (vLLM's rule), so use a call's JSON without the tag there.
     thought = 'maybe {"name": "get_time"}; or ' + ("" if name == "qwen3" else CALL)
     text = f"<think>{thought}</think>It is sunny."
-    for pieces in [[text], *every_split(text), bytewise(text)]:
+    cuts: list[Sequence[str | bytes]] = [[text], *every_split(text), bytewise(text)]
+    for pieces in cuts:
         parts, reason = run(chain(name), pieces)
         assert reason == "stop"
         assert "".join(p.text for p in parts if p.kind == REASONING) == thought

@@ -8,6 +8,7 @@ own pydantic models (`api_events.check_responses`), and its life cycle
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from tests.support.sse import named_events
 
 
 def shell(**kw) -> Response:
-    args = dict(
+    args: dict[str, Any] = dict(
         id="resp_x",
         created_at=1700000000,
         status="in_progress",
@@ -99,7 +100,7 @@ def test_exact_bytes_of_a_text_stream():
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 9,
     }
-    expected = [
+    expected: list[dict[str, Any]] = [
         {"type": "response.created", "response": SHELL_JSON},
         {"type": "response.in_progress", "response": SHELL_JSON},
         {"type": "response.output_item.added", "output_index": 0, "item": item},

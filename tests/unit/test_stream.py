@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -19,13 +20,13 @@ CHAT_SCHEMA = "CreateChatCompletionStreamResponse"
 
 
 def chat(**kw) -> ChatStreamEncoder:
-    args = dict(response_id="chatcmpl-x", created=1700000000, model="m", n=1, system_fingerprint="fp")
+    args: dict[str, Any] = dict(response_id="chatcmpl-x", created=1700000000, model="m", n=1, system_fingerprint="fp")
     args.update(kw)
     return ChatStreamEncoder(**args)
 
 
 def completion(**kw) -> CompletionStreamEncoder:
-    args = dict(response_id="cmpl-x", created=1700000000, model="m", n=1)
+    args: dict[str, Any] = dict(response_id="cmpl-x", created=1700000000, model="m", n=1)
     args.update(kw)
     return CompletionStreamEncoder(**args)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 
 from engine_adapter.base import GenerationParams
+from engine_adapter.token_bytes import TokenBytes
 from engine_adapter.vllm_params import rejected
 from engine_adapter.vllm_stream import _logprobs
 from streamproxy.cli import build
@@ -43,12 +45,14 @@ def test_vllm_positions_become_token_logprobs():
         {1: Logprob(-0.5, 2), 2: Logprob(-0.1, 1)},
         {3: Logprob(-0.2, 1), 2: Logprob(-3.0, 2)},
     ]
-    out = _logprobs([1, 3], positions, vocab.__getitem__, 2)
+    token_bytes = cast(TokenBytes, vocab.__getitem__)  # _logprobs only calls it
+    out = _logprobs([1, 3], positions, token_bytes, 2)
+    assert out is not None
     assert [(t.token_id, t.token, t.bytes, t.logprob) for t in out] == [(1, "\\xe4\\xbd", b"\xe4\xbd", -0.5), (3, "b", b"b", -0.2)]
     assert [[(a.token_id, a.logprob) for a in t.top] for t in out] == [[(2, -0.1), (1, -0.5)], [(3, -0.2), (2, -3.0)]]
-    zero = _logprobs([1], positions[:1], vocab.__getitem__, 0)
-    assert zero[0].top == [] and zero[0].logprob == -0.5
-    assert _logprobs([1], None, vocab.__getitem__, 0) is None
+    zero = _logprobs([1], positions[:1], token_bytes, 0)
+    assert zero is not None and zero[0].top == [] and zero[0].logprob == -0.5
+    assert _logprobs([1], None, token_bytes, 0) is None
 
 
 def test_engine_refusal_names_the_structured_constraint():
