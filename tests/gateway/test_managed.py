@@ -69,7 +69,7 @@ def test_parked_answers_waking_then_serves_and_the_sdk_retries_through_the_wake(
         (replica,) = info["replicas"]
         assert replica["port"] and replica["pid"] in gw.replica_pids() and replica["url"].endswith(f":{replica['port']}")
         served = chat(gw, "smol")
-        assert served.status_code == 200 and served.json()["model"] == "smol"
+        assert served.status_code == 200 and served.json()["model"] == "smol", (served.text, gw.log()[-2000:])
         # The SDK honours Retry-After on the 503 and retries: the caller sees only the answer.
         client = openai.OpenAI(base_url=gw.url("/v1"), api_key="unused", max_retries=20)
         answer = client.chat.completions.create(model="sdk", **CHAT)
