@@ -18,6 +18,7 @@ import aiohttp
 import openai
 import pytest
 
+from streamproxy.cli import build_gateway
 from streamproxy.gateway import probes
 from streamproxy.gateway.config import ConfigError
 from tests.gateway.conftest import StartGateway, StartReplica, config
@@ -135,3 +136,14 @@ def test_tls_config_errors_name_the_field(tmp_path: Path) -> None:
         config([], deployments=[{**deployment, "upstreams": ["http://127.0.0.1:1"], "tls": {}}])
     # Plain http:// deployments read no file at all.
     assert contexts(config(["http://127.0.0.1:1"], upstream={"tls": {"ca_file": missing}})) == {}
+
+
+def test_an_unreadable_ca_file_stops_the_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "gateway.yaml"
+    conf.write_text(f"deployments:\n  - {{name: a, id: a, upstreams: [https://127.0.0.1:8443], tls: {{ca_file: {tmp_path}/nope.pem}}}}\n")
+    with pytest.raises(SystemExit) as exit_:
+        build_gateway(["--config", str(conf)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"streamproxy gateway: {conf}: deployment 'a': `tls.ca_file`: cannot load '{tmp_path}/nope.pem': No such file or directory\n"
+    )
