@@ -125,6 +125,8 @@ class Upstreams:
             raise UpstreamClosed(f"no connection to {origin.authority} within {self.connect_timeout:g} s") from None
         except ssl_module.SSLError as exc:
             reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            if exc.reason == "WRONG_VERSION_NUMBER":  # what OpenSSL makes of an HTTP answer
+                reason += ", the replica may be serving plain HTTP"
             raise UpstreamClosed(f"TLS handshake with {origin.authority} failed: {reason} ({type(exc).__name__})", tls=True) from None
         return conn
 

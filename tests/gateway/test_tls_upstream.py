@@ -147,3 +147,17 @@ def test_an_unreadable_ca_file_stops_the_start(tmp_path: Path, capsys: pytest.Ca
     assert capsys.readouterr().err == (
         f"streamproxy gateway: {conf}: deployment 'a': `tls.ca_file`: cannot load '{tmp_path}/nope.pem': No such file or directory\n"
     )
+
+
+async def test_a_plain_http_replica_behind_an_https_url(replica: StartReplica, gateway: StartGateway,
+                                                        session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+    r = await replica()
+    url = r.base.replace("http://", "https://")
+    gw = await gateway(url)
+    with caplog.at_level(logging.WARNING, logger="streamproxy.gateway"):
+        status, _, body = await post(session, gw.url("/v1/chat/completions"), chat(max_tokens=3))
+    assert status == 503 and json.loads(body) == error_body(UNAVAILABLE, "service_unavailable", "upstream_unavailable")
+    assert [rec.getMessage() for rec in caplog.records] == [
+        f"deployment {DEPLOYMENT}: upstream {url} refused: TLS handshake with 127.0.0.1:{r.port} failed: "
+        "WRONG_VERSION_NUMBER, the replica may be serving plain HTTP (SSLError); trying another"
+    ]
