@@ -14,7 +14,8 @@ family's `# TYPE` line is there whether or not it has samples yet (a
 counter's names its `_total` sample), and its type says which samples a
 query may name (a counter's `_total`, a
 histogram's `_bucket`/`_sum`/`_count` and `le`). Labels come from the
-registered collectors (the test runs in the server's process).
+registered collectors (the test runs in the server's process) and from the
+samples in the text (a server in another process: the engine test).
 
 `vllm_families()` reads vLLM's `vllm:*` families from the installed
 `vllm/v1/metrics/loggers.py` source, statically: instantiating its
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "configs" / "grafana"
 # Labels Prometheus adds to every series it scrapes.
@@ -202,7 +204,8 @@ def _labels_of(family: str) -> frozenset[str]:
 
 
 def exposed(text: str) -> Series:
-    """Every sample name /metrics may carry, from its `# TYPE` lines, with its labels."""
+    """Every sample name /metrics may carry, from its `# TYPE` lines, with its labels: those of this
+    process's collector of that name, and those its samples in `text` carry (another process's /metrics)."""
     out: Series = {}
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -210,6 +213,9 @@ def exposed(text: str) -> Series:
             if kind == "counter":  # the text format names a counter's family by its sample, `..._total`
                 family = family.removesuffix("_total")
             out.update(samples(family, kind, _labels_of(family)))
+    for metric in text_string_to_metric_families(text):
+        for sample in metric.samples:
+            out[sample.name] = out.get(sample.name, frozenset()) | frozenset(sample.labels)
     return out
 
 
