@@ -167,6 +167,12 @@ def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
         _config_error(path, f"not UTF-8 text (byte {exc.start})")
     except ConfigError as exc:
         _config_error(path, str(exc))
+    from streamproxy.gateway.upstream_tls import contexts
+
+    try:  # CA bundles and client certificates for https:// replicas: read now, so a bad one stops the start
+        contexts(config)
+    except ConfigError as exc:
+        _config_error(path, str(exc))
     parser = argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
     ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])

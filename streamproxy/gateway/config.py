@@ -6,6 +6,10 @@ deployments:
     id: dep-7f3a                 # also /v1/deployments/dep-7f3a/...
     served_model: Qwen/Qwen3-8B  # the replicas' name for it (rewritten both ways)
     upstreams: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+  - name: secure                 # replicas over HTTPS (`serve --ssl-certfile ...`)
+    id: dep-secure
+    upstreams: [https://10.0.0.5:8000]
+    tls: {ca_file: /etc/streamproxy/replicas-ca.pem}   # replaces `upstream.tls` for this deployment
   - name: smol                   # a managed deployment: the gateway runs its replicas
     id: dep-smol
     launch:
@@ -34,6 +38,12 @@ keys:                            # none: no key is asked for
     tpm: 200000                  # prompt + completion tokens per minute
 upstream:                        # defaults below
   connect_timeout: 5
+  tls:                           # how https:// upstreams are verified (a deployment's `tls` replaces it)
+    ca_file: null                # a PEM bundle of the CAs replicas' certificates chain to; null: the system's
+    verify: true                 # false: any certificate, any name (encrypted, not authenticated)
+    server_name: null            # the name the certificate must carry; null: the URL's host
+    cert_file: null              # a client certificate (and key_file) for replicas that ask for one
+    key_file: null               #   (`serve --ssl-cert-reqs 2`)
 ledger: sqlite:///var/lib/streamproxy/ledger.db   # or postgresql://user@host/db, or off;
                                  # none: $STREAMPROXY_LEDGER, else ~/.local/state/streamproxy/ledger.db
 ledger_writer:                   # defaults below
@@ -136,6 +146,16 @@ class Kubernetes(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
 
 
+class UpstreamTLS(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """How the gateway checks an https:// replica (tls.py builds the `ssl.SSLContext`, once per distinct value)."""
+
+    ca_file: str | None = None  # PEM: the CAs a replica's certificate must chain to; None: the system's store
+    verify: bool = True  # False: no certificate or name check at all
+    server_name: str | None = None  # the name checked (and sent as SNI); None: the URL's host
+    cert_file: str | None = None  # the gateway's client certificate (mutual TLS), with key_file
+    key_file: str | None = None
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
@@ -145,6 +165,7 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     served_model: str | None = None  # None: the same as `name`
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
+    tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
 
     @property
     def upstream_model(self) -> str:
@@ -216,6 +237,8 @@ class UpstreamPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     balance_rel_threshold: float = 1.5
     prefix_block_bytes: int = 256
     prefix_index_blocks: int = 100_000
+    # How https:// upstreams are verified, unless a deployment gives its own `tls`.
+    tls: UpstreamTLS = msgspec.field(default_factory=UpstreamTLS)
 
     @property
     def affinity(self) -> bool:
@@ -306,6 +329,14 @@ def check(config: GatewayConfig) -> None:
         for url in d.upstreams:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"deployment {d.name!r}: upstream {url!r} is not an http(s) URL")
+        if d.tls is not None:
+            if not d.upstreams:
+                raise ConfigError(f"deployment {d.name!r}: `tls` is for `upstreams` given as https:// URLs "
+                                  "(managed and Kubernetes replicas are reached over plain HTTP)")
+            if not any(url.startswith("https://") for url in d.upstreams):
+                raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
+            check_tls(f"deployment {d.name!r}: `tls", d.tls)
+    check_tls("gateway config: `upstream.tls", config.upstream.tls)
     if config.admin_key_env and not os.environ.get(config.admin_key_env):
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")
     if config.max_resident < 0:
@@ -328,6 +359,14 @@ def check(config: GatewayConfig) -> None:
         unknown = [n for n in key.deployments if n != "*" and n not in names]
         if unknown:
             raise ConfigError(f"key {key.id!r}: no deployment named {', '.join(unknown)}")
+
+
+def check_tls(where: str, tls: UpstreamTLS) -> None:
+    """Fields that would be ignored are refused (the files themselves are read by tls.py at start)."""
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ConfigError(f"{where}`: give both `cert_file` and `key_file` (the client certificate and its key), or neither")
+    if not tls.verify and (tls.ca_file or tls.server_name):
+        raise ConfigError(f"{where}`: `ca_file` and `server_name` mean nothing with `verify: false`")
 
 
 # Kubernetes' own rules for names, label keys and values, and port names (apimachinery's validation).

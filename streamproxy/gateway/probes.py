@@ -3,13 +3,15 @@
 One task for the gateway; each round probes all replicas at once, each
 bounded by `health_check_timeout`. A 200 is healthy; anything else (a
 status, a refused connection, a timeout) is not. Never an inference request:
-a probe costs the replica nothing but an HTTP round trip.
+a probe costs the replica nothing but an HTTP round trip. An https:// replica
+is probed with its deployment's `tls` (upstream_tls.py), as requests reach it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 
 import aiohttp
@@ -38,17 +40,38 @@ async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
     session = state.session
     assert session is not None
     ok = False
+    tls = state.tls.get(pool.deployment.name) if replica.url.startswith("https://") else None
+    why = ""
     try:
         async with asyncio.timeout(state.policy.health_check_timeout):
-            async with session.get(replica.url + "/health", headers=pool.upstream_headers) as response:
+            async with session.get(
+                replica.url + "/health", headers=pool.upstream_headers,
+                ssl=tls.context if tls is not None else True, server_hostname=tls.server_name if tls is not None else None,
+            ) as response:
                 ok = response.status == 200
                 await response.read()
-    except (aiohttp.ClientError, OSError, TimeoutError):
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         ok = False
+        why = _tls_reason(exc)
     was = replica.health.probed_healthy, replica.health.breaker
     replica.health.probed(ok, time.monotonic())
     now = replica.health.probed_healthy, replica.health.breaker
     if now != was:
-        log.info("deployment %s: upstream %s is %s", pool.deployment.name, replica.url, "up" if now[0] else "down")
+        if why:
+            log.warning("deployment %s: upstream %s is down: TLS handshake failed: %s", pool.deployment.name, replica.url, why)
+        else:
+            log.info("deployment %s: upstream %s is %s", pool.deployment.name, replica.url, "up" if now[0] else "down")
     M.PROBE_HEALTHY.labels(pool.deployment.name, replica.url).set(1 if now[0] else 0)
     M.BREAKER.labels(pool.deployment.name, replica.url).set(int(now[1]))
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """Why a TLS handshake failed, as `wire` says it ("" when the failure was not TLS)."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        err = exc.certificate_error
+        return f"{getattr(err, 'verify_message', None) or err} ({type(err).__name__})"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return f"{exc.reason or exc} ({type(exc).__name__})"
+    return ""

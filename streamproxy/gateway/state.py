@@ -28,6 +28,7 @@ from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import Supervisor
 from streamproxy.gateway.source import FixedSource, ReplicaSource
+from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
 from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
@@ -73,6 +74,8 @@ class GatewayState:
         self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
         self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
         self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
+        # How to reach each deployment's https:// replicas, by name and id (CA files read now: ConfigError).
+        self.tls: dict[str, ClientTLS] = contexts(config)
         self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
         self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
 

@@ -12,7 +12,8 @@ replica answered 429/503 itself, that answer (its Retry-After passed on).
 `UpstreamError` carries a replica's own error answer (status, body,
 Retry-After) through to the client unchanged: the client's mistakes (400,
 404, context too long) come back as the replica said them. The connection
-itself is `wire`'s.
+itself is `wire`'s (with the deployment's `tls` for an https:// replica: a
+failed handshake is a connect failure, logged as a warning with its reason).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.state import GatewayState
+from streamproxy.gateway.upstream_tls import ClientTLS
 from streamproxy.gateway.wire import Exchange, UpstreamClosed, Upstreams
 from streamproxy.http.accesslog import Record
 
@@ -100,6 +102,7 @@ async def open_upstream(
     last: UpstreamError | None = None
     budget = state.retries
     retrying = False
+    tls = state.tls.get(pool.deployment.name)
     try:
         for attempt in range(policy.num_retries + 1):
             now = time.monotonic()
@@ -119,10 +122,13 @@ async def open_upstream(
             replica.series.in_flight.inc()
             sent = perf_counter()
             try:
-                exchange = await ask(upstreams, replica.url, path, body, headers)
+                exchange = await ask(upstreams, replica.url, path, body, headers, tls)
             except _CONNECT_ERRORS as exc:
                 _settle(pool, replica, failed=True)
-                log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url, type(exc).__name__)
+                if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why
+                    log.warning("deployment %s: upstream %s refused: %s; trying another", pool.deployment.name, replica.url, exc)
+                else:
+                    log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url, type(exc).__name__)
                 pool.series.retries("connect_failure").inc()
                 continue
             except BaseException:
@@ -160,11 +166,11 @@ def _settle(pool: Pool, replica: Replica, *, failed: bool) -> None:
     replica.series.breaker.set(int(replica.health.breaker))
 
 
-async def ask(upstreams: Upstreams, url: str, path: str, body: bytes, headers: dict[str, str]) -> Exchange:
+async def ask(upstreams: Upstreams, url: str, path: str, body: bytes, headers: dict[str, str], tls: ClientTLS | None = None) -> Exchange:
     """Send, and wait for the response head; once more on a new connection when a pooled one
     turns out to have been closed by the replica while idle (nothing of the request was read)."""
     for fresh in (False, True):
-        exchange = await upstreams.send(url, path, body, headers, fresh=fresh)
+        exchange = await upstreams.send(url, path, body, headers, fresh=fresh, tls=tls)
         try:
             await exchange.head()
             return exchange

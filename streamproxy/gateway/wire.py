@@ -19,6 +19,13 @@ else closes the connection, which is how a replica learns to abort.
 A pooled connection the replica closed while idle fails before any byte of
 the response; `send`'s caller sees `UpstreamClosed(stale=True)` and may
 resend on a fresh connection to the same replica at no risk.
+
+An https:// replica is reached with the deployment's `tls` (upstream_tls.py:
+its SSLContext, and the name to check, by default the URL's host); without
+one, with the system's trust store. Connections are pooled per (URL, tls), so
+two deployments that reach one URL differently never share one. A failed
+handshake (an untrusted certificate, a wrong name, plain HTTP on the port) is
+`UpstreamClosed(tls=True)` with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from streamproxy.gateway.h1 import ProtocolError, ResponseParser, request_bytes
+from streamproxy.gateway.upstream_tls import ClientTLS
 
 IDLE_TIMEOUT = 60.0  # seconds an idle connection is kept (below the 75 s replicas keep theirs)
 
@@ -38,21 +46,23 @@ IDLE_TIMEOUT = 60.0  # seconds an idle connection is kept (below the 75 s replic
 class UpstreamClosed(ConnectionError):
     """The replica's connection failed before its response ended."""
 
-    def __init__(self, message: str, *, stale: bool = False) -> None:
+    def __init__(self, message: str, *, stale: bool = False, tls: bool = False) -> None:
         super().__init__(message)
         self.stale = stale  # a reused connection that failed before any byte came back
+        self.tls = tls  # the TLS handshake failed (the message says why)
 
 
 class Origin:
     """One replica's address, parsed once: where to connect and what to prefix paths with."""
 
-    __slots__ = ("host", "port", "ssl", "authority", "base_path", "idle", "keepalive", "loop")
+    __slots__ = ("host", "port", "ssl", "tls", "authority", "base_path", "idle", "keepalive", "loop")
 
-    def __init__(self, url: str, keepalive: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, url: str, keepalive: int, loop: asyncio.AbstractEventLoop, tls: ClientTLS | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.ssl = parts.scheme == "https"
+        self.tls = tls if self.ssl else None  # None on https: the system's trust store
         self.host = parts.hostname
         self.port = parts.port or (443 if self.ssl else 80)
         self.authority = parts.netloc.rpartition("@")[2]
@@ -69,15 +79,17 @@ class Upstreams:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.keepalive = keepalive  # idle connections kept per replica (nginx `keepalive`)
-        self._origins: dict[str, Origin] = {}
+        self._origins: dict[tuple[str, ClientTLS | None], Origin] = {}
         self._ssl: ssl_module.SSLContext | None = None
 
-    async def send(self, url: str, path: str, body: bytes, headers: dict[str, str], *, method: str = "POST", fresh: bool = False) -> Exchange:
+    async def send(self, url: str, path: str, body: bytes, headers: dict[str, str], *, method: str = "POST", fresh: bool = False,
+                   tls: ClientTLS | None = None) -> Exchange:
         """Write the request (on a pooled connection: before this returns control to the loop);
-        `fresh`: on a new connection, not a pooled one."""
-        origin = self._origins.get(url)
+        `fresh`: on a new connection, not a pooled one; `tls`: how to reach an https:// URL."""
+        key = (url, tls)
+        origin = self._origins.get(key)
         if origin is None:
-            origin = self._origins[url] = Origin(url, self.keepalive, asyncio.get_running_loop())
+            origin = self._origins[key] = Origin(url, self.keepalive, asyncio.get_running_loop(), tls)
         loop = origin.loop
         conn = None
         now = loop.time()
@@ -95,15 +107,27 @@ class Upstreams:
 
     async def _connect(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection:
         ssl: ssl_module.SSLContext | None = None
-        if origin.ssl:
+        server_hostname: str | None = None
+        if origin.tls is not None:
+            ssl = origin.tls.context
+            server_hostname = origin.tls.server_name or origin.host
+        elif origin.ssl:
             if self._ssl is None:
                 self._ssl = ssl_module.create_default_context()
             ssl = self._ssl
+            server_hostname = origin.host
         try:
             async with asyncio.timeout(self.connect_timeout or None):
-                _, conn = await loop.create_connection(lambda: _Connection(origin), origin.host, origin.port, ssl=ssl)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(origin), origin.host, origin.port, ssl=ssl, server_hostname=server_hostname
+                )
         except TimeoutError:
             raise UpstreamClosed(f"no connection to {origin.authority} within {self.connect_timeout:g} s") from None
+        except ssl_module.SSLError as exc:
+            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            if exc.reason == "WRONG_VERSION_NUMBER":  # what OpenSSL makes of an HTTP answer
+                reason += ", the replica may be serving plain HTTP"
+            raise UpstreamClosed(f"TLS handshake with {origin.authority} failed: {reason} ({type(exc).__name__})", tls=True) from None
         return conn
 
     def close(self) -> None:

@@ -238,3 +238,16 @@ def test_client_aborts_count_as_vllm_counts_them(engine_server, model_name):
         assert deltas[route] == {
             "vllm:request_success_total": 0, "vllm:e2e_request_latency_seconds_count": 0,
             "vllm:request_params_n_count": 0, "vllm:time_to_first_token_seconds_count": first_tokens}, route
+
+
+def test_the_serve_dashboard_queries_what_the_real_server_exposes(engine_server: str, model_name: str) -> None:
+    """configs/grafana/serve.json against the real engine's /metrics, after one request: the check
+    tests/production/test_dashboards.py makes with vLLM's families read from its source, here with
+    the families and labels the running engine registered (labels only from samples: another process)."""
+    from tests.support import dashboards as D
+
+    resp = requests.post(engine_server + "/v1/chat/completions", timeout=120,
+                         json={"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True})
+    assert resp.status_code == 200
+    text = requests.get(engine_server + "/metrics", timeout=10).text
+    assert D.problems(D.load("serve.json"), D.exposed(text)) == []

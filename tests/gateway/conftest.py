@@ -5,7 +5,7 @@ process (`runner="pooling"`: an embedding model): `create_app(Settings(...), Fak
 runner both commands use) with a TCPSite on 127.0.0.1, serving the model as
 `SERVED` (`ready=False`: without waiting for its engine). Its `seen` lists every request it answered (method, path,
 headers, the model its body named, its request id), recorded as the
-response goes out; `stop()` ends it at once, as a crash would (its port
+response goes out; `ssl_certfile=`/`ssl_keyfile=` serve it over HTTPS (`base` is then https://); `stop()` ends it at once, as a crash would (its port
 then refuses connections)
 and `restart()` brings a new engine up on the same port.
 
@@ -46,6 +46,7 @@ from streamproxy.gateway.state import STATE_KEY, GatewayState
 from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner
+from streamproxy.http.tls import server_context
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
 from tests.production.conftest import _bounded, access_log, event_loop_policy, session  # noqa: F401  (fixtures)
@@ -80,7 +81,8 @@ class Replica:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.settings.get("ssl_certfile") else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -96,7 +98,7 @@ class Replica:
         self.runner = make_runner(app, conf)
         self.runner._shutdown_timeout = SHUTDOWN
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048).start()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048, ssl_context=server_context(conf)).start()
         self.port = self.runner.addresses[0][1]
         if ready:
             assert await wait_until(lambda: self.engine.state == "ready", timeout=5.0), self.engine.state

@@ -1,7 +1,8 @@
 """`streamproxy gateway --config FILE.yaml` as a process: the example config parses, the
 file's other keys are the edge's flags, requests are relayed, and SIGTERM drains: a stream
 under way finishes, then the process exits 0. A file it cannot use (missing, not UTF-8, not
-YAML, not a valid config) is one line on stderr naming it, and exit code 2."""
+YAML, not a valid config) is one line on stderr naming it, and exit code 2. HTTPS end to end:
+a gateway on TLS over an HTTPS replica."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import openai
 import pytest
 import requests
+import yaml
 
 from streamproxy.cli import build_gateway
 from streamproxy.gateway.config import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
+from tests.support.fake import USER_HI
 from tests.support.server import FAKE_ARGS, ROOT, serve_process, start_gateway
+from tests.support.tls import make_certs
 
 
 def test_the_example_config_parses():
@@ -88,3 +93,26 @@ def test_a_config_that_is_not_yaml_ends_the_process_with_no_traceback(tmp_path: 
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"streamproxy gateway: {path}: not valid YAML: line 2, column 5: expected ',' or ']', but got ':' "
                            "(while parsing a flow sequence at line 1, column 14)\n")
+
+
+def test_https_end_to_end_a_gateway_on_tls_over_an_https_replica_through_the_sdk(tmp_path: Path):
+    """`serve --engine fake --ssl-*` as the replica, the gateway verifying it with `tls.ca_file` and
+    listening on HTTPS itself (`--ssl-*`): the OpenAI SDK streams through both."""
+    certs = make_certs(tmp_path)
+    ssl_flags = ["--ssl-certfile", str(certs.cert), "--ssl-keyfile", str(certs.key)]
+    replica_args = [*FAKE_ARGS, "--served-model-name", SERVED, "--fake-text", "Hi there", *ssl_flags]
+    with serve_process(replica_args, log_dir=tmp_path, name="replica", tls=(str(certs.ca), None)) as replica:
+        assert replica.base.startswith("https://")
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"access_log": "off", "deployments": [
+            {"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [replica.base],
+             "tls": {"ca_file": str(certs.ca)}}]}))
+        with serve_process(["--config", str(config), *ssl_flags], log_dir=tmp_path, name="gateway", command="gateway",
+                           tls=(str(certs.ca), None)) as gw:  # ready: its /health saw the replica through TLS
+            client = openai.OpenAI(base_url=gw.url("/v1"), api_key="x", max_retries=0,
+                                   http_client=openai.DefaultHttpxClient(verify=str(certs.ca)))
+            chunks = list(client.chat.completions.create(model=DEPLOYMENT, messages=USER_HI, max_tokens=2, stream=True,
+                                                         stream_options={"include_usage": True}))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi there"
+            assert {c.model for c in chunks} == {DEPLOYMENT}
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
