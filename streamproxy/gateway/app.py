@@ -31,9 +31,10 @@ from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
+from streamproxy.gateway.reload import Load, Reloader
 from streamproxy.gateway.routes import MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.gateway.source import ReplicaSource
-from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
+from streamproxy.gateway.state import STATE_KEY, Current, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
 from streamproxy.http import accesslog, error_shapes
@@ -193,7 +194,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def _start(app: web.Application) -> None:
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     policy = state.policy
     timeout = aiohttp.ClientTimeout(
         total=None, connect=policy.connect_timeout, sock_read=policy.read_timeout or state.settings.request_timeout or None
@@ -205,7 +206,7 @@ async def _start(app: web.Application) -> None:
         read_timeout=policy.read_timeout or state.settings.request_timeout or None,
         keepalive=policy.keepalive,
     )
-    app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
+    app[_PROBES_KEY] = asyncio.create_task(probe_forever(app[STATE_KEY]), name="gateway-probes")
     state.start_sources(state.session)
     if state.ledger is not None:
         state.ledger.start()
@@ -219,14 +220,14 @@ async def _start(app: web.Application) -> None:
 
 async def _stop_replicas(app: web.Application) -> None:
     """After the gateway's own drain: every managed replica drains and exits; watches end."""
-    await app[STATE_KEY].stop_sources()
+    await app[STATE_KEY].state.stop_sources()
 
 
 async def _stop(app: web.Application) -> None:
     task = app.get(_PROBES_KEY)
     if task is not None:
         task.cancel()
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     if state.upstreams is not None:
         state.upstreams.close()
     if state.session is not None:
@@ -235,7 +236,7 @@ async def _stop(app: web.Application) -> None:
 
 async def _close_ledger(app: web.Application) -> None:
     """Last, after the drain: every request's record is queued; write them all."""
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     if state.keyring is not None:
         await state.keyring.stop()
     if state.ledger is not None:
@@ -251,7 +252,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
         middlewares.append(cors.middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     state = GatewayState(settings, config)
-    app[STATE_KEY] = state
+    app[STATE_KEY] = Current(state)
     app[INFLIGHT_KEY] = state.inflight
     app.on_response_prepare.append(accesslog.on_prepare)
     if cors is not None:
@@ -263,7 +264,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
         state.ledger = ledger
         state.keyring = Keyring(ledger.store)
         ledger.on_written = state.keyring.written
-        app[accesslog.ON_FINISH] = books.recorder(state, ledger)
+        app[accesslog.ON_FINISH] = books.recorder(app[STATE_KEY], ledger)
         app.on_cleanup.append(_close_ledger)
     add_routes(app)
     return app
@@ -291,10 +292,13 @@ async def open_ledger(config: GatewayConfig) -> Ledger | None:
     return Ledger(store, interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
 
 
-async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
+async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None,
+                        reload: Load | None = None, source: str = "") -> int:
+    """`reload`: how SIGHUP loads the config again (`reload.py`); None: SIGHUP is not handled."""
     ledger = await open_ledger(config)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     app = create_gateway_app(settings, config, ledger)
+    reloader = Reloader(app, reload, source) if reload is not None else None
     for d in config.deployments:
         if d.launch is not None:
             where = f"managed: {d.launch.replicas} x {d.launch.model}"
@@ -306,13 +310,17 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
         else:
             where = ", ".join(d.upstreams)
         log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, where)
+    if reloader is not None:
+        reloader.install()
     try:
         await run_app(app, settings, stop=asyncio.Event(), ready=ready)
     finally:
+        if reloader is not None:
+            reloader.uninstall()
         if listener is not None:
             listener.stop()
     return 0
 
 
-def run_gateway(settings: Settings, config: GatewayConfig) -> None:
-    uvloop.run(serve_gateway(settings, config))
+def run_gateway(settings: Settings, config: GatewayConfig, reload: Load | None = None, source: str = "") -> None:
+    uvloop.run(serve_gateway(settings, config, reload=reload, source=source))
