@@ -274,3 +274,42 @@ def test_two_deployments_that_cannot_both_be_resident_serve_alternating_requests
         assert 'streamproxy_gateway_boots_total{deployment="a"} 2.0' in metrics
         assert 'streamproxy_gateway_parks_total{deployment="a"} 2.0' in metrics
         assert 'streamproxy_gateway_parks_total{deployment="b"} 1.0' in metrics
+
+
+def test_sighup_swaps_managed_deployments_the_removed_one_drains_after_its_stream_and_a_bad_file_is_refused(tmp_path):
+    """The process's own SIGHUP: `smol` (streaming) replaced by `smol2`; `smol` answers 404 to new requests,
+    its stream ends whole, then its replica exits; `smol2` wakes and serves; a file that does not parse is
+    refused (one log line naming it) and the running config serves on."""
+    slow = '"--fake-token-delay", "0.05"'
+    with gateway_process(tmp_path, config(managed("smol", args=slow))) as gw:
+        (pid,) = pids_of(wait_state(gw, "dep-smol", "ready"))
+        body = {"model": "smol", **CHAT, "max_tokens": 40, "stream": True}
+        with requests.post(gw.url("/v1/chat/completions"), json=body, stream=True, timeout=60) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith(b"data: "))
+            (tmp_path / "gateway.yaml").write_text(config(managed("smol2")))
+            gw.proc.send_signal(signal.SIGHUP)
+            assert wait_until_sync(lambda: "reloaded " in gw.log(), 30), gw.log()[-3000:]
+            gone = chat(gw, "smol")
+            assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+            assert alive(pid)  # its stream is still running on it
+            rest = [line for line in lines if line.startswith(b"data: ")]
+        assert rest[-1] == b"data: [DONE]"
+        assert not any(b'"error"' in line for line in rest)
+        assert wait_until_sync(lambda: not alive(pid), 30), gw.log()[-3000:]
+        assert "deployment smol (dep-smol): stopped, as the reload removed or changed it" in gw.log()
+        wait_state(gw, "dep-smol2", "ready")
+        assert chat(gw, "smol2").status_code == 200
+        (tmp_path / "gateway.yaml").write_text("deployments: [\n")
+        gw.proc.send_signal(signal.SIGHUP)
+        assert wait_until_sync(lambda: "reload refused" in gw.log(), 30), gw.log()[-3000:]
+        refused = [line for line in gw.log().splitlines() if "reload refused" in line]
+        assert len(refused) == 1 and refused[0].endswith(
+            f"reload refused: {tmp_path / 'gateway.yaml'}: not valid YAML: line 2, column 1: expected the node content, "
+            "but found '<stream end>' (while parsing a flow node at line 2, column 1); still serving the previous config"
+        ), refused
+        assert chat(gw, "smol2").status_code == 200
+        metrics = requests.get(gw.url("/metrics"), timeout=10).text
+        assert 'streamproxy_gateway_config_reloads_total{outcome="applied"} 1.0' in metrics
+        assert 'streamproxy_gateway_config_reloads_total{outcome="refused"} 1.0' in metrics
