@@ -40,7 +40,7 @@ RESTART_ONLY = (
     "host", "port", "uds", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "enable_ssl_refresh",
     "max_connections", "client_header_timeout", "client_body_timeout", "keepalive_timeout", "max_header_bytes",
     "max_header_count", "max_body_bytes", "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials",
-    "access_log", "disable_access_log_for_endpoints", "log_level",
+    "access_log", "disable_access_log_for_endpoints", "log_level", "drain_timeout",
 )
 # The gateway config's sections and `upstream:` fields only a restart changes.
 RESTART_ONLY_CONFIG = ("ledger", "ledger_writer")
@@ -53,6 +53,8 @@ def reload(app: web.Application, load: Load, source: str = "") -> bool:
     current = app[STATE_KEY]
     old = current.state
     try:
+        if old.inflight.draining:  # the sources are being stopped: none is started now
+            raise RuntimeError("the gateway is shutting down")
         settings, config = load()
         new = GatewayState(settings, config, previous=old)
     except (Exception, SystemExit) as exc:  # whatever it is, the old config keeps serving

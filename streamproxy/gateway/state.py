@@ -147,8 +147,8 @@ class GatewayState:
     def take_over(self, previous: GatewayState) -> list[str]:
         """Right after this state replaced `previous` (`reload.py`): start what is new, retire what is
         gone (stopped once its requests end). Returns the retired deployments' names."""
-        settings, config = self.settings, self.config
-        self.supervisor.settings, self.supervisor.max_resident = settings, config.max_resident
+        config = self.config
+        self.supervisor.max_resident = config.max_resident  # (its settings: the drain timeout, a restart's)
         self.retries.percent = config.upstream.retry_budget_percent
         self.retries.floor = config.upstream.min_retry_concurrency
         kept = {id(p) for p in self.pools.values()}
