@@ -24,7 +24,7 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
-from streamproxy.gateway import books, keyadmin
+from streamproxy.gateway import books, deployadmin, keyadmin
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.openapi import openapi_json
@@ -68,6 +68,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/deployments", list_deployments)
     app.router.add_get("/v1/deployments/{deployment}", get_deployment)
+    app.router.add_post("/v1/deployments", deployadmin.create_deployment)
+    app.router.add_patch("/v1/deployments/{deployment}", deployadmin.patch_deployment)
+    app.router.add_delete("/v1/deployments/{deployment}", deployadmin.delete_deployment)
     app.router.add_post("/v1/deployments/{deployment}/wake", wake_deployment)
     app.router.add_post("/v1/deployments/{deployment}/park", park_deployment)
     app.router.add_get("/v1/deployments/{deployment}/requests", books.list_requests)
@@ -115,30 +118,9 @@ async def get_model(request: web.Request) -> web.Response:
     return _json(_card(state, pool.deployment.name))
 
 
-def _describe(state: GatewayState, name: str) -> dict[str, object]:
-    pool = state.pools[name]
-    now = time.monotonic()
-    replicas = [
-        {
-            "url": r.url,
-            "available": r.health.routable(now),
-            "healthy": r.health.probed_healthy,
-            "breaker": r.health.breaker.name.lower(),
-            "ejections": r.health.ejections,
-            "in_flight": r.outstanding,
-            "requests": r.requests,
-        }
-        for r in pool.replicas
-    ]
-    d = pool.deployment
-    described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
-    described.update(state.sources[name].describe(replicas))
-    return described
-
-
 async def list_deployments(request: web.Request) -> web.Response:
     state = gateway_state(request)
-    return _json({"object": "list", "data": [_describe(state, n) for n in _visible(request)]})
+    return _json({"object": "list", "data": [state.describe(n) for n in _visible(request)]})
 
 
 async def get_deployment(request: web.Request) -> web.Response:
@@ -146,7 +128,7 @@ async def get_deployment(request: web.Request) -> web.Response:
     pool = state.resolve(None, request.match_info["deployment"])
     if pool.deployment.name not in _visible(request):
         raise ModelNotFound(f"no deployment `{request.match_info['deployment']}`")
-    return _json(_describe(state, pool.deployment.name))
+    return _json(state.describe(pool.deployment.name))
 
 
 def _managed(request: web.Request) -> ReplicaSource:
@@ -165,14 +147,14 @@ async def wake_deployment(request: web.Request) -> web.Response:
     """Admin: start a parked (or failed) managed deployment's replicas; answers at once."""
     managed = _managed(request)
     managed.wake(admin=True)
-    return _json(_describe(gateway_state(request), managed.name))
+    return _json(gateway_state(request).describe(managed.name))
 
 
 async def park_deployment(request: web.Request) -> web.Response:
     """Admin: drain and stop a managed deployment's replicas; answers once they are stopped."""
     managed = _managed(request)
     await managed.park("admin")
-    return _json(_describe(gateway_state(request), managed.name))
+    return _json(gateway_state(request).describe(managed.name))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -210,6 +192,7 @@ async def _start(app: web.Application) -> None:
     state.start_sources(state.session)
     if state.ledger is not None:
         state.ledger.start()
+        await deployadmin.load_stored(app, state.ledger.store)  # the admin API's deployments, beside the file's
     if state.keyring is not None:
         try:
             await state.keyring.refresh()

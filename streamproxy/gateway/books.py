@@ -30,6 +30,7 @@ from streamproxy.gateway.routes import ROUTES, relayed_paths
 from streamproxy.gateway.state import Current, GatewayState, gateway_state
 from streamproxy.http.accesslog import Finished, Record
 from streamproxy.ledger import params
+from streamproxy.ledger.deployments import DeploymentExists
 from streamproxy.ledger.keys import KeyExists
 from streamproxy.ledger.records import LedgerRecord, UsageReport
 from streamproxy.ledger.writer import Ledger
@@ -85,7 +86,7 @@ async def read_store(work: Awaitable[T]) -> T:
     """A query's answer; the store down is a 503, not a 500."""
     try:
         return await work
-    except KeyExists:
+    except (KeyExists, DeploymentExists):
         raise  # an answer, not a failure
     except Exception as exc:
         log.warning("ledger: a query failed: %s: %s", type(exc).__name__, exc)

@@ -24,11 +24,12 @@ import logging
 import signal
 from collections.abc import Callable
 
+import msgspec
 from aiohttp import web
 
 from streamproxy.config import Settings
 from streamproxy.gateway import metrics as M
-from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.config import Deployment, GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
 
 log = logging.getLogger("streamproxy.gateway")
@@ -47,25 +48,47 @@ RESTART_ONLY_CONFIG = ("ledger", "ledger_writer")
 RESTART_ONLY_UPSTREAM = ("connect_timeout", "read_timeout", "keepalive")
 
 
+def merged(file_config: GatewayConfig, api: dict[str, Deployment]) -> GatewayConfig:
+    """The config the gateway serves: the file's, with the admin API's deployments after its own;
+    checked as a whole (`ConfigError`: a name used twice, a key naming a deployment that is gone)."""
+    if not api:
+        return file_config
+    config = msgspec.structs.replace(file_config, deployments=[*file_config.deployments, *api.values()])
+    check(config)
+    return config
+
+
+def swap(app: web.Application, settings: Settings, file_config: GatewayConfig, api: dict[str, Deployment]) -> tuple[GatewayState, list[str]]:
+    """Build the state for `file_config` + `api` from the current one and put it in its place (on the loop,
+    nothing awaited in between); the old state's removed deployments retire. Raises before changing anything."""
+    current = app[STATE_KEY]
+    old = current.state
+    if old.inflight.draining:  # the sources are being stopped: none is started now
+        raise RuntimeError("the gateway is shutting down")
+    new = GatewayState(settings, merged(file_config, api), previous=old)
+    new.from_api = set(api)
+    current.state, current.file_config, current.api = new, file_config, api  # the swap
+    return new, new.take_over(old)
+
+
 def reload(app: web.Application, load: Load, source: str = "") -> bool:
     """Load and apply the config now; False when refused (logged, counted). Runs on the event loop,
-    synchronously: nothing else runs between the check and the swap."""
+    synchronously: nothing else runs between the check and the swap. The admin API's deployments stay."""
     current = app[STATE_KEY]
     old = current.state
     try:
-        if old.inflight.draining:  # the sources are being stopped: none is started now
+        if old.inflight.draining:
             raise RuntimeError("the gateway is shutting down")
-        settings, config = load()
-        new = GatewayState(settings, config, previous=old)
+        settings, file_config = load()
+        new, retired = swap(app, settings, file_config, current.api)
     except (Exception, SystemExit) as exc:  # whatever it is, the old config keeps serving
         M.RELOADS.labels("refused").inc()
         where = f"{source}: " if source else ""
         reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"  # ConfigError is one
         log.error("reload refused: %s%s; still serving the previous config", where, " ".join(reason.split()))
         return False
-    current.state = new  # the swap
-    retired = new.take_over(old)
     M.RELOADS.labels("applied").inc()
+    config = new.config
     kept = [d.name for d in config.deployments if old.pools.get(d.name) is new.pools[d.name]]
     added = [d.name for d in config.deployments if d.name not in kept]
     log.info(

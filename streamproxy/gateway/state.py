@@ -74,6 +74,7 @@ class GatewayState:
         # Built for this state and not started yet (`take_over` starts them after a reload).
         self.fresh: list[ReplicaSource] = []
         self.fresh_managed: list[ManagedDeployment] = []
+        self.from_api: set[str] = set()  # the ids of the deployments made through the admin API
         if previous is None:
             self.inflight = InFlight()
             self.started = int(time.time())
@@ -211,6 +212,28 @@ class GatewayState:
             await self.sources[d.name].stop()
         await self.stop_retired()
 
+    def describe(self, name: str) -> dict[str, object]:
+        """`/v1/deployments`' view of one deployment: its replicas' health and load, its source's fields."""
+        pool = self.pools[name]
+        now = time.monotonic()
+        replicas: list[dict[str, object]] = [
+            {
+                "url": r.url,
+                "available": r.health.routable(now),
+                "healthy": r.health.probed_healthy,
+                "breaker": r.health.breaker.name.lower(),
+                "ejections": r.health.ejections,
+                "in_flight": r.outstanding,
+                "requests": r.requests,
+            }
+            for r in pool.replicas
+        ]
+        d = pool.deployment
+        described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
+        described.update(self.sources[name].describe(replicas))
+        described["source"] = "api" if d.id in self.from_api else "config"
+        return described
+
     @property
     def deployments(self) -> list[Deployment]:
         return self.config.deployments
@@ -288,12 +311,15 @@ class GatewayState:
 
 
 class Current:
-    """The gateway's state now: the one reference a reload changes (`reload.py`)."""
+    """The gateway's state now: the one reference a reload changes (`reload.py`); and what it is made
+    of: the config file's sections, and the deployments made through the admin API (by id, in order)."""
 
-    __slots__ = ("state",)
+    __slots__ = ("state", "file_config", "api")
 
     def __init__(self, state: GatewayState) -> None:
         self.state = state
+        self.file_config = state.config
+        self.api: dict[str, Deployment] = {}
 
 
 STATE_KEY: web.AppKey[Current] = web.AppKey("gateway_state", Current)
