@@ -146,6 +146,7 @@ async def _put(request: web.Request, current: Current, store: LedgerStore, d: De
     api = {**current.api}
     api[replacing or d.id] = d  # a PATCH keeps the deployment's place
     _fits(current, api)
+    before = current.api.get(replacing) if replacing else None
     try:
         await read_store(store.put_deployment(_stored(d, 0)))
     except DeploymentExists:
@@ -156,8 +157,15 @@ async def _put(request: web.Request, current: Current, store: LedgerStore, d: De
     state = current.state
     try:
         new, retired = swap(request.app, state.settings, current.file_config, api)
-    except (ConfigError, RuntimeError) as exc:
-        raise InvalidRequest(str(exc), code="invalid_parameter") from None
+    except Exception as exc:  # not served: the store goes back to what is served
+        undo = store.put_deployment(_stored(before, 0)) if before is not None else store.delete_deployment(d.id)
+        try:
+            await undo
+        except Exception:
+            log.exception("deployment %s: the store keeps a change the gateway refused", d.id)
+        if isinstance(exc, ConfigError):
+            raise InvalidRequest(str(exc), code="invalid_parameter") from None
+        raise
     log.info("deployment %s (%s) %s through the admin API%s", d.name, d.id, "changed" if replacing else "added",
              f"; retired: {', '.join(retired)}" if retired else "")
     return web.Response(body=_encode(new.describe(d.name)), content_type="application/json")
@@ -203,8 +211,14 @@ async def delete_deployment(request: web.Request) -> web.Response:
     state = current.state
     try:
         swap(request.app, state.settings, current.file_config, api)
-    except (ConfigError, RuntimeError) as exc:
-        raise InvalidRequest(str(exc), code="invalid_parameter") from None
+    except Exception as exc:  # still served: the store keeps it too
+        try:
+            await store.put_deployment(_stored(d, 0))
+        except Exception:
+            log.exception("deployment %s: served, but gone from the store", d.id)
+        if isinstance(exc, ConfigError):
+            raise InvalidRequest(str(exc), code="invalid_parameter") from None
+        raise
     log.info("deployment %s (%s) deleted through the admin API", d.name, d.id)
     return web.Response(body=_encode(DeploymentDeleted(id=d.id)), content_type="application/json")
 

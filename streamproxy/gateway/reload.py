@@ -28,6 +28,7 @@ import msgspec
 from aiohttp import web
 
 from streamproxy.config import Settings
+from streamproxy.errors import ServerShuttingDown
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.config import Deployment, GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
@@ -64,7 +65,7 @@ def swap(app: web.Application, settings: Settings, file_config: GatewayConfig, a
     current = app[STATE_KEY]
     old = current.state
     if old.inflight.draining:  # the sources are being stopped: none is started now
-        raise RuntimeError("the gateway is shutting down")
+        raise ServerShuttingDown("the gateway is shutting down: its deployments do not change now")
     new = GatewayState(settings, merged(file_config, api), previous=old)
     new.from_api = set(api)
     current.state, current.file_config, current.api = new, file_config, api  # the swap
@@ -78,7 +79,7 @@ def reload(app: web.Application, load: Load, source: str = "") -> bool:
     old = current.state
     try:
         if old.inflight.draining:
-            raise RuntimeError("the gateway is shutting down")
+            raise ServerShuttingDown("the gateway is shutting down")
         settings, file_config = load()
         new, retired = swap(app, settings, file_config, current.api)
     except (Exception, SystemExit) as exc:  # whatever it is, the old config keeps serving
