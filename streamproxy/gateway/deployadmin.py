@@ -19,16 +19,18 @@ PostgreSQL store see a change at their next start or SIGHUP.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import re
 import secrets
 import time
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
 
+from streamproxy.config import add_arguments
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound, NotFound
 from streamproxy.gateway.books import read_store
 from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig, check
@@ -100,12 +102,43 @@ def parse(data: dict[str, Any]) -> Deployment:
     for i, url in enumerate(d.upstreams):
         if not _http_url(url):
             raise _bad(f"upstreams[{i}]", f"upstream {url!r} is not an http(s) URL with a host (and a port, if any, from 1 to 65535)")
+    if d.launch is not None:
+        _check_args(d.launch.model, d.launch.args)
     try:  # the rest of the config's checks, on this entry alone (beside a placeholder-free config)
         check(GatewayConfig(deployments=[d]))
     except ConfigError as exc:
         named = re.search(r"`([a-z_]+(?:\.[a-z_]+)*)`", str(exc))
         raise _bad(named.group(1) if named else None, str(exc)) from None
     return d
+
+
+class _ArgsError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ArgsError(message)
+
+
+_GATEWAY_SETS = ("--host", "--port", "--uds")
+
+
+def _check_args(model: str, args: list[str]) -> None:
+    """`launch.args` as `streamproxy serve` will read them: streamproxy's own flags and their values
+    (with `model: fake`, nothing else either; with a real model, the rest is left to vLLM's parser in the replica)."""
+    fixed = [a for a in args if a.split("=", 1)[0] in _GATEWAY_SETS]
+    if fixed:
+        raise _bad("launch.args", f"`launch.args`: {fixed[0].split('=', 1)[0]} is the gateway's to set for its replicas")
+    parser = _Parser(prog="streamproxy serve", allow_abbrev=False, add_help=False)
+    add_arguments(parser, with_model_flags=True)
+    try:
+        if model == "fake":
+            parser.parse_args(["--engine", "fake", *args])
+        else:
+            parser.parse_known_args(args)
+    except _ArgsError as exc:
+        raise _bad("launch.args", f"`launch.args`: {exc}") from None
 
 
 def _http_url(url: str) -> bool:

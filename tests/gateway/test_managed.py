@@ -313,3 +313,22 @@ def test_sighup_swaps_managed_deployments_the_removed_one_drains_after_its_strea
         metrics = requests.get(gw.url("/metrics"), timeout=10).text
         assert 'streamproxy_gateway_config_reloads_total{outcome="applied"} 1.0' in metrics
         assert 'streamproxy_gateway_config_reloads_total{outcome="refused"} 1.0' in metrics
+
+
+def test_a_managed_deployment_made_through_the_admin_api_survives_a_restart_and_its_delete_stops_its_replica(tmp_path):
+    ledger = f"ledger: sqlite:///{tmp_path}/ledger.db\n"
+    admin = {"Authorization": "Bearer adm"}
+    made = {"name": "api-smol", "id": "dep-api-smol", "launch": {"model": "fake", "args": ["--fake-boot-delay", "0.3"]}}
+    with gateway_process(tmp_path, config(managed("smol"), extra=ledger), "--admin-key", "adm") as gw:
+        answer = requests.post(gw.url("/v1/deployments"), json=made, headers=admin, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["source"], answer.json()["managed"]) == ("api", True)
+        wait_state(gw, "dep-api-smol", "ready")
+        assert chat(gw, "api-smol").status_code == 200
+    with gateway_process(tmp_path, config(managed("smol"), extra=ledger), "--admin-key", "adm", name="again") as gw:
+        (pid,) = pids_of(wait_state(gw, "dep-api-smol", "ready"))  # served again from the store, always on
+        assert chat(gw, "api-smol").status_code == 200
+        gone = requests.delete(gw.url("/v1/deployments/dep-api-smol"), headers=admin, timeout=30)
+        assert gone.json() == {"id": "dep-api-smol", "deleted": True, "object": "deployment"}
+        assert wait_until_sync(lambda: not alive(pid), 30), gw.log()[-3000:]
+        assert chat(gw, "api-smol").status_code == 404
