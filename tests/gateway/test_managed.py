@@ -318,7 +318,7 @@ def test_sighup_swaps_managed_deployments_the_removed_one_drains_after_its_strea
 def test_a_managed_deployment_made_through_the_admin_api_survives_a_restart_and_its_delete_stops_its_replica(tmp_path):
     ledger = f"ledger: sqlite:///{tmp_path}/ledger.db\n"
     admin = {"Authorization": "Bearer adm"}
-    made = {"name": "api-smol", "id": "dep-api-smol", "launch": {"model": "fake", "args": ["--fake-boot-delay", "0.3"]}}
+    made: dict[str, Any] = {"name": "api-smol", "id": "dep-api-smol", "launch": {"model": "fake", "args": ["--fake-boot-delay", "0.3"]}}
     with gateway_process(tmp_path, config(managed("smol"), extra=ledger), "--admin-key", "adm") as gw:
         answer = requests.post(gw.url("/v1/deployments"), json=made, headers=admin, timeout=30)
         assert answer.status_code == 200, answer.text
