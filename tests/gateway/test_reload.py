@@ -35,6 +35,8 @@ OTHER = {"name": "other-bot", "id": "dep-0b", "served_model": SERVED}
 TOKENS = 20
 SLOW = FakeScript(tokens=[f"t{i} " for i in range(TOKENS)], token_delay=0.05)  # a stream lasts about 1 s
 ANSWER = "".join(f"t{i} " for i in range(TOKENS))
+# 2 s a stream: room for all of them to start and the reload to land while every one still runs.
+LONG = FakeScript(tokens=[f"t{i} " for i in range(2 * TOKENS)], token_delay=0.05)
 
 
 def write(path: Path, deployments: list[dict[str, Any]], **rest: Any) -> Path:
@@ -76,7 +78,7 @@ async def many() -> Any:
 
 
 async def test_sighup_with_streams_running_cuts_none_and_the_new_config_serves_at_once(replica, gateway, session, many, tmp_path):
-    old_r, new_r = await replica(SLOW), await replica()
+    old_r, new_r = await replica(LONG), await replica()
     gw = await gateway(old_r)
     app = gw.app
     old_pool = gw.pool()
@@ -84,7 +86,7 @@ async def test_sighup_with_streams_running_cuts_none_and_the_new_config_serves_a
     reloader = Reloader(app, loader(path), str(path))
     reloader.install()
     try:
-        n = 120
+        n = 150
         started: list[int] = []
         streams = [asyncio.ensure_future(read_stream(many, gw.url("/v1/chat/completions"), DEPLOYMENT, started)) for _ in range(n)]
         assert await wait_until(lambda: len(started) == n, timeout=20.0)
@@ -105,7 +107,7 @@ async def test_sighup_with_streams_running_cuts_none_and_the_new_config_serves_a
         done = await asyncio.gather(*streams)
         for status, body in done:
             assert status == 200
-            assert text_and_done(body) == (ANSWER, True)
+            assert text_and_done(body) == ("".join(f"t{i} " for i in range(2 * TOKENS)), True)
         assert len(old_r.inference()) == n
         assert old_pool.active == 0 and app[STATE_KEY].state.retiring == {}
     finally:
