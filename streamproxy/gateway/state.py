@@ -20,13 +20,13 @@ every other deployment gets new ones. `Current.state` is the one reference
 handlers read, set once per reload on the event loop; a request reads it once
 (`gateway_state`) and keeps that state, its pool and source until it ends
 (`Pool.active` counts it), so a deployment the reload removed is stopped
-(`retire`) only once its last request is done.
+(`take_over`, `request_ended`) only once its last request is done.
 """
 
 from __future__ import annotations
 
-import hmac
 import asyncio
+import hmac
 import logging
 import os
 import time
