@@ -199,6 +199,11 @@ async def test_keys_from_the_new_file_apply_to_new_requests(replica, gateway, se
     assert status == 401
     assert json.loads(got) == error_body("incorrect API key provided", "authentication_error", "invalid_api_key")
     assert (await post(session, url, chat(), Authorization="Bearer sk-b"))[0] == 200
+    # A setting: the edge's `api_key` (a key for every deployment) from the file's server flags.
+    path = write(tmp_path / "gw.yaml", [dep(r)], keys=[{"id": "team-b", "key": "sk-b"}], api_key="sk-edge", request_timeout=7)
+    assert reload(gw.app, loader(path), str(path))
+    assert (await post(session, url, chat(), Authorization="Bearer sk-edge"))[0] == 200
+    assert gw.state.settings.request_timeout == 7
 
 
 async def test_unchanged_deployments_keep_their_pool_and_a_changed_one_gets_a_new_one(replica, gateway, session, tmp_path):
