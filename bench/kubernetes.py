@@ -77,7 +77,7 @@ async def until(predicate: Any) -> None:
 
 async def ready_to_routable(kube: FakeKube, base: dict[str, Any], n: int) -> list[float]:
     app, runner, _ = await gateway(base)
-    pool = app[STATE_KEY].pools["bench"]
+    pool = app[STATE_KEY].state.pools["bench"]
     await until(lambda: kube.open_watches() == 1)
     port, stop = await replica()
     took = []
@@ -113,7 +113,7 @@ async def wake_overhead(kube: FakeKube, base: dict[str, Any], n: int) -> list[fl
 
     kube._scale_to, kube.set_ready = timed_scale, timed_ready  # type: ignore[method-assign, assignment]
     app, runner, url = await gateway({**base, "scale": {"name": "bench", "replicas": 1}, "wait_for_wake": True})
-    source = app[STATE_KEY].sources["bench"]
+    source = app[STATE_KEY].state.sources["bench"]
     await until(lambda: kube.open_watches() == 1)
     extra = []
     async with aiohttp.ClientSession() as session:

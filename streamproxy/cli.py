@@ -13,6 +13,7 @@ import argparse
 import logging
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -153,41 +154,69 @@ def _check_lora_modules(settings: Settings, *, lora_enabled: bool) -> None:
 def build_gateway(argv: list[str]) -> tuple[Settings, GatewayConfig]:
     """`streamproxy gateway --config FILE.yaml [flags]`: the deployments from the file, and the
     edge's flags from the file's other keys, the environment and the command line."""
-    from streamproxy.gateway.config import ConfigError, split
+    from streamproxy.gateway.config import ConfigError
 
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         raise SystemExit("streamproxy gateway needs --config FILE.yaml (see configs/gateway.yaml)")
     at = argv.index("--config")
     path = argv[at + 1]
     try:
-        config, flags = split(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        _config_error(path, exc.strerror or str(exc))
-    except UnicodeDecodeError as exc:
-        _config_error(path, f"not UTF-8 text (byte {exc.start})")
-    except ConfigError as exc:
+        return load_gateway(path, argv[:at] + argv[at + 2 :])
+    except ConfigFileError as exc:
         _config_error(path, str(exc))
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+class ConfigFileError(ValueError):
+    """The file itself cannot be read or fails the gateway config's checks."""
+
+
+def load_gateway(path: str, flags: list[str], *, strict: bool = False) -> tuple[Settings, GatewayConfig]:
+    """The gateway's settings and config from the file at `path` and the command line's other `flags`:
+    `ConfigFileError` for the file, `ConfigError` for the rest; `strict` (a reload): a flag argparse
+    refuses is a `ConfigError` too, where at start it is argparse's usage message and exit 2."""
+    from streamproxy.gateway.config import ConfigError, split
+
+    try:
+        config, from_file = split(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigFileError(exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"not UTF-8 text (byte {exc.start})") from None
+    except ConfigError as exc:
+        raise ConfigFileError(str(exc)) from None
     from streamproxy.gateway.upstream_tls import contexts
 
-    try:  # CA bundles and client certificates for https:// replicas: read now, so a bad one stops the start
+    try:  # CA bundles and client certificates for https:// replicas: read now, so a bad one stops the start (or a reload)
         contexts(config)
     except ConfigError as exc:
-        _config_error(path, str(exc))
-    parser = argparse.ArgumentParser(prog="streamproxy gateway")
+        raise ConfigFileError(str(exc)) from None
+    parser = _StrictParser(prog="streamproxy gateway") if strict else argparse.ArgumentParser(prog="streamproxy gateway")
     add_arguments(parser, with_model_flags=False)
-    ns = parser.parse_args(mapping_to_flags(flags) + argv[:at] + argv[at + 2 :])
-    settings = settings_from_namespace(ns)
+    ns = parser.parse_args(mapping_to_flags(from_file) + flags)
+    try:
+        settings = settings_from_namespace(ns)
+    except (OSError, ValueError) as exc:  # an `--api-key @file` that cannot be read
+        raise ConfigError(f"--api-key: {exc}") from None
     defaults = Settings()
     for name in SERVE_ONLY:
         if getattr(settings, name) != getattr(defaults, name):
-            raise SystemExit(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
+            raise ConfigError(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
     from streamproxy.http.tls import TLSError, server_context
 
     try:  # the gateway listens through the same runner: TLS and --uds work there too
         server_context(settings)
     except TLSError as exc:
-        raise SystemExit(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     return settings, config
+
+
+class _StrictParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        from streamproxy.gateway.config import ConfigError
+
+        raise ConfigError(f"a server flag: {message}")
 
 
 # vLLM's front-end flags that `serve` takes and the gateway does not (yet): refused there, never ignored.
@@ -237,7 +266,9 @@ def main(argv: list[str] | None = None) -> None:
         _http_log_level(settings)
         from streamproxy.gateway.app import run_gateway
 
-        run_gateway(settings, config)
+        at = rest.index("--config")
+        path = rest[at + 1]
+        run_gateway(settings, config, reload=partial(load_gateway, path, rest[:at] + rest[at + 2 :], strict=True), source=path)
         return
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())

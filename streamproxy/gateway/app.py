@@ -24,16 +24,17 @@ from aiohttp import web
 from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
-from streamproxy.gateway import books, keyadmin
+from streamproxy.gateway import books, deployadmin, keyadmin
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
 from streamproxy.gateway.relay import Api
+from streamproxy.gateway.reload import Load, Reloader
 from streamproxy.gateway.routes import MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.gateway.source import ReplicaSource
-from streamproxy.gateway.state import STATE_KEY, GatewayState, gateway_state
+from streamproxy.gateway.state import STATE_KEY, Current, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
 from streamproxy.http import accesslog, error_shapes
@@ -67,6 +68,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/deployments", list_deployments)
     app.router.add_get("/v1/deployments/{deployment}", get_deployment)
+    app.router.add_post("/v1/deployments", deployadmin.create_deployment)
+    app.router.add_patch("/v1/deployments/{deployment}", deployadmin.patch_deployment)
+    app.router.add_delete("/v1/deployments/{deployment}", deployadmin.delete_deployment)
     app.router.add_post("/v1/deployments/{deployment}/wake", wake_deployment)
     app.router.add_post("/v1/deployments/{deployment}/park", park_deployment)
     app.router.add_get("/v1/deployments/{deployment}/requests", books.list_requests)
@@ -114,30 +118,9 @@ async def get_model(request: web.Request) -> web.Response:
     return _json(_card(state, pool.deployment.name))
 
 
-def _describe(state: GatewayState, name: str) -> dict[str, object]:
-    pool = state.pools[name]
-    now = time.monotonic()
-    replicas = [
-        {
-            "url": r.url,
-            "available": r.health.routable(now),
-            "healthy": r.health.probed_healthy,
-            "breaker": r.health.breaker.name.lower(),
-            "ejections": r.health.ejections,
-            "in_flight": r.outstanding,
-            "requests": r.requests,
-        }
-        for r in pool.replicas
-    ]
-    d = pool.deployment
-    described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
-    described.update(state.sources[name].describe(replicas))
-    return described
-
-
 async def list_deployments(request: web.Request) -> web.Response:
     state = gateway_state(request)
-    return _json({"object": "list", "data": [_describe(state, n) for n in _visible(request)]})
+    return _json({"object": "list", "data": [state.describe(n) for n in _visible(request)]})
 
 
 async def get_deployment(request: web.Request) -> web.Response:
@@ -145,7 +128,7 @@ async def get_deployment(request: web.Request) -> web.Response:
     pool = state.resolve(None, request.match_info["deployment"])
     if pool.deployment.name not in _visible(request):
         raise ModelNotFound(f"no deployment `{request.match_info['deployment']}`")
-    return _json(_describe(state, pool.deployment.name))
+    return _json(state.describe(pool.deployment.name))
 
 
 def _managed(request: web.Request) -> ReplicaSource:
@@ -164,14 +147,14 @@ async def wake_deployment(request: web.Request) -> web.Response:
     """Admin: start a parked (or failed) managed deployment's replicas; answers at once."""
     managed = _managed(request)
     managed.wake(admin=True)
-    return _json(_describe(gateway_state(request), managed.name))
+    return _json(gateway_state(request).describe(managed.name))
 
 
 async def park_deployment(request: web.Request) -> web.Response:
     """Admin: drain and stop a managed deployment's replicas; answers once they are stopped."""
     managed = _managed(request)
     await managed.park("admin")
-    return _json(_describe(gateway_state(request), managed.name))
+    return _json(gateway_state(request).describe(managed.name))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -193,7 +176,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def _start(app: web.Application) -> None:
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     policy = state.policy
     timeout = aiohttp.ClientTimeout(
         total=None, connect=policy.connect_timeout, sock_read=policy.read_timeout or state.settings.request_timeout or None
@@ -205,10 +188,11 @@ async def _start(app: web.Application) -> None:
         read_timeout=policy.read_timeout or state.settings.request_timeout or None,
         keepalive=policy.keepalive,
     )
-    app[_PROBES_KEY] = asyncio.create_task(probe_forever(state), name="gateway-probes")
+    app[_PROBES_KEY] = asyncio.create_task(probe_forever(app[STATE_KEY]), name="gateway-probes")
     state.start_sources(state.session)
     if state.ledger is not None:
         state.ledger.start()
+        await deployadmin.load_stored(app, state.ledger.store)  # the admin API's deployments, beside the file's
     if state.keyring is not None:
         try:
             await state.keyring.refresh()
@@ -219,14 +203,14 @@ async def _start(app: web.Application) -> None:
 
 async def _stop_replicas(app: web.Application) -> None:
     """After the gateway's own drain: every managed replica drains and exits; watches end."""
-    await app[STATE_KEY].stop_sources()
+    await app[STATE_KEY].state.stop_sources()
 
 
 async def _stop(app: web.Application) -> None:
     task = app.get(_PROBES_KEY)
     if task is not None:
         task.cancel()
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     if state.upstreams is not None:
         state.upstreams.close()
     if state.session is not None:
@@ -235,7 +219,7 @@ async def _stop(app: web.Application) -> None:
 
 async def _close_ledger(app: web.Application) -> None:
     """Last, after the drain: every request's record is queued; write them all."""
-    state = app[STATE_KEY]
+    state = app[STATE_KEY].state
     if state.keyring is not None:
         await state.keyring.stop()
     if state.ledger is not None:
@@ -251,7 +235,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
         middlewares.append(cors.middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     state = GatewayState(settings, config)
-    app[STATE_KEY] = state
+    app[STATE_KEY] = Current(state)
     app[INFLIGHT_KEY] = state.inflight
     app.on_response_prepare.append(accesslog.on_prepare)
     if cors is not None:
@@ -263,7 +247,7 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
         state.ledger = ledger
         state.keyring = Keyring(ledger.store)
         ledger.on_written = state.keyring.written
-        app[accesslog.ON_FINISH] = books.recorder(state, ledger)
+        app[accesslog.ON_FINISH] = books.recorder(app[STATE_KEY], ledger)
         app.on_cleanup.append(_close_ledger)
     add_routes(app)
     return app
@@ -291,10 +275,13 @@ async def open_ledger(config: GatewayConfig) -> Ledger | None:
     return Ledger(store, interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
 
 
-async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
+async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None,
+                        reload: Load | None = None, source: str = "") -> int:
+    """`reload`: how SIGHUP loads the config again (`reload.py`); None: SIGHUP is not handled."""
     ledger = await open_ledger(config)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     app = create_gateway_app(settings, config, ledger)
+    reloader = Reloader(app, reload, source) if reload is not None else None
     for d in config.deployments:
         if d.launch is not None:
             where = f"managed: {d.launch.replicas} x {d.launch.model}"
@@ -306,13 +293,17 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
         else:
             where = ", ".join(d.upstreams)
         log.info("deployment %s (%s): %s -> %s", d.name, d.id, d.upstream_model, where)
+    if reloader is not None:
+        reloader.install()
     try:
         await run_app(app, settings, stop=asyncio.Event(), ready=ready)
     finally:
+        if reloader is not None:
+            reloader.uninstall()
         if listener is not None:
             listener.stop()
     return 0
 
 
-def run_gateway(settings: Settings, config: GatewayConfig) -> None:
-    uvloop.run(serve_gateway(settings, config))
+def run_gateway(settings: Settings, config: GatewayConfig, reload: Load | None = None, source: str = "") -> None:
+    uvloop.run(serve_gateway(settings, config, reload=reload, source=source))

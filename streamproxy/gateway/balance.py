@@ -72,6 +72,7 @@ class Pool:
         self.set_replicas(deployment.upstreams)
         self._rng = rng or random.Random()
         self._turn = 0  # round robin's next replica
+        self.active = 0  # requests on this deployment now (from the choice of deployment to the end)
 
     def set_replicas(self, urls: list[str]) -> None:
         """The replicas are now these (a managed deployment's come and go): the ones kept keep

@@ -27,9 +27,10 @@ from aiohttp import web
 
 from streamproxy.errors import NotFound, ServiceUnavailable
 from streamproxy.gateway.routes import ROUTES, relayed_paths
-from streamproxy.gateway.state import GatewayState, gateway_state
+from streamproxy.gateway.state import Current, GatewayState, gateway_state
 from streamproxy.http.accesslog import Finished, Record
 from streamproxy.ledger import params
+from streamproxy.ledger.deployments import DeploymentExists
 from streamproxy.ledger.keys import KeyExists
 from streamproxy.ledger.records import LedgerRecord, UsageReport
 from streamproxy.ledger.writer import Ledger
@@ -41,8 +42,9 @@ T = TypeVar("T")
 _LEDGERED: dict[str, str] = {path: route.upstream_path for name, route in ROUTES.items() for path in relayed_paths(name)}
 
 
-def recorder(state: GatewayState, ledger: Ledger) -> Finished:
+def recorder(current: Current, ledger: Ledger) -> Finished:
     def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
+        state = current.state
         resource = request.match_info.route.resource
         route = _LEDGERED.get(resource.canonical) if resource is not None else None
         if route is None or (rec.key_id is None and (state.keys or state.keyring)):
@@ -84,7 +86,7 @@ async def read_store(work: Awaitable[T]) -> T:
     """A query's answer; the store down is a 503, not a 500."""
     try:
         return await work
-    except KeyExists:
+    except (KeyExists, DeploymentExists):
         raise  # an answer, not a failure
     except Exception as exc:
         log.warning("ledger: a query failed: %s: %s", type(exc).__name__, exc)

@@ -90,7 +90,9 @@ class ManagedDeployment:
         return  # the `Supervisor` starts and stops every managed deployment
 
     async def stop(self) -> None:
-        return
+        """Its replicas drain and exit (SIGKILL after the drain timeout): at shutdown after the `Supervisor`'s
+        own stop (nothing left then), or once a deployment a reload removed has no request left."""
+        await self._stop(self.supervisor.settings.drain_timeout + _KILL_GRACE)
 
     def admit(self) -> None:
         """Before a request is relayed: raises the 503 it gets when the deployment cannot serve it now."""
@@ -330,13 +332,29 @@ class Supervisor:
             if managed.launch.idle_seconds == 0:
                 managed.wake()  # always on
 
+    def attach(self, managed: ManagedDeployment) -> None:
+        """A deployment a reload added, once the gateway serves it: as `add` + `start` for it alone."""
+        self.deployments[managed.name] = managed
+        if self.session is None:
+            return
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick_forever(), name="gateway-managed")
+        if managed.launch.idle_seconds == 0:
+            managed.wake()
+
+    def forget(self, source: object) -> None:
+        """A deployment a reload removed: no longer parked, counted or woken here (its `stop` ends it)."""
+        for name, managed in list(self.deployments.items()):
+            if managed is source:
+                del self.deployments[name]
+
     async def _tick_forever(self) -> None:
-        idles = [m.launch.idle_seconds for m in self.deployments.values() if m.launch.idle_seconds > 0]
-        interval = min([1.0, *(i / 4 for i in idles)])
         while True:
+            idles = [m.launch.idle_seconds for m in self.deployments.values() if m.launch.idle_seconds > 0]
+            interval = min([1.0, *(i / 4 for i in idles)])  # again each round: a reload may add or remove some
             await asyncio.sleep(max(interval, 0.02))
             now = time.monotonic()
-            for managed in self.deployments.values():
+            for managed in list(self.deployments.values()):
                 if managed.lifecycle.park_due(now):
                     managed._spawn_task(managed.park("idle"))
 

@@ -100,3 +100,6 @@ class DeploymentSeries:
         if child is None:
             child = self._retries[reason] = RETRIES.labels(self._name, reason)
         return child
+
+# Reloads of the config (SIGHUP): `applied`, or `refused` (the file did not load or validate; the old one serves).
+RELOADS = Counter("streamproxy_gateway_config_reloads", "Config reloads (SIGHUP), by outcome: applied or refused", ["outcome"])

@@ -28,6 +28,8 @@ import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
+from streamproxy.gateway.config import Deployment, Kubernetes, Launch
+from streamproxy.gateway.deployadmin import DeploymentDeleted
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
 from streamproxy.ledger.params import MAX_LIMIT
@@ -70,6 +72,7 @@ class DeploymentInfo(msgspec.Struct):
     parks: int | UnsetType = UNSET
     restarts: int | UnsetType = UNSET
     problem: str | None | UnsetType = UNSET  # `kubernetes:`: what keeps the API from telling its pods, or a pod from serving
+    source: Literal["config", "api"] = "config"  # the config file, or POST /v1/deployments
 
 
 class DeploymentList(msgspec.Struct):
@@ -82,6 +85,17 @@ class GatewayHealth(msgspec.Struct):
 
     status: Literal["ok", "degraded", "draining"]
     unavailable: list[str] | UnsetType = UNSET
+
+
+class DeploymentPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PATCH /v1/deployments/{deployment}: the fields to change (null: back to the default); `id` never changes."""
+
+    name: str | UnsetType = UNSET
+    upstreams: list[str] | None | UnsetType = UNSET
+    launch: Launch | None | UnsetType = UNSET
+    kubernetes: Kubernetes | None | UnsetType = UNSET
+    served_model: str | None | UnsetType = UNSET
+    upstream_key_env: str | None | UnsetType = UNSET
 
 
 # -- the operations -----------------------------------------------------------------------
@@ -122,6 +136,8 @@ def _gateway(method: str, path: str, summary: str, response: type | None, *statu
     return Operation(method, path, summary, response=response, tag=tag, statuses=statuses, **rest)
 
 
+_DEPLOYMENT_400 = ErrorStatus(400, "`invalid_parameter` (the field named, e.g. `upstreams[0]`), `invalid_json`")
+_DEPLOYMENT_409 = ErrorStatus(409, "`deployment_exists`: the name or id is another deployment's (the config file's too)")
 _ADMIN = ErrorStatus(401, "`invalid_api_key`: the admin routes need the gateway's admin key (closed when it has none)")
 _NOT_MANAGED = ErrorStatus(400, "the deployment is not managed (it has `upstreams`, not `launch`)")
 _DRAINING_503 = ErrorStatus(503, _DRAINING, retry_after=True)
@@ -156,6 +172,14 @@ GATEWAY_OPERATIONS: tuple[Operation, ...] = (
     _gateway("get", "/v1/deployments", "The deployments this key may use: replicas' health, breaker, load; managed state",
              DeploymentList, UNAUTHORIZED),
     _gateway("get", DEPLOYMENT_PREFIXES[0], "One deployment", DeploymentInfo, UNAUTHORIZED, NOT_FOUND, _DRAINING_503),
+    _gateway("post", "/v1/deployments", "Admin: add a deployment (a config entry as JSON; kept in the ledger's store, served at once)",
+             DeploymentInfo, _DEPLOYMENT_400, _ADMIN, _LEDGER_404, _DEPLOYMENT_409, _LEDGER_503, request=Deployment),
+    _gateway("patch", DEPLOYMENT_PREFIXES[0], "Admin: change a deployment made through the API (the fields given; null: the default)",
+             DeploymentInfo, _DEPLOYMENT_400, _ADMIN, ErrorStatus(404, "`model_not_found`; or `ledger_off`"), _DEPLOYMENT_409,
+             _LEDGER_503, request=DeploymentPatch),
+    _gateway("delete", DEPLOYMENT_PREFIXES[0], "Admin: delete a deployment made through the API (its requests in flight finish)",
+             DeploymentDeleted, ErrorStatus(400, "a deployment of the config file (edit the file), or one a key of the file names"),
+             _ADMIN, ErrorStatus(404, "`model_not_found`; or `ledger_off`"), _LEDGER_503),
     _gateway("post", DEPLOYMENT_PREFIXES[0] + "/wake", "Admin: start a managed deployment's replicas (answers at once)",
              DeploymentInfo, _NOT_MANAGED, _ADMIN, NOT_FOUND),
     _gateway("post", DEPLOYMENT_PREFIXES[0] + "/park", "Admin: drain and stop a managed deployment's replicas (answers once stopped)",

@@ -18,17 +18,18 @@ import aiohttp
 
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
-from streamproxy.gateway.state import GatewayState
+from streamproxy.gateway.state import Current, GatewayState
 
 log = logging.getLogger("streamproxy.gateway")
 
 
-async def probe_forever(state: GatewayState) -> None:
-    pools = list({id(p): p for p in state.pools.values()}.values())
-    interval = state.policy.health_check_interval
+async def probe_forever(current: Current) -> None:
+    """Each round probes the deployments of the state current then (a reload changes them)."""
     while True:
+        state = current.state
+        pools = list({id(p): p for p in state.pools.values()}.values())
         await probe_once(state, pools)
-        await asyncio.sleep(interval)
+        await asyncio.sleep(current.state.policy.health_check_interval)
 
 
 async def probe_once(state: GatewayState, pools: list[Pool]) -> None:

@@ -45,7 +45,9 @@ async def relay(request: web.Request, route: Route) -> web.StreamResponse:
     call = await _prepare(request, route)
     state = call.state
     state.retries.active += 1
-    source = state.sources[call.pool.deployment.name]
+    pool = call.pool
+    pool.active += 1  # no await since `resolve` chose it: a reload sees this request on its deployment
+    source = state.sources[pool.deployment.name]
     source.begin(time.monotonic())
     try:
         if call.stream:
@@ -55,6 +57,8 @@ async def relay(request: web.Request, route: Route) -> web.StreamResponse:
         state.retries.active -= 1
         source.end(time.monotonic())
         meter(call)
+        pool.active -= 1
+        state.request_ended(pool)  # a deployment a reload removed stops after its last request
 
 
 async def _prepare(request: web.Request, route: Route) -> Call:
@@ -65,6 +69,9 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     # serve's decoding rules (its 400s for bodies that are not JSON, or nest too deep); msgspec keeps
     # integers past 64 bits exact (orjson made floats of them) and encodes whatever it decoded.
     data = decode(await read_body(request), _decode_json)
+    if gateway_state(request) is not state:  # reloaded while the body came in: the new keys and deployments
+        state = gateway_state(request)
+        key = state.identify(request)
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     pool = state.resolve(data.get("model"), request.match_info.get("deployment"))

@@ -9,11 +9,25 @@ Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
 the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the record.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
 the requests in flight, or under `min_retry_concurrency`.
+
+A reload (`reload.py`) builds a new `GatewayState` from the old one (`previous`):
+what outlives a config (the in-flight count and drain, the upstream client and
+connections, the ledger and keyring, the managed replicas' supervisor, the
+retry budget's counts) is taken over; a deployment whose section is equal (==,
+the whole `deployments:` entry) under an equal `upstream:` policy keeps its
+pool and source objects (health, prefix index, breaker, running replicas);
+every other deployment gets new ones. `Current.state` is the one reference
+handlers read, set once per reload on the event loop; a request reads it once
+(`gateway_state`) and keeps that state, its pool and source until it ends
+(`Pool.active` counts it), so a deployment the reload removed is stopped
+(`take_over`, `request_ended`) only once its last request is done.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import os
 import time
 
@@ -26,7 +40,7 @@ from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
-from streamproxy.gateway.managed import Supervisor
+from streamproxy.gateway.managed import ManagedDeployment, Supervisor
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
@@ -34,6 +48,8 @@ from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
 from streamproxy.http.drain import InFlight
 from streamproxy.ledger.writer import Ledger
+
+log = logging.getLogger("streamproxy.gateway")
 
 
 class RetryBudget:
@@ -50,19 +66,42 @@ class RetryBudget:
 
 
 class GatewayState:
-    def __init__(self, settings: Settings, config: GatewayConfig) -> None:
+    def __init__(self, settings: Settings, config: GatewayConfig, previous: GatewayState | None = None) -> None:
         self.settings = settings
         self.config = config
         self.policy = config.upstream
-        self.inflight = InFlight()
-        self.started = int(time.time())
         self.pools: dict[str, Pool] = {}
-        self.supervisor = Supervisor(settings, config.max_resident)
         self.sources: dict[str, ReplicaSource] = {}  # by name and by id
+        # Built for this state and not started yet (`take_over` starts them after a reload).
+        self.fresh: list[ReplicaSource] = []
+        self.fresh_managed: list[ManagedDeployment] = []
+        self.from_api: set[str] = set()  # the ids of the deployments made through the admin API
+        if previous is None:
+            self.inflight = InFlight()
+            self.started = int(time.time())
+            self.supervisor = Supervisor(settings, config.max_resident)
+            self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
+            self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
+            self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
+            self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
+            self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
+            # Deployments a reload removed, still serving requests that began before it (shared by every state).
+            self.retiring: dict[Pool, ReplicaSource] = {}
+            self._tasks: set[asyncio.Task[None]] = set()
+        else:
+            self.inflight, self.started, self.supervisor = previous.inflight, previous.started, previous.supervisor
+            self.retries, self.session, self.upstreams = previous.retries, previous.session, previous.upstreams
+            self.ledger, self.keyring = previous.ledger, previous.keyring
+            self.retiring, self._tasks = previous.retiring, previous._tasks
         for d in config.deployments:
-            pool = Pool(d, config.upstream)
+            kept = previous.unchanged(d, config) if previous is not None else None
+            if kept is not None:
+                pool, source = kept
+            else:
+                pool = Pool(d, config.upstream)
+                source = self._source(d, pool, registered=previous is None)
             self.pools[d.name] = self.pools[d.id] = pool
-            self.sources[d.name] = self.sources[d.id] = self._source(d, pool)
+            self.sources[d.name] = self.sources[d.id] = source
         admin = os.environ.get(config.admin_key_env, "") if config.admin_key_env else (settings.admin_key or "")
         self.admin_key = admin.encode()
         self.keys: list[tuple[bytes, ApiKey, KeyLimiter]] = [
@@ -71,22 +110,97 @@ class GatewayState:
         # `--api-key` keys of the edge open every deployment.
         for i, secret in enumerate(settings.api_key):
             self.keys.append((secret.encode(), ApiKey(id=f"api-key-{i + 1}", key=secret), KeyLimiter(0, 0)))
-        self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
-        self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
-        self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
         # How to reach each deployment's https:// replicas, by name and id (CA files read now: ConfigError).
         self.tls: dict[str, ClientTLS] = contexts(config)
-        self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
-        self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
+        if previous is not None:
+            self._keep_limits(previous)
 
-    def _source(self, d: Deployment, pool: Pool) -> ReplicaSource:
+    def unchanged(self, d: Deployment, config: GatewayConfig) -> tuple[Pool, ReplicaSource] | None:
+        """This state's pool and source for `d` when a reload to `config` leaves it as it is: the same
+        `deployments:` entry under the same `upstream:` policy (the pool, health and index are built from both)."""
+        pool = self.pools.get(d.name)
+        if pool is None or pool.deployment != d or self.policy != config.upstream:
+            return None
+        return pool, self.sources[d.name]
+
+    def _keep_limits(self, previous: GatewayState) -> None:
+        """A key whose id and limits are unchanged keeps its limiter (its minute's counts)."""
+        old = {key.id: (key, limiter) for _, key, limiter in previous.keys}
+        for i, (secret, key, limiter) in enumerate(self.keys):
+            was = old.get(key.id)
+            if was is not None and (was[0].rpm, was[0].tpm) == (key.rpm, key.tpm):
+                self.keys[i] = (secret, key, was[1])
+
+    def _source(self, d: Deployment, pool: Pool, *, registered: bool = True) -> ReplicaSource:
         if d.launch is not None:
-            return self.supervisor.add(d, pool)
+            if registered:
+                return self.supervisor.add(d, pool)
+            managed = ManagedDeployment(d, pool, self.supervisor)
+            self.fresh_managed.append(managed)
+            return managed
         if d.kubernetes is not None:
             from streamproxy.gateway.kubernetes import KubernetesSource  # its client library is imported only then
 
-            return KubernetesSource(d, d.kubernetes, pool)
-        return FixedSource(pool)
+            source: ReplicaSource = KubernetesSource(d, d.kubernetes, pool)
+        else:
+            source = FixedSource(pool)
+        if not registered:
+            self.fresh.append(source)
+        return source
+
+    def take_over(self, previous: GatewayState) -> list[str]:
+        """Right after this state replaced `previous` (`reload.py`): start what is new, retire what is
+        gone (stopped once its requests end). Returns the retired deployments' names."""
+        config = self.config
+        self.supervisor.max_resident = config.max_resident  # (its settings: the drain timeout, a restart's)
+        self.retries.percent = config.upstream.retry_budget_percent
+        self.retries.floor = config.upstream.min_retry_concurrency
+        kept = {id(p) for p in self.pools.values()}
+        gone: dict[int, tuple[Pool, ReplicaSource]] = {}
+        for name, pool in previous.pools.items():
+            if id(pool) not in kept:
+                gone[id(pool)] = (pool, previous.sources[name])
+        for pool, source in gone.values():
+            self.supervisor.forget(source)
+        for managed in self.fresh_managed:
+            self.supervisor.attach(managed)
+        if self.session is not None:
+            for source in self.fresh:
+                source.start(self.session)
+        self.fresh, self.fresh_managed = [], []
+        for pool, source in gone.values():
+            if pool.active:
+                self.retiring[pool] = source
+            else:
+                self._stop_retired(pool, source)
+        return [pool.deployment.name for pool, _ in gone.values()]
+
+    def request_ended(self, pool: Pool) -> None:
+        """A request on `pool` ended (`Pool.active` already counts it out)."""
+        if not pool.active and self.retiring:
+            source = self.retiring.pop(pool, None)
+            if source is not None:
+                self._stop_retired(pool, source)
+
+    def _stop_retired(self, pool: Pool, source: ReplicaSource) -> None:
+        async def stop() -> None:
+            try:
+                await source.stop()
+                log.info("deployment %s (%s): stopped, as the reload removed or changed it", pool.deployment.name, pool.deployment.id)
+            except Exception:
+                log.exception("deployment %s: stopping its old source failed", pool.deployment.name)
+
+        task = asyncio.get_running_loop().create_task(stop(), name=f"gateway-retire-{pool.deployment.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop_retired(self) -> None:
+        """At shutdown: the retired deployments' sources still serving, and the stops under way."""
+        for pool, source in list(self.retiring.items()):
+            del self.retiring[pool]
+            self._stop_retired(pool, source)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def start_sources(self, session: aiohttp.ClientSession) -> None:
         self.supervisor.start(session)
@@ -94,10 +208,34 @@ class GatewayState:
             self.sources[d.name].start(session)
 
     async def stop_sources(self) -> None:
-        """Every source's replicas (managed: SIGTERM, drain, SIGKILL after the drain timeout; others: their watches)."""
+        """Every source's replicas (managed: SIGTERM, drain, SIGKILL after the drain timeout; others: their watches),
+        also those of deployments a reload removed."""
         await self.supervisor.shutdown()
         for d in self.deployments:
             await self.sources[d.name].stop()
+        await self.stop_retired()
+
+    def describe(self, name: str) -> dict[str, object]:
+        """`/v1/deployments`' view of one deployment: its replicas' health and load, its source's fields."""
+        pool = self.pools[name]
+        now = time.monotonic()
+        replicas: list[dict[str, object]] = [
+            {
+                "url": r.url,
+                "available": r.health.routable(now),
+                "healthy": r.health.probed_healthy,
+                "breaker": r.health.breaker.name.lower(),
+                "ejections": r.health.ejections,
+                "in_flight": r.outstanding,
+                "requests": r.requests,
+            }
+            for r in pool.replicas
+        ]
+        d = pool.deployment
+        described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
+        described.update(self.sources[name].describe(replicas))
+        described["source"] = "api" if d.id in self.from_api else "config"
+        return described
 
     @property
     def deployments(self) -> list[Deployment]:
@@ -175,8 +313,21 @@ class GatewayState:
             raise AuthenticationError("the admin routes need the gateway's admin key")
 
 
-STATE_KEY: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)
+class Current:
+    """The gateway's state now: the one reference a reload changes (`reload.py`); and what it is made
+    of: the config file's sections, and the deployments made through the admin API (by id, in order)."""
+
+    __slots__ = ("state", "file_config", "api")
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self.file_config = state.config
+        self.api: dict[str, Deployment] = {}
+
+
+STATE_KEY: web.AppKey[Current] = web.AppKey("gateway_state", Current)
 
 
 def gateway_state(request: web.Request) -> GatewayState:
-    return request.app[STATE_KEY]
+    """The state a request works with from start to end: read it once and keep it."""
+    return request.app[STATE_KEY].state

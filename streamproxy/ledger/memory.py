@@ -10,7 +10,10 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 
+import msgspec
+
 from streamproxy.ledger import schema
+from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import (
     Cursor,
@@ -37,6 +40,7 @@ class MemoryStore:
         self.stall: asyncio.Event | None = None
         self.writes = 0  # batches stored
         self.keys: dict[str, StoredKey] = {}
+        self.deployments: dict[str, StoredDeployment] = {}
 
     async def migrate(self) -> int:
         schema.check_known(self.version)
@@ -106,6 +110,19 @@ class MemoryStore:
             return False
         key.revoked = when
         return True
+
+    async def put_deployment(self, deployment: StoredDeployment) -> None:
+        if any(d.name == deployment.name and d.id != deployment.id for d in self.deployments.values()):
+            raise DeploymentExists(deployment.name)
+        was = self.deployments.get(deployment.id)
+        created = was.created if was is not None else deployment.created
+        self.deployments[deployment.id] = msgspec.structs.replace(deployment, created=created)
+
+    async def list_deployments(self) -> list[StoredDeployment]:
+        return sorted(self.deployments.values(), key=lambda d: (d.created, d.id))
+
+    async def delete_deployment(self, deployment_id: str) -> bool:
+        return self.deployments.pop(deployment_id, None) is not None
 
     async def close(self) -> None:
         pass

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from streamproxy.ledger import schema, sql
+from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import (
     COLUMNS,
@@ -114,6 +115,18 @@ class PostgresStore:
 
     async def revoke_key(self, key_id: str, when: int) -> bool:
         return bool(await self._query(sql.revoke_key("postgresql"), [when, key_id], rows=False))
+
+    async def put_deployment(self, deployment: StoredDeployment) -> None:
+        try:
+            await self._query(sql.put_deployment("postgresql"), list(sql.deployment_row(deployment)), rows=False)
+        except psycopg.errors.UniqueViolation:
+            raise DeploymentExists(deployment.name) from None
+
+    async def list_deployments(self) -> list[StoredDeployment]:
+        return [sql.deployment_of(r) for r in await self._query(sql.LIST_DEPLOYMENTS, [])]
+
+    async def delete_deployment(self, deployment_id: str) -> bool:
+        return bool(await self._query(sql.delete_deployment("postgresql"), [deployment_id], rows=False))
 
     async def _query(self, text: str, args: list[object], rows: bool = True) -> Any:
         """The rows, or (`rows=False`) the count of rows changed."""

@@ -59,6 +59,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         # A key's budget: its tokens since the period began.
         "CREATE INDEX ledger_requests_key_time ON ledger_requests (key_id, ts_us)",
     )),
+    (3, (
+        # Deployments made through POST /v1/deployments: their config entry as JSON.
+        """CREATE TABLE ledger_deployments (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            spec TEXT NOT NULL,
+            created {BIGINT} NOT NULL,
+            updated {BIGINT} NOT NULL
+        )""",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from streamproxy.ledger.deployments import COLUMNS as DEPLOYMENT_COLUMNS
+from streamproxy.ledger.deployments import StoredDeployment
 from streamproxy.ledger.keys import StoredKey
 from streamproxy.ledger.records import COLUMNS, Cursor, RequestQuery, UsageQuery
 from streamproxy.ledger.schema import Dialect
@@ -110,3 +112,27 @@ LIST_KEYS = f"SELECT {', '.join(KEY_COLUMNS)} FROM ledger_keys ORDER BY created,
 def revoke_key(dialect: Dialect) -> str:
     p = _PLACEHOLDER[dialect]
     return f"UPDATE ledger_keys SET revoked = {p} WHERE id = {p} AND revoked IS NULL"
+
+
+def put_deployment(dialect: Dialect) -> str:
+    """Insert, or replace the row of the same id (its `created` stays)."""
+    marks = ", ".join([_PLACEHOLDER[dialect]] * len(DEPLOYMENT_COLUMNS))
+    return (
+        f"INSERT INTO ledger_deployments ({', '.join(DEPLOYMENT_COLUMNS)}) VALUES ({marks}) "
+        "ON CONFLICT (id) DO UPDATE SET name = excluded.name, spec = excluded.spec, updated = excluded.updated"
+    )
+
+
+def deployment_row(d: StoredDeployment) -> tuple[object, ...]:
+    return (d.id, d.name, d.spec, d.created, d.updated)
+
+
+def deployment_of(values: tuple) -> StoredDeployment:
+    return StoredDeployment(**dict(zip(DEPLOYMENT_COLUMNS, values)))
+
+
+LIST_DEPLOYMENTS = f"SELECT {', '.join(DEPLOYMENT_COLUMNS)} FROM ledger_deployments ORDER BY created, id"
+
+
+def delete_deployment(dialect: Dialect) -> str:
+    return f"DELETE FROM ledger_deployments WHERE id = {_PLACEHOLDER[dialect]}"

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from streamproxy.ledger import schema, sql
+from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow, row, sort_usage, usage_row
 
@@ -117,6 +118,25 @@ class SqliteStore:
     async def revoke_key(self, key_id: str, when: int) -> bool:
         text = sql.revoke_key("sqlite")
         return bool(await self._run(lambda db: db.execute(text, (when, key_id)).rowcount))
+
+    async def put_deployment(self, deployment: StoredDeployment) -> None:
+        text, values = sql.put_deployment("sqlite"), sql.deployment_row(deployment)
+
+        def put(db: sqlite3.Connection) -> None:
+            db.execute(text, values)
+
+        try:
+            await self._run(put)
+        except sqlite3.IntegrityError:
+            raise DeploymentExists(deployment.name) from None
+
+    async def list_deployments(self) -> list[StoredDeployment]:
+        rows = await self._run(lambda db: db.execute(sql.LIST_DEPLOYMENTS).fetchall())
+        return [sql.deployment_of(r) for r in rows]
+
+    async def delete_deployment(self, deployment_id: str) -> bool:
+        text = sql.delete_deployment("sqlite")
+        return bool(await self._run(lambda db: db.execute(text, (deployment_id,)).rowcount))
 
     async def close(self) -> None:
         """Once; again is a no-op."""

@@ -21,6 +21,7 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow
 
@@ -33,6 +34,14 @@ class LedgerStore(Protocol):
     async def list_keys(self) -> list[StoredKey]: ...
 
     async def revoke_key(self, key_id: str, when: int) -> bool: ...
+
+    async def put_deployment(self, deployment: StoredDeployment) -> None:
+        """Insert, or replace the one of the same id (keeping its `created`); `DeploymentExists` when
+        another id has its name."""
+
+    async def list_deployments(self) -> list[StoredDeployment]: ...
+
+    async def delete_deployment(self, deployment_id: str) -> bool: ...
 
     async def write(self, records: Sequence[LedgerRecord]) -> None: ...
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from streamproxy.ledger import schema
+from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey, hash_secret
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import Cursor, LedgerRecord, RequestQuery, UsageQuery, period_of
@@ -233,3 +234,19 @@ async def test_keys_are_put_listed_and_revoked(store: LedgerStore) -> None:
     assert await store.list_keys() == [a, b]  # the revoked with their time
     with pytest.raises(KeyExists):
         await store.put_key(stored("key-a", "sk-new"))  # a revoked key's id is not given again
+
+
+async def test_deployments_are_put_replaced_listed_and_deleted(store: LedgerStore) -> None:
+    a = StoredDeployment(id="dep-a", name="a", spec='{"name":"a","id":"dep-a","upstreams":["http://127.0.0.1:1"]}', created=10, updated=10)
+    b = StoredDeployment(id="dep-b", name="b", spec='{"name":"b"}', created=20, updated=20)
+    await store.put_deployment(a)
+    await store.put_deployment(b)
+    assert await store.list_deployments() == [a, b]
+    # The same id again replaces name, spec and updated; `created` stays.
+    await store.put_deployment(StoredDeployment(id="dep-a", name="a2", spec='{"name":"a2"}', created=30, updated=30))
+    assert await store.list_deployments() == [StoredDeployment(id="dep-a", name="a2", spec='{"name":"a2"}', created=10, updated=30), b]
+    with pytest.raises(DeploymentExists):
+        await store.put_deployment(StoredDeployment(id="dep-c", name="b", spec="{}", created=40, updated=40))  # b's name
+    assert await store.delete_deployment("dep-a") is True
+    assert await store.delete_deployment("dep-a") is False
+    assert await store.list_deployments() == [b]

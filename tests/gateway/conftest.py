@@ -136,7 +136,7 @@ class Gateway:
 
     @property
     def state(self) -> GatewayState:
-        return self.app[STATE_KEY]
+        return self.app[STATE_KEY].state
 
     def pool(self, name: str = DEPLOYMENT) -> Pool:
         return self.state.pools[name]

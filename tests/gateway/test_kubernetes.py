@@ -462,3 +462,34 @@ async def test_a_kubeconfig_that_does_not_load_is_a_clear_503(kube, gateway, ses
         f"deployment `{DEPLOYMENT}` has no replica: the kubeconfig {tmp_path / 'missing'} does not exist"
     )
     assert [r.levelno for r in caplog.records if "does not exist" in r.getMessage()] == [logging.WARNING]
+
+
+async def test_a_reload_that_removes_the_deployment_closes_its_watch_once_its_stream_ends(kube, replica, gateway, session, tmp_path, caplog):
+    import yaml
+
+    from streamproxy.cli import load_gateway
+    from streamproxy.gateway.reload import reload
+
+    slow, plain = await replica(FakeScript(tokens=[f"t{i} " for i in range(12)], token_delay=0.05)), await replica()
+    await kube.start_server()
+    kube.add_pod("qwen-a", LABELS, port=slow.port, ready=True)
+    gw = await gateway(deployments=k8s(kube))
+    assert await wait_until(lambda: urls(gw) == [slow.base], BOUND)
+    old = source(gw)
+    caplog.set_level(logging.INFO, "streamproxy.gateway")
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump({"deployments": [{"name": "plain", "id": "dep-plain", "served_model": SERVED, "upstreams": [plain.base]}]}))
+    async with session.post(gw.url(CHAT), json=chat(stream=True)) as resp:
+        assert resp.status == 200
+        first = await resp.content.readline()
+        assert reload(gw.app, lambda: load_gateway(str(path), [], strict=True), str(path))
+        status, _, body = await post(session, gw.url(CHAT), chat())
+        assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+        assert old._tasks and kube.open_watches() == 1  # its stream still runs on the deployment's pod: still watched
+        rest = await resp.read()
+    assert (first + rest).endswith(b"data: [DONE]\n\n")
+    # Its watch (the client's side: the fake API server learns of it only when it next writes) ends.
+    assert await wait_until(lambda: not old._tasks, BOUND)
+    assert f"deployment {DEPLOYMENT} ({DEPLOYMENT_ID}): stopped, as the reload removed or changed it" in caplog.messages
+    status, _, body = await post(session, gw.url(CHAT), chat(model="plain"))
+    assert status == 200, body

@@ -274,3 +274,61 @@ def test_two_deployments_that_cannot_both_be_resident_serve_alternating_requests
         assert 'streamproxy_gateway_boots_total{deployment="a"} 2.0' in metrics
         assert 'streamproxy_gateway_parks_total{deployment="a"} 2.0' in metrics
         assert 'streamproxy_gateway_parks_total{deployment="b"} 1.0' in metrics
+
+
+def test_sighup_swaps_managed_deployments_the_removed_one_drains_after_its_stream_and_a_bad_file_is_refused(tmp_path):
+    """The process's own SIGHUP: `smol` (streaming) replaced by `smol2`; `smol` answers 404 to new requests,
+    its stream ends whole, then its replica exits; `smol2` wakes and serves; a file that does not parse is
+    refused (one log line naming it) and the running config serves on."""
+    slow = '"--fake-token-delay", "0.05"'
+    with gateway_process(tmp_path, config(managed("smol", args=slow))) as gw:
+        (pid,) = pids_of(wait_state(gw, "dep-smol", "ready"))
+        body = {"model": "smol", **CHAT, "max_tokens": 40, "stream": True}
+        with requests.post(gw.url("/v1/chat/completions"), json=body, stream=True, timeout=60) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith(b"data: "))
+            (tmp_path / "gateway.yaml").write_text(config(managed("smol2")))
+            gw.proc.send_signal(signal.SIGHUP)
+            assert wait_until_sync(lambda: "reloaded " in gw.log(), 30), gw.log()[-3000:]
+            gone = chat(gw, "smol")
+            assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+            assert alive(pid)  # its stream is still running on it
+            rest = [line for line in lines if line.startswith(b"data: ")]
+        assert rest[-1] == b"data: [DONE]"
+        assert not any(b'"error"' in line for line in rest)
+        assert wait_until_sync(lambda: not alive(pid), 30), gw.log()[-3000:]
+        assert "deployment smol (dep-smol): stopped, as the reload removed or changed it" in gw.log()
+        wait_state(gw, "dep-smol2", "ready")
+        assert chat(gw, "smol2").status_code == 200
+        (tmp_path / "gateway.yaml").write_text("deployments: [\n")
+        gw.proc.send_signal(signal.SIGHUP)
+        assert wait_until_sync(lambda: "reload refused" in gw.log(), 30), gw.log()[-3000:]
+        refused = [line for line in gw.log().splitlines() if "reload refused" in line]
+        assert len(refused) == 1 and refused[0].endswith(
+            f"reload refused: {tmp_path / 'gateway.yaml'}: not valid YAML: line 2, column 1: expected the node content, "
+            "but found '<stream end>' (while parsing a flow node at line 2, column 1); still serving the previous config"
+        ), refused
+        assert chat(gw, "smol2").status_code == 200
+        metrics = requests.get(gw.url("/metrics"), timeout=10).text
+        assert 'streamproxy_gateway_config_reloads_total{outcome="applied"} 1.0' in metrics
+        assert 'streamproxy_gateway_config_reloads_total{outcome="refused"} 1.0' in metrics
+
+
+def test_a_managed_deployment_made_through_the_admin_api_survives_a_restart_and_its_delete_stops_its_replica(tmp_path):
+    ledger = f"ledger: sqlite:///{tmp_path}/ledger.db\n"
+    admin = {"Authorization": "Bearer adm"}
+    made: dict[str, Any] = {"name": "api-smol", "id": "dep-api-smol", "launch": {"model": "fake", "args": ["--fake-boot-delay", "0.3"]}}
+    with gateway_process(tmp_path, config(managed("smol"), extra=ledger), "--admin-key", "adm") as gw:
+        answer = requests.post(gw.url("/v1/deployments"), json=made, headers=admin, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["source"], answer.json()["managed"]) == ("api", True)
+        wait_state(gw, "dep-api-smol", "ready")
+        assert chat(gw, "api-smol").status_code == 200
+    with gateway_process(tmp_path, config(managed("smol"), extra=ledger), "--admin-key", "adm", name="again") as gw:
+        (pid,) = pids_of(wait_state(gw, "dep-api-smol", "ready"))  # served again from the store, always on
+        assert chat(gw, "api-smol").status_code == 200
+        gone = requests.delete(gw.url("/v1/deployments/dep-api-smol"), headers=admin, timeout=30)
+        assert gone.json() == {"id": "dep-api-smol", "deleted": True, "object": "deployment"}
+        assert wait_until_sync(lambda: not alive(pid), 30), gw.log()[-3000:]
+        assert chat(gw, "api-smol").status_code == 404
