@@ -109,8 +109,8 @@ def test_base_protocol_flow_control_fields(name: str) -> None:
 
 
 def test_err_info_is_what_the_header_timeout_queues() -> None:
-    from aiohttp.web_protocol import _ErrInfo
     from aiohttp.streams import EMPTY_PAYLOAD
+    from aiohttp.web_protocol import _ErrInfo
 
     err = ValueError("x")
     info = _ErrInfo(status=408, exc=err, message="late")
