@@ -135,7 +135,7 @@ def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str
         if "transport.write(" in src or (src == "return True" and name.startswith("_Pump")):
             return "socket write"
         return "writer (framing, bookkeeping)"
-    if name == "FastHistogram.observe" or (name == "chunk_frame" and "writer.py" in file):
+    if name == "FastHistogram.observe" or (name == "chunk_frame" and "http/chunked.py" in file):
         return "writer (framing, bookkeeping)"
     names = [f["name"] for f in stack]
     files = [f.get("file") or "" for f in stack]

@@ -17,6 +17,7 @@ import time
 from functools import partial
 
 import aiohttp
+import msgspec
 import orjson
 import uvloop
 from aiohttp import web
@@ -46,6 +47,7 @@ from streamproxy.http.server import run_app
 from streamproxy.http.state import VERSION
 from streamproxy.ledger.store import default_url, kind, open_store, redact
 from streamproxy.ledger.writer import Ledger
+from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo, encode
 
 log = logging.getLogger("streamproxy.gateway")
 
@@ -91,12 +93,19 @@ def _visible(request: web.Request) -> list[str]:
     return [d.name for d in state.deployments if found is None or found[0].allows(d)]
 
 
-def _card(state: GatewayState, name: str) -> dict[str, object]:
-    return {"id": name, "object": "model", "created": state.started, "owned_by": "streamproxy"}
+def _card(state: GatewayState, name: str) -> ModelCard:
+    """A deployment as serve's model card: the gateway knows no weights' path or context length
+    (`root`, `max_model_len` null) and lists no adapters (`parent` null)."""
+    return ModelCard(id=name, created=state.started)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _typed(data: msgspec.Struct) -> web.Response:
+    """A response struct of `protocol/` encoded as serve encodes it (`protocol.common.encode`)."""
+    return web.Response(body=encode(data), content_type="application/json")
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -106,7 +115,7 @@ async def list_models(request: web.Request) -> web.Response:
     if only is not None:
         pool = state.resolve(None, only)
         names = [n for n in names if n == pool.deployment.name]
-    return _json({"object": "list", "data": [_card(state, n) for n in names]})
+    return _typed(ModelList(data=[_card(state, n) for n in names]))
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -115,7 +124,7 @@ async def get_model(request: web.Request) -> web.Response:
     pool = state.pools.get(name)
     if pool is None or pool.deployment.name not in _visible(request):
         raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-    return _json(_card(state, pool.deployment.name))
+    return _typed(_card(state, pool.deployment.name))
 
 
 async def list_deployments(request: web.Request) -> web.Response:
@@ -172,7 +181,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return _json({"version": VERSION})
+    return _typed(VersionInfo(version=VERSION))
 
 
 async def _start(app: web.Application) -> None:

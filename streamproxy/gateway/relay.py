@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.apis.anthropic.stream import PING as ANTHROPIC_PING
 from streamproxy.core import sse
 from streamproxy.errors import APIError
 
@@ -211,6 +212,4 @@ def error_event(api: Api, exc: APIError, sequence_number: int = 0) -> bytes:
 
 def keepalive(api: Api) -> bytes:
     """What the gateway sends while the replica is silent (Anthropic clients expect pings)."""
-    if api is Api.ANTHROPIC:
-        return sse.event_frame(b"ping", b'{"type":"ping"}')
-    return sse.KEEPALIVE
+    return ANTHROPIC_PING if api is Api.ANTHROPIC else sse.KEEPALIVE

@@ -7,7 +7,8 @@ callback while the client keeps up (`_Sink`, given to `wire.Exchange.stream`:
 no task wake-up per event); when the client falls behind, reading from the
 replica pauses and the handler writes what is held, bounded by the stall
 timeout, then resumes. The gateway's heartbeat fills the replica's silences
-(one timer per stream); a replica that breaks off ends the client's stream
+(`keepalive.Ticker`: one timer per stream; the frames are `http/chunked.py`'s);
+a replica that breaks off ends the client's stream
 with an in-band `upstream_unavailable` event.
 """
 
@@ -24,13 +25,15 @@ from streamproxy.gateway.call import BROKEN, Call, done, open_call
 from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
 from streamproxy.gateway.upstream import Attempt, UpstreamError
 from streamproxy.gateway.wire import UpstreamClosed
+from streamproxy.http import keepalive as keepalives
+from streamproxy.http.chunked import SIZE_LINES, SIZE_LINES_N, chunk_frame
+from streamproxy.http.keepalive import Keepalive, Ticker
 from streamproxy.http.metrics import SSE_HEARTBEATS
 from streamproxy.http.writer import (
     PUSH_BUFFER_LIMIT,
     SSE_HEADERS,
     WriteStalled,
     can_write_direct,
-    chunk_frame,
     client_gone,
     writable,
     write,
@@ -47,7 +50,8 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     response = web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
     loop = asyncio.get_running_loop()  # once per request: each call costs a getpid() system call
-    warm = _Warmer(request, response, transport, keepalive(api), heartbeat, stall, loop) if heartbeat else None
+    alive = Keepalive(keepalive(api), heartbeat, SSE_HEARTBEATS)
+    warm = _Warmer(request, response, transport, alive, stall, loop) if heartbeat else None
     attempt: Attempt | None = None
     outcome: int | None = None
     try:
@@ -73,7 +77,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 return response
             if not response.prepared:
                 await response.prepare(request)
-            if not await _pump(call, attempt, response, transport, heartbeat, stall, loop):
+            if not await _pump(call, attempt, response, transport, alive, stall, loop):
                 outcome = BROKEN
         await response.write_eof()
     except (WriteStalled, ConnectionResetError) as exc:
@@ -91,18 +95,20 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
 
 
 class _Warmer:
-    """While no replica has answered: after `interval` s the headers go out, then a heartbeat
-    every `interval` s, from a task of its own that only a slow answer ever starts. Before
-    that nothing is sent, so failover stays possible and an error keeps its own status."""
+    """While no replica has answered: after one interval the headers go out with a heartbeat,
+    then a heartbeat per interval (`keepalive.wait` on a future only `stop` ends), from a task
+    of its own that only a slow answer ever starts. Before that nothing is sent, so failover
+    stays possible and an error keeps its own status."""
 
-    __slots__ = ("request", "response", "transport", "frame", "interval", "stall", "_handle", "_task")
+    __slots__ = ("request", "response", "transport", "alive", "stall", "_handle", "_task")
 
-    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, frame: bytes, interval: float, stall: float,
+    def __init__(self, request: web.Request, response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float,
                  loop: asyncio.AbstractEventLoop) -> None:
+        assert alive.interval is not None
         self.request, self.response, self.transport = request, response, transport
-        self.frame, self.interval, self.stall = frame, interval, stall
+        self.alive, self.stall = alive, stall
         self._task: asyncio.Task[None] | None = None
-        self._handle: asyncio.TimerHandle | None = loop.call_later(interval, self._start)
+        self._handle: asyncio.TimerHandle | None = loop.call_later(alive.interval, self._start)
 
     def _start(self) -> None:
         self._handle = None
@@ -110,9 +116,11 @@ class _Warmer:
 
     async def _run(self) -> None:
         await self.response.prepare(self.request)
-        while True:
-            await write(self.response, self.transport, self.frame, self.stall)
-            await asyncio.sleep(self.interval)
+        await self._send(self.alive.beat())
+        await keepalives.wait(asyncio.get_running_loop().create_future(), self.alive, self._send)
+
+    async def _send(self, frame: bytes) -> None:
+        await write(self.response, self.transport, frame, self.stall)
 
     async def stop(self) -> None:
         """No more heartbeats; a failure while the headers went out (the client gone) is raised."""
@@ -133,22 +141,22 @@ class _Warmer:
             self._task = None
 
 
-async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, heartbeat: float | None, stall: float,
+async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float,
                 loop: asyncio.AbstractEventLoop) -> bool:
     """Relay until the replica's stream ends; False when it broke off (an error event is sent).
 
     While the client keeps up, `_Sink` writes each read's whole events from the replica
     connection's data callback. When it cannot (the client is behind, or the response is
     not plain chunked), reading from the replica pauses, and this loop writes what is held
-    with a bounded write and resumes. The heartbeat is one timer per stream (`_Heartbeat`);
+    with a bounded write and resumes. The heartbeat is one timer per stream (`keepalive.Ticker`);
     a replica silent past the read timeout is `wire`'s."""
     api = call.route.api
     relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
     exchange = attempt.exchange
     direct = can_write_direct(response, transport)
-    beat = _Heartbeat(transport, keepalive(api), heartbeat, loop) if heartbeat and direct else None
-    slow_beat = heartbeat if beat is None else None  # no direct writes: a timer around each wait
+    beat = Ticker(transport, alive, loop, writable) if alive.interval is not None and direct else None
+    slow_beat = alive.interval if beat is None else None  # no direct writes: a timer around each wait
     sink = _Sink(relay_, transport if direct else None, call, attempt, beat, loop)
     try:
         exchange.stream(sink)
@@ -160,7 +168,7 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
                     async with asyncio.timeout(slow_beat):
                         await exchange.wait()
                 except TimeoutError:
-                    await write(response, transport, keepalive(api), stall)
+                    await write(response, transport, alive.beat(), stall)
                     continue
             if sink.held:
                 held = b"".join(sink.held)
@@ -193,7 +201,7 @@ class _Sink:
 
     __slots__ = ("relay", "transport", "held", "beat", "loop", "first", "call", "attempt")
 
-    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: _Heartbeat | None,
+    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: Ticker | None,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.relay, self.transport, self.call, self.attempt, self.beat = relay, transport, call, attempt, beat
         self.held: list[bytes] = []
@@ -206,7 +214,8 @@ class _Sink:
             return True
         transport = self.transport
         if transport is not None and not self.held and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT and not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(out), out))  # chunk_frame, inlined: once per read
+            size = len(out)  # chunk_frame, inlined (once per read) as the writer's push does
+            transport.write(b"".join((SIZE_LINES[size], out, b"\r\n")) if size < SIZE_LINES_N else chunk_frame(out))
             if self.beat is not None:
                 self.beat.last = self.loop.time()
             if self.first:
@@ -230,37 +239,6 @@ async def _error_body(exchange: Any) -> bytes:
         return await exchange.read()
     except UpstreamClosed:
         return b""
-
-
-class _Heartbeat:
-    """A keepalive frame after `interval` seconds without a write, from one timer per stream.
-
-    The timer fires once per interval and writes only if the stream was silent that
-    long and the transport can take it; the relay loop just notes the time of each write."""
-
-    __slots__ = ("transport", "frame", "interval", "loop", "last", "_handle")
-
-    def __init__(self, transport: Any, frame: bytes, interval: float, loop: asyncio.AbstractEventLoop) -> None:
-        self.transport = transport
-        self.frame = chunk_frame(frame)
-        self.interval = interval
-        self.loop = loop
-        self.last = self.loop.time()
-        self._handle: asyncio.TimerHandle | None = self.loop.call_at(self.last + interval, self._fire)
-
-    def _fire(self) -> None:
-        now = self.loop.time()
-        due = self.last + self.interval
-        if now >= due and self.transport is not None and writable(self.transport):
-            self.transport.write(self.frame)
-            SSE_HEARTBEATS.inc()
-            self.last, due = now, now + self.interval
-        self._handle = self.loop.call_at(max(due, now + 0.001), self._fire)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 class _Broken(Exception):

@@ -2,7 +2,9 @@
 
 `app`/`server` build and run the aiohttp application; `writer` is the sole
 owner of a response once it starts (headers, heartbeats, write-stall bound,
-keepalive, late errors); `routes/` are thin handlers (decode, admit,
+late errors; `nonstream` for a JSON body); `keepalive` says when a keepalive
+is due and what it is, for serve and the gateway alike; `chunked` is the
+chunk framing of bytes written straight to the transport; `routes/` are thin handlers (decode, admit,
 generate, encode, write); `state` holds what one server shares; the rest
 are the edge's policies: admission, drain, auth, CORS, deprecation headers,
 the access log and the metrics.

@@ -3,7 +3,7 @@
 `collect` drives a non-streaming request to its end into an accumulator;
 `respond_nonstream` turns the result into a JSON response, or, when the
 answer takes long, sends the 200 early and keeps the connection alive with
-newlines (JSON allows leading whitespace) until the body is ready; an error
+newlines (JSON allows leading whitespace; `keepalive.wait`) until the body is ready; an error
 after that 200 is written into the body in the route's error shape. Neither
 aborts the engine request: the route does that in a `finally`.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,9 @@ from engine_adapter.base import EngineFailure, OutputStream
 from streamproxy.config import Settings
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.errors import APIError, InternalError
+from streamproxy.http import keepalive as keepalives
 from streamproxy.http.error_shapes import error_json
+from streamproxy.http.keepalive import NEWLINE, Keepalive
 from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
 from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
 
@@ -127,22 +130,15 @@ async def _respond_nonstream(
             response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
             early.append(response)
             await response.prepare(request)
-            interval = keepalive_interval if keepalive_interval > 0 else None
-            while True:
-                try:
-                    async with asyncio.timeout(interval):
-                        body = await asyncio.shield(work)
-                    break
-                except TimeoutError:
-                    NONSTREAM_HEARTBEATS.inc()
-                    await write(response, transport, b"\n", stall_timeout)
-                except APIError as exc:
-                    body = _body_error(exc, record, error_body)
-                    break
-                except Exception:
-                    log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
-                    body = _body_error(InternalError("the server failed to handle this request"), record, error_body)
-                    break
+            alive = Keepalive(NEWLINE, keepalive_interval, NONSTREAM_HEARTBEATS)
+            await keepalives.wait(work, alive, partial(write, response, transport, stall=stall_timeout))
+            try:
+                body = work.result()
+            except APIError as exc:
+                body = _body_error(exc, record, error_body)
+            except Exception:
+                log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
+                body = _body_error(InternalError("the server failed to handle this request"), record, error_body)
     except TimeoutError:
         if not life.expired:
             raise

@@ -4,10 +4,11 @@
 before anything is asked of the engine's output, then one write per engine
 step (everything pending is taken at once, so a slow socket coalesces steps
 instead of queueing them). Heartbeats are a deadline, not a task: the wait
-for the next step is bounded by `last write + heartbeat`, and when it passes
-(or when steps arrive but write nothing, e.g. a filter holding text back) an
-SSE keepalive comment goes out, so the connection is never silent for longer
-than `heartbeat` seconds from the moment the headers are out.
+for the next step is bounded by `last write + heartbeat` (`keepalive.Keepalive`,
+which also names the bytes: the encoder's keepalive), and when it passes
+(or when steps arrive but write nothing, e.g. a filter holding text back) a
+keepalive goes out, so the connection is never silent for longer than
+`heartbeat` seconds from the moment the headers are out.
 
 Writes are bounded by `stall_timeout` whenever they can block: aiohttp only
 waits in `write()` when the transport's buffer is over its high-water mark,
@@ -21,7 +22,7 @@ high-water mark) plus the engine output produced during `stall_timeout`.
 Push (the common path): while nothing is pending and the transport's
 buffer is small, the stream is armed with a sink (`_Pump.push`) and the engine's
 own step calls it synchronously: encode the step, one `transport.write` of
-the chunked-encoding frame (aiohttp sent the headers, chunked; the handler
+the chunked-encoding frame (`chunked.py`; aiohttp sent the headers, chunked; the handler
 ends with `write_eof`, so aiohttp writes the last chunk). No task, future,
 timer or aiohttp call per token; the handler sleeps on one wait bounded by
 the heartbeat deadline, so it wakes once per heartbeat interval, not per
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,9 @@ from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
 from streamproxy.core import sse
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, EngineError, InternalError
+from streamproxy.http import keepalive as keepalives
+from streamproxy.http.chunked import SIZE_LINES, SIZE_LINES_N, chunk_frame
+from streamproxy.http.keepalive import Keepalive
 from streamproxy.http.metrics import INTER_TOKEN_LATENCY, SSE_HEARTBEATS, WRITE_STALLS
 
 if TYPE_CHECKING:
@@ -135,19 +140,14 @@ async def wait_with_heartbeat(
     stall: float,
     keepalive: bytes = sse.KEEPALIVE,
 ) -> int:
-    """Await `waitable` (cancel-safe), sending `keepalive` (the encoder's, e.g. Anthropic's ping) per silent `heartbeat`."""
-    beats = 0
+    """Await `waitable` (cancel-safe), sending `keepalive` (the encoder's, e.g. Anthropic's ping) per silent
+    `heartbeat`; how many went out."""
+    alive = Keepalive(keepalive, heartbeat, SSE_HEARTBEATS)
     fut = asyncio.ensure_future(waitable)
     try:
-        while True:
-            try:
-                async with asyncio.timeout(heartbeat if heartbeat > 0 else None):
-                    await asyncio.shield(fut)
-                return beats
-            except TimeoutError:
-                beats += 1
-                SSE_HEARTBEATS.inc()
-                await write(response, transport, keepalive, stall)
+        await keepalives.wait(fut, alive, partial(write, response, transport, stall=stall))
+        fut.result()  # its error, if any, is the caller's
+        return alive.sent
     finally:
         if not fut.done():
             fut.cancel()
@@ -187,7 +187,7 @@ class _Pump:
         if data:
             size = len(data)
             # chunk_frame, inlined (once per token): one join, the size line from the table.
-            transport.write(b"".join((_SIZE_LINES[size], data, b"\r\n")) if size < _SIZE_LINES_N else chunk_frame(data))
+            transport.write(b"".join((SIZE_LINES[size], data, b"\r\n")) if size < SIZE_LINES_N else chunk_frame(data))
             if len(deltas) == 1:  # `wrote`, inlined for the common step
                 now = self.written_at = perf_counter()
                 tokens = deltas[0].num_tokens
@@ -217,16 +217,6 @@ class _Pump:
             else:
                 INTER_TOKEN_LATENCY.observe((now - last) / tokens)
             self.last_text_at = now
-
-
-# HTTP/1.1 chunk size lines (`1a2\r\n`) for the usual chunk sizes, made once.
-_SIZE_LINES_N = 2048
-_SIZE_LINES = [b"%x\r\n" % n for n in range(_SIZE_LINES_N)]
-
-
-def chunk_frame(data: bytes) -> bytes:
-    """`data` as one HTTP/1.1 chunk, for a write straight to the transport (see `can_write_direct`)."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 def writable(transport: Any) -> bool:
@@ -272,9 +262,8 @@ async def pump_sse(
     if outcome is None:
         outcome = StreamOutcome()
     transport = request.transport
-    beat = heartbeat if heartbeat > 0 else None
     # The encoder's keepalive: an SSE comment, or its API's own event (Anthropic's `ping`).
-    keepalive = encoder.keepalive
+    alive = Keepalive(encoder.keepalive, heartbeat, SSE_HEARTBEATS)
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
     if first:
@@ -291,12 +280,12 @@ async def pump_sse(
             if deltas is None:
                 if push_to is not None and push_to.get_write_buffer_size() <= PUSH_BUFFER_LIMIT:
                     out.arm(pump.push)
-                if beat is None:
+                silent_for = alive.due_in(pump.written_at, perf_counter())
+                if silent_for is None:
                     deltas = await out.get()
                 else:
-                    silent_for = beat - (perf_counter() - pump.written_at)
                     if silent_for <= 0.0:
-                        await _heartbeat(response, transport, keepalive, stall_timeout, outcome, pump)
+                        await _heartbeat(response, transport, alive, stall_timeout, outcome, pump)
                         continue
                     # Woken by output or by the deadline: the top of the loop takes what is
                     # pending, or sees that nothing was written meanwhile (heartbeat).
@@ -308,9 +297,9 @@ async def pump_sse(
             if data:
                 await write(response, transport, data, stall_timeout)
                 pump.wrote(deltas)
-            elif beat is not None and perf_counter() - pump.written_at >= beat:
+            elif alive.due(pump.written_at, perf_counter()):
                 # Steps arrive but write nothing (text held back): still no silence.
-                await _heartbeat(response, transport, keepalive, stall_timeout, outcome, pump)
+                await _heartbeat(response, transport, alive, stall_timeout, outcome, pump)
     except StopAsyncIteration:
         encoder.prompt_tokens = out.prompt_tokens
         encoder.cached_tokens = out.cached_tokens
@@ -330,11 +319,10 @@ async def pump_sse(
 
 
 async def _heartbeat(
-    response: web.StreamResponse, transport: Any, keepalive: bytes, stall: float, outcome: StreamOutcome, pump: _Pump
+    response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float, outcome: StreamOutcome, pump: _Pump
 ) -> None:
     outcome.heartbeats += 1
-    SSE_HEARTBEATS.inc()
-    await write(response, transport, keepalive, stall)
+    await write(response, transport, alive.beat(), stall)
     pump.written_at = perf_counter()
 
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from streamproxy.protocol.common import ModelCard, ModelList, encode
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, error_body, post, renamed, timeless
 from tests.support import sse
 
@@ -116,15 +117,20 @@ async def test_models_lists_the_deployments(replica, gateway, session):
     ])
     async with session.get(gw.url("/v1/models")) as resp:
         assert resp.status == 200
-        listing = await resp.json()
+        body = await resp.read()
+    listing = json.loads(body)
     assert listing["object"] == "list"
     assert [(m["id"], m["object"], m["owned_by"]) for m in listing["data"]] == [
         (DEPLOYMENT, "model", "streamproxy"), ("other-bot", "model", "streamproxy"),
     ]
+    # Serve's typed cards, byte for byte (`root`, `max_model_len`, `parent` null: a deployment has none).
+    created = listing["data"][0]["created"]
+    card = ModelCard(id=DEPLOYMENT, created=created)
+    assert body == encode(ModelList(data=[card, ModelCard(id="other-bot", created=created)]))
     async with session.get(gw.url("/v1/deployments/dep-0b/v1/models")) as resp:
         assert [m["id"] for m in (await resp.json())["data"]] == ["other-bot"]
     async with session.get(gw.url(f"/v1/models/{DEPLOYMENT}")) as resp:
-        assert resp.status == 200 and (await resp.json())["id"] == DEPLOYMENT
+        assert resp.status == 200 and await resp.read() == encode(card)
     async with session.get(gw.url(f"/v1/models/{SERVED}")) as resp:  # the replicas' name is not the gateway's
         assert resp.status == 404
         assert (await resp.json())["error"]["code"] == "model_not_found"
