@@ -6,7 +6,8 @@ gateway's own: the deployments, their admin, and `GET /openapi.json`
 (`openapi.py`). The edge is `serve`'s own: the access log and request ids,
 the error middleware and error shapes (Anthropic's on its routes; a
 replica's own error answers pass through unchanged), the body cap, drain. The upstream
-client session and the health probes start with the app and stop with it.
+client (wire.py's `Upstreams`: relays, probes and every other look at a replica) and the
+health probes start with the app and stop with it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import time
 from functools import partial
 
-import aiohttp
 import msgspec
 import orjson
 import uvloop
@@ -187,18 +187,13 @@ async def version(request: web.Request) -> web.Response:
 async def _start(app: web.Application) -> None:
     state = app[STATE_KEY].state
     policy = state.policy
-    timeout = aiohttp.ClientTimeout(
-        total=None, connect=policy.connect_timeout, sock_read=policy.read_timeout or state.settings.request_timeout or None
-    )
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True)
-    state.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
     state.upstreams = Upstreams(
         connect_timeout=policy.connect_timeout,
         read_timeout=policy.read_timeout or state.settings.request_timeout or None,
         keepalive=policy.keepalive,
     )
     app[_PROBES_KEY] = asyncio.create_task(probe_forever(app[STATE_KEY]), name="gateway-probes")
-    state.start_sources(state.session)
+    state.start_sources(state.upstreams)
     if state.ledger is not None:
         state.ledger.start()
         await deployadmin.load_stored(app, state.ledger.store)  # the admin API's deployments, beside the file's
@@ -222,8 +217,6 @@ async def _stop(app: web.Application) -> None:
     state = app[STATE_KEY].state
     if state.upstreams is not None:
         state.upstreams.close()
-    if state.session is not None:
-        await state.session.close()
 
 
 async def _close_ledger(app: web.Application) -> None:

@@ -43,8 +43,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-import aiohttp
-
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
@@ -52,8 +50,11 @@ from streamproxy.gateway.config import Deployment, Kubernetes
 from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, KubeConfigMissing, WatchCut, refused
 from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
+from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
+
+_METRICS_LIMIT = 8 << 20  # bytes of a pod's /metrics read (vLLM's histograms run to a few hundred KB)
 
 
 class KubernetesSource:
@@ -72,7 +73,7 @@ class KubernetesSource:
         self._listed: str | None = None  # the last list's resourceVersion
         self.api = KubeApi(k)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None  # the gateway's, for the pods' /metrics
+        self._upstreams: Upstreams | None = None  # the gateway's client (wire.py), for the pods' /metrics
         self._activity = PodActivity()
         self._changed = asyncio.Event()
         self._wake_after_park = False
@@ -181,8 +182,8 @@ class KubernetesSource:
         described["problem"] = self.fault or failed or (self._problems[0] if self._problems else None)
         return described
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def start(self, upstreams: Upstreams) -> None:
+        self._upstreams = upstreams
         self._sync()
         self._spawn(self._discover_forever())
         if self.k.scale is not None and self.k.idle_seconds > 0:
@@ -426,18 +427,18 @@ class KubernetesSource:
     async def _pods_busy(self) -> bool:
         urls = [r.url for r in self.pool.replicas]
         self._activity.keep(set(urls))
-        if self._session is None or not urls:
+        if self._upstreams is None or not urls:
             return False
         looks = await asyncio.gather(*(self._look(url) for url in urls))
         return any(looks)
 
     async def _look(self, url: str) -> bool:
-        assert self._session is not None
+        assert self._upstreams is not None
         try:
-            async with asyncio.timeout(self.k.request_timeout):
-                async with self._session.get(url + "/metrics", headers=self.pool.upstream_headers) as response:
-                    text = await response.text() if response.status == 200 else ""
-        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            reply = await self._upstreams.get(url, "/metrics", timeout=self.k.request_timeout, headers=self.pool.upstream_headers,
+                                              limit=_METRICS_LIMIT)
+            text = reply.body.decode() if reply.status == 200 else ""
+        except (UpstreamClosed, OSError, TimeoutError, UnicodeDecodeError):
             return False  # its probes and the gateway's own requests judge it
         seen = activity(text)
         return seen is not None and self._activity.saw(url, *seen)

@@ -34,8 +34,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from streamproxy.config import Settings
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
@@ -43,10 +41,12 @@ from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
+from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
 
 _KILL_GRACE = 5.0  # seconds past the replica's own drain before SIGKILL
+_BOOT_CHECK_TIMEOUT = 2.0  # seconds for one look at a booting replica's /health
 
 
 class ManagedDeployment:
@@ -86,7 +86,7 @@ class ManagedDeployment:
     def down(self, now: float) -> bool:
         return self.lifecycle.phase is Phase.FAILED
 
-    def start(self, session: aiohttp.ClientSession) -> None:
+    def start(self, upstreams: Upstreams) -> None:
         return  # the `Supervisor` starts and stops every managed deployment
 
     async def stop(self) -> None:
@@ -167,18 +167,17 @@ class ManagedDeployment:
         if rp is None:
             return
         deadline = time.monotonic() + self.launch.boot_timeout
-        session = self.supervisor.session
+        upstreams = self.supervisor.upstreams
         while rp.proc.returncode is None and not rp.expected:
             if time.monotonic() > deadline:
                 log.warning("deployment %s: replica %s not healthy after %.0f s; killing it", self.name, rp.url, self.launch.boot_timeout)
                 rp.signal(signal.SIGKILL)
                 return
             try:
-                assert session is not None
-                async with session.get(rp.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as response:
-                    if response.status == 200:
-                        break
-            except (aiohttp.ClientError, OSError, TimeoutError):
+                assert upstreams is not None
+                if (await upstreams.get(rp.url, "/health", timeout=_BOOT_CHECK_TIMEOUT)).status == 200:
+                    break
+            except (UpstreamClosed, OSError, TimeoutError):
                 pass
             await asyncio.sleep(0.05)
         else:
@@ -315,7 +314,7 @@ class Supervisor:
         self.settings = settings
         self.max_resident = max_resident
         self.deployments: dict[str, ManagedDeployment] = {}
-        self.session: aiohttp.ClientSession | None = None
+        self.upstreams: Upstreams | None = None  # the gateway's client (wire.py), once started
         self.log_dir = Path(tempfile.mkdtemp(prefix="streamproxy-gateway-"))
         self._ticker: asyncio.Task[None] | None = None
 
@@ -324,8 +323,8 @@ class Supervisor:
         self.deployments[deployment.name] = managed
         return managed
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def start(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
         if self.deployments:
             self._ticker = asyncio.create_task(self._tick_forever(), name="gateway-managed")
         for managed in self.deployments.values():
@@ -335,7 +334,7 @@ class Supervisor:
     def attach(self, managed: ManagedDeployment) -> None:
         """A deployment a reload added, once the gateway serves it: as `add` + `start` for it alone."""
         self.deployments[managed.name] = managed
-        if self.session is None:
+        if self.upstreams is None:
             return
         if self._ticker is None:
             self._ticker = asyncio.create_task(self._tick_forever(), name="gateway-managed")

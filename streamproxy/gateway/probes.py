@@ -4,21 +4,21 @@ One task for the gateway; each round probes all replicas at once, each
 bounded by `health_check_timeout`. A 200 is healthy; anything else (a
 status, a refused connection, a timeout) is not. Never an inference request:
 a probe costs the replica nothing but an HTTP round trip. An https:// replica
-is probed with its deployment's `tls` (upstream_tls.py), as requests reach it.
+is probed with its deployment's `tls` (upstream_tls.py), as requests reach it:
+the probe is `wire.Upstreams.get`, on the connections and pool the relayed
+requests use; any failure it reports (`UpstreamClosed`) is unhealthy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
-
-import aiohttp
 
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.state import Current, GatewayState
+from streamproxy.gateway.wire import UpstreamClosed
 
 log = logging.getLogger("streamproxy.gateway")
 
@@ -38,22 +38,17 @@ async def probe_once(state: GatewayState, pools: list[Pool]) -> None:
 
 
 async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
-    session = state.session
-    assert session is not None
-    ok = False
+    upstreams = state.upstreams
+    assert upstreams is not None
     tls = state.tls.get(pool.deployment.name) if replica.url.startswith("https://") else None
     why = ""
     try:
-        async with asyncio.timeout(state.policy.health_check_timeout):
-            async with session.get(
-                replica.url + "/health", headers=pool.upstream_headers,
-                ssl=tls.context if tls is not None else True, server_hostname=tls.server_name if tls is not None else None,
-            ) as response:
-                ok = response.status == 200
-                await response.read()
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        reply = await upstreams.get(replica.url, "/health", timeout=state.policy.health_check_timeout,
+                                    headers=pool.upstream_headers, tls=tls)
+        ok = reply.status == 200
+    except (UpstreamClosed, OSError, TimeoutError) as exc:
         ok = False
-        why = _tls_reason(exc)
+        why = exc.reason if isinstance(exc, UpstreamClosed) and exc.tls else ""
     was = replica.health.probed_healthy, replica.health.breaker
     replica.health.probed(ok, time.monotonic())
     now = replica.health.probed_healthy, replica.health.breaker
@@ -65,14 +60,3 @@ async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
     M.PROBE_HEALTHY.labels(pool.deployment.name, replica.url).set(1 if now[0] else 0)
     M.BREAKER.labels(pool.deployment.name, replica.url).set(int(now[1]))
 
-
-def _tls_reason(exc: BaseException) -> str:
-    """Why a TLS handshake failed, as `wire` says it ("" when the failure was not TLS)."""
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        err = exc.certificate_error
-        return f"{getattr(err, 'verify_message', None) or err} ({type(err).__name__})"
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return str(exc)
-    if isinstance(exc, ssl.SSLError):
-        return f"{exc.reason or exc} ({type(exc).__name__})"
-    return ""

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import aiohttp
-
 from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.wire import Upstreams
 
 
 class ReplicaSource(Protocol):
@@ -62,7 +61,8 @@ class ReplicaSource(Protocol):
     def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
         """`/v1/deployments` fields beyond id, name and served_model (`replicas`: the pool's view)."""
 
-    def start(self, session: aiohttp.ClientSession) -> None: ...
+    def start(self, upstreams: Upstreams) -> None:
+        """Begin (discovery, tickers); `upstreams` is the gateway's one client (wire.py), for any look at a replica."""
 
     async def stop(self) -> None: ...
 
@@ -105,7 +105,7 @@ class FixedSource:
     def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
         return {"managed": False, "state": "ready" if any(r["available"] for r in replicas) else "unavailable"}
 
-    def start(self, session: aiohttp.ClientSession) -> None:
+    def start(self, upstreams: Upstreams) -> None:
         return
 
     async def stop(self) -> None:

@@ -31,7 +31,6 @@ import logging
 import os
 import time
 
-import aiohttp
 from aiohttp import web
 
 from streamproxy.config import Settings
@@ -81,8 +80,7 @@ class GatewayState:
             self.started = int(time.time())
             self.supervisor = Supervisor(settings, config.max_resident)
             self.retries = RetryBudget(config.upstream.retry_budget_percent, config.upstream.min_retry_concurrency)
-            self.session: aiohttp.ClientSession | None = None  # probes and managed replicas' health
-            self.upstreams: Upstreams | None = None  # relayed requests (wire.py)
+            self.upstreams: Upstreams | None = None  # the gateway's one client (wire.py): relays, probes, boot checks, pods' /metrics
             self.ledger: Ledger | None = None  # the request ledger (books.py), unless `ledger: off`
             self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
             # Deployments a reload removed, still serving requests that began before it (shared by every state).
@@ -90,7 +88,7 @@ class GatewayState:
             self._tasks: set[asyncio.Task[None]] = set()
         else:
             self.inflight, self.started, self.supervisor = previous.inflight, previous.started, previous.supervisor
-            self.retries, self.session, self.upstreams = previous.retries, previous.session, previous.upstreams
+            self.retries, self.upstreams = previous.retries, previous.upstreams
             self.ledger, self.keyring = previous.ledger, previous.keyring
             self.retiring, self._tasks = previous.retiring, previous._tasks
         for d in config.deployments:
@@ -164,9 +162,9 @@ class GatewayState:
             self.supervisor.forget(source)
         for managed in self.fresh_managed:
             self.supervisor.attach(managed)
-        if self.session is not None:
+        if self.upstreams is not None:
             for source in self.fresh:
-                source.start(self.session)
+                source.start(self.upstreams)
         self.fresh, self.fresh_managed = [], []
         for pool, source in gone.values():
             if pool.active:
@@ -202,10 +200,10 @@ class GatewayState:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def start_sources(self, session: aiohttp.ClientSession) -> None:
-        self.supervisor.start(session)
+    def start_sources(self, upstreams: Upstreams) -> None:
+        self.supervisor.start(upstreams)
         for d in self.deployments:
-            self.sources[d.name].start(session)
+            self.sources[d.name].start(upstreams)
 
     async def stop_sources(self) -> None:
         """Every source's replicas (managed: SIGTERM, drain, SIGKILL after the drain timeout; others: their watches),

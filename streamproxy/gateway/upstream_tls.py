@@ -13,7 +13,7 @@ turns both checks off. wire.py passes the context to `loop.create_connection`
 with the URL's host (or `server_name`) as `server_hostname` (`ClientTLS`
 carries both); a handshake that fails there is `UpstreamClosed(tls=True)`:
 the replica did not answer, logged with the reason (upstream.py), never an
-exception out of the handler. Probes pass the same context to aiohttp.
+exception out of the handler. Probes go through the same connections (`Upstreams.get`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,14 @@ one, with the system's trust store. Connections are pooled per (URL, tls), so
 two deployments that reach one URL differently never share one. A failed
 handshake (an untrusted certificate, a wrong name, plain HTTP on the port) is
 `UpstreamClosed(tls=True)` with the reason.
+
+`get` is the gateway's one small client for everything else it asks a
+replica (health probes, managed replicas' boot checks, pods' /metrics): a
+GET on the same pool, parser and TLS, the whole answer within one timeout
+(connecting included) and at most `limit` body bytes, as a `Reply`. Every
+failure (no connection, a handshake, the timeout, bad HTTP, a connection
+closed early, a body over the limit) is `UpstreamClosed`, so a caller has
+one exception to catch and no way to see a half answer.
 """
 
 from __future__ import annotations
@@ -34,22 +42,32 @@ import asyncio
 import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
 from streamproxy.gateway.h1 import ProtocolError, ResponseParser, request_bytes
 from streamproxy.gateway.upstream_tls import ClientTLS
 
 IDLE_TIMEOUT = 60.0  # seconds an idle connection is kept (below the 75 s replicas keep theirs)
+GET_LIMIT = 1 << 20  # bytes of body `Upstreams.get` takes by default
 
 
 class UpstreamClosed(ConnectionError):
     """The replica's connection failed before its response ended."""
 
-    def __init__(self, message: str, *, stale: bool = False, tls: bool = False) -> None:
+    def __init__(self, message: str, *, stale: bool = False, tls: bool = False, reason: str = "") -> None:
         super().__init__(message)
         self.stale = stale  # a reused connection that failed before any byte came back
         self.tls = tls  # the TLS handshake failed (the message says why)
+        self.reason = reason  # with `tls`: why, alone (e.g. "certificate has expired (SSLCertVerificationError)")
+
+
+class Reply(NamedTuple):
+    """A whole answer to `Upstreams.get` (headers' names in lower case)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
 
 
 class Origin:
@@ -105,6 +123,28 @@ class Upstreams:
         target = origin.base_path + path
         return conn.start(request_bytes(method, target, origin.authority, headers, body), self.read_timeout, reused, method == "HEAD")
 
+    async def get(self, url: str, path: str, *, timeout: float, headers: dict[str, str] | None = None,
+                  tls: ClientTLS | None = None, limit: int = GET_LIMIT) -> Reply:
+        """`GET url+path`, the whole answer within `timeout` s (0: none); raises UpstreamClosed, for any failure."""
+        try:
+            async with asyncio.timeout(timeout or None):
+                for fresh in (False, True):
+                    exchange = await self.send(url, path, b"", headers or {}, method="GET", fresh=fresh, tls=tls)
+                    try:
+                        return await _collect(exchange, limit)
+                    except UpstreamClosed as exc:
+                        if not exc.stale or fresh:
+                            raise
+                    finally:
+                        exchange.finish(reuse=True)  # kept only when the answer is complete and all is well
+        except TimeoutError:
+            raise UpstreamClosed(f"no answer from {url}{path} within {timeout:g} s") from None
+        except UpstreamClosed:
+            raise
+        except OSError as exc:  # no connection (refused, unreachable, no such host)
+            raise UpstreamClosed(f"no connection to {url}: {exc}") from None
+        raise AssertionError("unreachable")
+
     async def _connect(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection:
         ssl: ssl_module.SSLContext | None = None
         server_hostname: str | None = None
@@ -127,7 +167,8 @@ class Upstreams:
             reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
             if exc.reason == "WRONG_VERSION_NUMBER":  # what OpenSSL makes of an HTTP answer
                 reason += ", the replica may be serving plain HTTP"
-            raise UpstreamClosed(f"TLS handshake with {origin.authority} failed: {reason} ({type(exc).__name__})", tls=True) from None
+            reason = f"{reason} ({type(exc).__name__})"
+            raise UpstreamClosed(f"TLS handshake with {origin.authority} failed: {reason}", tls=True, reason=reason) from None
         return conn
 
     def close(self) -> None:
@@ -135,6 +176,29 @@ class Upstreams:
         for origin in self._origins.values():
             while origin.idle:
                 origin.idle.pop().close()
+
+
+async def _collect(exchange: Exchange, limit: int) -> Reply:
+    """The answer's head and body, refusing a body over `limit` bytes (before reading it when Content-Length says so)."""
+    await exchange.head()
+    length = exchange.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise UpstreamClosed(f"the replica's answer is {length} bytes, over the {limit} taken")
+    parts: list[bytes] = []
+    size = 0
+
+    def sink(data: bytes) -> bool:
+        nonlocal size
+        size += len(data)
+        parts.append(data)
+        return size <= limit  # over: reading pauses, and the exchange is given up
+
+    exchange.stream(sink)
+    while not exchange.complete and size <= limit:
+        await exchange.wait()
+    if size > limit:
+        raise UpstreamClosed(f"the replica's answer is over the {limit} bytes taken")
+    return Reply(exchange.status, exchange.headers, b"".join(parts))
 
 
 class _Connection(asyncio.Protocol):

@@ -18,7 +18,7 @@ request ledger (`streamproxy.ledger.writer.Ledger`; none by default).
 `stub(handler)` is a raw TCP server for the replica behaviours a real one
 will not show on demand (a stream cut mid-event, an answer that never
 comes): `handler(reader, writer)` plays the replica's side once the request
-is read (probes get a 200 without it).
+is read (probes get a 200 without it); `stub(handler, ssl=context)` serves it over TLS (`base` is then https://).
 
 The loop is uvloop's and every test is bounded, as in tests/production
 (its `session`, `access_log` and bound are reused from there).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from ssl import SSLContext
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -213,15 +214,17 @@ class Stub:
     """A raw TCP "replica". It reads each request; the gateway's `GET /health` probes get a
     200, every other request is recorded in `requests` and answered by `handler(reader, writer)`."""
 
-    def __init__(self, handler: StubHandler) -> None:
+    def __init__(self, handler: StubHandler, ssl: SSLContext | None = None) -> None:
         self.handler = handler
+        self.ssl = ssl
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         self.server: asyncio.Server | None = None
         self.base = ""
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.base = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl)
+        scheme = "https" if self.ssl is not None else "http"
+        self.base = f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -245,8 +248,8 @@ StubHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[N
 async def stub() -> AsyncIterator[Callable[..., Awaitable[Stub]]]:
     started: list[Stub] = []
 
-    async def start(handler: StubHandler) -> Stub:
-        s = Stub(handler)
+    async def start(handler: StubHandler, ssl: SSLContext | None = None) -> Stub:
+        s = Stub(handler, ssl)
         await s.start()
         started.append(s)
         return s

@@ -27,3 +27,15 @@ def test_gateway_sans_io_modules_import_no_io(name: str) -> None:
 @pytest.mark.parametrize("path", modules("streamproxy/gateway"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_gateway_reaches_no_engine(path: Path) -> None:
     assert offending(path, ("engine_adapter",) + ENGINES) == []
+
+
+AIOHTTP_CLIENT = ("ClientSession", "TCPConnector", "ClientTimeout", "aiohttp.request(")
+
+
+@pytest.mark.parametrize("path", modules("streamproxy/gateway"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_gateway_has_one_http_client(path: Path) -> None:
+    """Replicas are asked through `wire.Upstreams` only (kubernetes_asyncio's own client, in kube_api, is the library's)."""
+    if path.name == "kube_api.py":
+        return
+    text = path.read_text()
+    assert [name for name in AIOHTTP_CLIENT if name in text] == []
