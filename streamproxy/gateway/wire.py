@@ -125,9 +125,9 @@ class Upstreams:
 
     async def get(self, url: str, path: str, *, timeout: float, headers: dict[str, str] | None = None,
                   tls: ClientTLS | None = None, limit: int = GET_LIMIT) -> Reply:
-        """`GET url+path`, the whole answer within `timeout` s (0: none); raises UpstreamClosed, for any failure."""
+        """`GET url+path`, the whole answer within `timeout` s; raises UpstreamClosed, for any failure."""
         try:
-            async with asyncio.timeout(timeout or None):
+            async with asyncio.timeout(timeout):
                 for fresh in (False, True):
                     exchange = await self.send(url, path, b"", headers or {}, method="GET", fresh=fresh, tls=tls)
                     try:
