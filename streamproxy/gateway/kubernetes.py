@@ -24,7 +24,8 @@ the scale is patched to 0; its pods leave the pool at once (no new request)
 and their streams finish while Kubernetes drains them. Ready pods the gateway
 did not wake (an autoscaler scaled the workload up) make it ready; all pods
 gone makes it parked. Idle means idle on the pods too: the ticker looks at
-each pod's /metrics (streamproxy's or vLLM's request counters) and counts a
+each pod's /metrics (streamproxy's or vLLM's request counters, read with
+the gateway's own client, `wire.Upstreams.get`, at most 8 MiB) and counts a
 request another gateway sent as a use, so two gateways in front of the same
 pods do not park them under each other's traffic.
 

@@ -5,8 +5,8 @@ Each replica is a `streamproxy serve` process on a free loopback port
 the event loop the moment it exits, its output in a log file).
 
 `ManagedDeployment` does what its `Lifecycle` says:
-  wake   start every replica; poll each one's /health until 200, then add its
-         URL to the deployment's `Pool` (`Pool.set_replicas`);
+  wake   start every replica; poll each one's /health until 200 (`wire.Upstreams.get`,
+         2 s each look), then add its URL to the deployment's `Pool` (`Pool.set_replicas`);
   exit   a replica that exits on its own leaves the pool at once (its streams
          break, and the relay ends them with `upstream_unavailable`) and is
          restarted after the lifecycle's backoff; when the deployment fails,
