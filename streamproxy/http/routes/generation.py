@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol, TypeVar
 
+import msgspec
 from aiohttp import web
 
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
@@ -187,6 +188,21 @@ async def run(
     return await run_work(request, state, gen, stream=stream, encoder=encoder, render=render, accumulator=accumulator)
 
 
+def _trace(gen: Work, rec: Record) -> None:
+    """--otlp-traces-endpoint: each engine request carries the request's span as its parent
+    (vLLM's `trace_headers`), so the engine's spans join the trace."""
+    from streamproxy.http import tracing
+
+    if tracing.TRACER is None:
+        return
+    headers = tracing.TRACER.headers(rec.span)
+    parts = gen.parts if isinstance(gen, Batch) else [gen] if isinstance(gen, Generation) else []
+    for part in parts:
+        part.params = msgspec.structs.replace(part.params, trace_headers=headers)
+        if rec.max_tokens is None:
+            rec.max_tokens = part.params.max_tokens
+
+
 async def run_work(
     request: web.Request,
     state: AppState,
@@ -202,6 +218,8 @@ async def run_work(
     rec = record(request)
     rec.generation = True
     rec.stream = stream
+    if rec.span is not None:
+        _trace(gen, rec)
     ticket: Ticket | None = None
     work: asyncio.Task[bytes] | None = None
     settings = state.settings
