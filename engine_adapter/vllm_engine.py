@@ -286,7 +286,9 @@ class VllmEngine:
                 extra["trace_headers"] = params.trace_headers
             if params.structured is not None and params.template_kwargs is not None:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
-            if self._direct is not None and eligible(params):
+            # A traced request takes vLLM's own output route: its output processor makes the engine's
+            # `llm_request` span (queue, prefill, decode times), which the direct route does not.
+            if self._direct is not None and eligible(params) and params.trace_headers is None:
                 return await self._generate_direct(request_id, tokens_input(prompt_ids), sampling, params, extra)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
