@@ -52,16 +52,18 @@ def operation(path: str) -> str | None:
 class Tracer:
     """The SDK's tracer, its provider and the W3C propagator, made once by `configure`."""
 
-    def __init__(self, endpoint: str, service: str) -> None:
+    def __init__(self, endpoint: str, service: str, exporter: Any = None) -> None:
+        """`exporter` (tests): spans go to it one by one, not batched to `endpoint`."""
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._trace = trace
         self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        processor = BatchSpanProcessor(_exporter(endpoint)) if exporter is None else SimpleSpanProcessor(exporter)
+        self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("streamproxy")
         self.propagator = TraceContextTextMapPropagator()
         self._server = trace.SpanKind.SERVER
