@@ -45,6 +45,7 @@ async def test_request_span_child_of_traceparent_and_parent_of_engine(serve: Ser
     usage = (await resp.json())["usage"]
     (span,) = spans.get_finished_spans()
     ctx = span.get_span_context()
+    assert ctx is not None
     assert f"{ctx.trace_id:032x}" == TRACE
     assert span.parent is not None and f"{span.parent.span_id:016x}" == PARENT
     assert span.name == "chat fake"
@@ -78,9 +79,10 @@ async def test_no_traceparent_a_new_trace(serve: Serve, spans: InMemorySpanExpor
     assert resp.status == 200
     await resp.read()
     (span,) = spans.get_finished_spans()
-    assert span.parent is None and span.get_span_context().trace_id != 0
+    ctx = span.get_span_context()
+    assert span.parent is None and ctx is not None and ctx.trace_id != 0
     headers = engine.submitted[-1][2].trace_headers
-    assert headers is not None and headers["traceparent"].split("-")[1] == f"{span.get_span_context().trace_id:032x}"
+    assert headers is not None and headers["traceparent"].split("-")[1] == f"{ctx.trace_id:032x}"
 
 
 async def test_gets_and_errors(serve: Serve, spans: InMemorySpanExporter) -> None:
