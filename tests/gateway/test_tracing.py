@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
-from tests.support.server import FAKE_ARGS, ROOT, ServerProcess, serve_process, start_gateway, start_server
+from tests.support.server import FAKE_ARGS, ROOT, ServerProcess, free_port, serve_process, start_gateway, start_server
 from tests.support.waiting import wait_until_sync
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -96,21 +97,31 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-@pytest.fixture
-def traced(tmp_path: Path, receiver: Receiver) -> Iterator[ServerProcess]:
-    """A gateway and its fake replica, both tracing to `receiver`."""
+@contextmanager
+def _traced(tmp_path: Path, receiver: Receiver, *, dead_first: bool = False) -> Iterator[ServerProcess]:
+    """A gateway and its fake replica, both tracing to `receiver`; `dead_first`: the deployment's first
+    upstream (round robin: the first request's first try) is a port nothing listens on."""
     flags = ["--otlp-traces-endpoint", receiver.url]
     replica = start_server([*FAKE_ARGS, "--served-model-name", SERVED, *flags], tmp_path, name="replica", env=OTLP_HTTP)
     gateway: ServerProcess | None = None
     try:
-        config = {"access_log": "off",
-                  "deployments": [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [replica.base]}]}
+        upstreams = [f"http://127.0.0.1:{free_port()}", replica.base] if dead_first else [replica.base]
+        config: dict[str, Any] = {"access_log": "off",
+                                  "deployments": [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": upstreams}]}
+        if dead_first:
+            config["upstream"] = {"policy": "round_robin", "health_check_interval": 60.0}
         gateway = start_gateway(config, tmp_path, flags=flags, env=OTLP_HTTP)
         yield gateway
     finally:
         if gateway is not None:
             gateway.stop()
         replica.stop()
+
+
+@pytest.fixture
+def traced(tmp_path: Path, receiver: Receiver) -> Iterator[ServerProcess]:
+    with _traced(tmp_path, receiver) as gateway:
+        yield gateway
 
 
 def _stream(gateway: ServerProcess, headers: dict[str, str]) -> dict[str, Any]:
@@ -127,8 +138,15 @@ def _one_trace(receiver: Receiver, trace_id: str) -> tuple[Span, Span, Span]:
     assert wait_until_sync(lambda: len(receiver.trace(trace_id)) >= 3, 20.0), [vars(s) for s in receiver.spans]
     spans = receiver.trace(trace_id)
     assert len(spans) == 3, [vars(s) for s in spans]
+    return _shape(spans)
+
+
+def _shape(spans: list[Span]) -> tuple[Span, Span, Span]:
+    """The gateway's span, its (answered) attempt, serve's span; the attempt the gateway's child,
+    serve's span the attempt's."""
     (gw,) = [s for s in spans if s.service == "streamproxy-gateway" and "streamproxy.retry" not in s.attrs]
-    (attempt,) = [s for s in spans if s.service == "streamproxy-gateway" and "streamproxy.retry" in s.attrs]
+    (attempt,) = [s for s in spans if s.service == "streamproxy-gateway" and s.attrs.get("http.response.status_code") == 200
+                  and "streamproxy.retry" in s.attrs]
     (serve,) = [s for s in spans if s.service == "streamproxy"]
     assert attempt.parent == gw.span_id
     assert serve.parent == attempt.span_id
@@ -184,6 +202,20 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: ServerProcess, recei
     assert wait_until_sync(lambda: any(s.service == "streamproxy-gateway" and s.parent is None for s in receiver.spans), 20.0)
 
 
+def test_a_failed_attempt_and_its_retry(tmp_path: Path, receiver: Receiver) -> None:
+    with _traced(tmp_path, receiver, dead_first=True) as gateway:
+        _stream(gateway, {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+        assert wait_until_sync(lambda: len(receiver.trace(CLIENT_TRACE)) >= 4, 20.0), [vars(s) for s in receiver.spans]
+    spans = receiver.trace(CLIENT_TRACE)
+    assert len(spans) == 4, [vars(s) for s in spans]
+    gw, answered, serve = _shape(spans)
+    (failed,) = [s for s in spans if s is not answered and "streamproxy.retry" in s.attrs]
+    assert failed.parent == gw.span_id
+    assert failed.attrs["streamproxy.retry"] == 0 and answered.attrs["streamproxy.retry"] == 1
+    assert failed.attrs["error.type"] == "ConnectionRefusedError" and "http.response.status_code" not in failed.attrs
+    assert failed.attrs["server.address"] != answered.attrs["server.address"]
+
+
 # A process of `streamproxy serve` or `gateway` (argv) in this interpreter; a thread sends one
 # chat request once /health answers, then prints which OpenTelemetry modules were imported.
 _PROBE = """
@@ -216,8 +248,6 @@ def _probe(base: str, model: str, argv: list[str]) -> str:
 
 
 def test_no_endpoint_no_opentelemetry(tmp_path: Path) -> None:
-    from tests.support.server import free_port
-
     port = free_port()
     out = _probe(f"http://127.0.0.1:{port}", "fake", ["serve", *FAKE_ARGS, "--host", "127.0.0.1", "--port", str(port)])
     assert "otel []" in out
