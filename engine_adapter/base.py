@@ -93,6 +93,9 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     template_kwargs: dict[str, Any] | None = None
     # The LoRA adapter to run the request with (None: the base model alone).
     adapter: Adapter | None = None
+    # W3C trace context (`traceparent`, `tracestate`) of the request's span, with --otlp-traces-endpoint:
+    # the engine's own spans join the trace (vLLM's `trace_headers`). None: no tracing.
+    trace_headers: dict[str, str] | None = None
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -282,9 +282,13 @@ class VllmEngine:
             extra: dict[str, Any] = {}
             if params.adapter is not None:
                 extra["lora_request"] = lora_request(params.adapter)
+            if params.trace_headers is not None:
+                extra["trace_headers"] = params.trace_headers
             if params.structured is not None and params.template_kwargs is not None:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
-            if self._direct is not None and eligible(params):
+            # A traced request takes vLLM's own output route: its output processor makes the engine's
+            # `llm_request` span (queue, prefill, decode times), which the direct route does not.
+            if self._direct is not None and eligible(params) and params.trace_headers is None:
                 return await self._generate_direct(request_id, tokens_input(prompt_ids), sampling, params, extra)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
@@ -308,7 +312,7 @@ class VllmEngine:
         assert direct is not None
         processor = llm.input_processor
         request = processor.process_inputs(request_id, prompt, sampling, supported_tasks=self._supported_tasks,
-                                           lora_request=extra.get("lora_request"))
+                                           lora_request=extra.get("lora_request"), trace_headers=extra.get("trace_headers"))
         if "reasoning_parser_kwargs" in extra:
             request.reasoning_parser_kwargs = extra["reasoning_parser_kwargs"]
         processor.assign_request_id(request)  # vLLM's internal id: ours plus a random suffix

@@ -116,6 +116,8 @@ class Settings(msgspec.Struct, kw_only=True):
     fake_boot_delay: float = 0.0
     # Gateway: the key of the admin routes (POST /v1/deployments/{id}/wake|park); none: they answer 401.
     admin_key: str | None = None
+    # OTLP endpoint for traces (vLLM's flag; serve passes it on to vLLM's engine too). None: no tracing.
+    otlp_traces_endpoint: str | None = None
     log_level: str = "info"
 
 
@@ -216,6 +218,8 @@ _FLAG_HELP: dict[str, str] = {
     "fake_boot_delay": "fake engine: seconds the engine takes to load (/health is 503 meanwhile)",
     "admin_key": "gateway: key for POST /v1/deployments/{id}/wake and /park (env STREAMPROXY_ADMIN_KEY)",
     "log_level": "debug, info, warning, error",
+    "otlp_traces_endpoint": "OpenTelemetry: send a span per request to this OTLP endpoint (gRPC, or HTTP with "
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); W3C traceparent honoured and passed on (docs/observability.md)",
 }
 
 
@@ -269,6 +273,7 @@ def _json_object(text: str) -> dict[str, Any]:
 _FLAG_TYPE: dict[str, Any] = {
     "deprecation_link": str,
     "admin_key": str,
+    "otlp_traces_endpoint": str,
     "fake_fail_on": str,
     "fake_crash_on": str,
     "tool_call_parser": str,

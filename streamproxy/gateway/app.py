@@ -38,7 +38,7 @@ from streamproxy.gateway.source import ReplicaSource
 from streamproxy.gateway.state import STATE_KEY, Current, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
-from streamproxy.http import accesslog, error_shapes
+from streamproxy.http import accesslog, error_shapes, tracing
 from streamproxy.http.app import error_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.drain import INFLIGHT_KEY
@@ -282,6 +282,7 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
     """`reload`: how SIGHUP loads the config again (`reload.py`); None: SIGHUP is not handled."""
     ledger = await open_ledger(config)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
+    tracer = tracing.configure(settings.otlp_traces_endpoint, "streamproxy-gateway")
     app = create_gateway_app(settings, config, ledger)
     reloader = Reloader(app, reload, source) if reload is not None else None
     for d in config.deployments:
@@ -304,6 +305,8 @@ async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asy
             reloader.uninstall()
         if listener is not None:
             listener.stop()
+        if tracer is not None:
+            tracer.shutdown()
     return 0
 
 

@@ -17,6 +17,7 @@ from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.relay import Api, Usage
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import Attempt, open_upstream
+from streamproxy.http import tracing
 from streamproxy.http.accesslog import Record
 
 
@@ -71,6 +72,8 @@ BROKEN = 502  # the outcome of a stream the replica broke off
 def done(call: Call, attempt: Attempt, outcome: int | None) -> None:
     """`outcome`: the replica's status, `BROKEN`, or None when the client left first."""
     attempt.release(ok=None if outcome is None else outcome < 500)
+    if attempt.span is not None and tracing.TRACER is not None:
+        tracing.TRACER.end_attempt(attempt.span, attempt.exchange.status, "broken" if outcome == BROKEN else None)
     usage = call.usage
     if usage.billed:
         call.pool.observed_cache(attempt.replica, call.keys, attempt.matched, usage.prompt_tokens, usage.cached_tokens)

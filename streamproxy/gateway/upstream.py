@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from time import perf_counter
+from typing import Any
 
 from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
@@ -30,6 +31,7 @@ from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream_tls import ClientTLS
 from streamproxy.gateway.wire import Exchange, UpstreamClosed, Upstreams
+from streamproxy.http import tracing
 from streamproxy.http.accesslog import Record
 
 log = logging.getLogger("streamproxy.gateway")
@@ -62,6 +64,7 @@ class Attempt:
     sent_at: float
     keys: list[int] = field(default_factory=list)
     released: bool = False
+    span: Any = None  # --otlp-traces-endpoint: this attempt's span, ended by `call.done`
 
     def release(self, *, ok: bool | None, now: float | None = None) -> None:
         """The request is over on this replica: counts, and health (None: says nothing of it)."""
@@ -103,6 +106,8 @@ async def open_upstream(
     budget = state.retries
     retrying = False
     tls = state.tls.get(pool.deployment.name)
+    parent = record.span if record is not None else None
+    span: Any = None
     try:
         for attempt in range(policy.num_retries + 1):
             now = time.monotonic()
@@ -121,9 +126,16 @@ async def open_upstream(
             pool.dispatched(replica, keys)
             replica.series.in_flight.inc()
             sent = perf_counter()
+            sending = headers
+            if parent is not None and tracing.TRACER is not None:  # the replica's spans are this attempt's children
+                span = tracing.TRACER.attempt(parent, pool.deployment.name, replica.url, attempt)
+                sending = {**headers, **tracing.TRACER.headers(span)}
             try:
-                exchange = await ask(upstreams, replica.url, path, body, headers, tls)
+                exchange = await ask(upstreams, replica.url, path, body, sending, tls)
             except _CONNECT_ERRORS as exc:
+                if span is not None:
+                    _end_span(span, None, type(exc).__name__)
+                    span = None
                 _settle(pool, replica, failed=True)
                 if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why
                     log.warning("deployment %s: upstream %s refused: %s; trying another", pool.deployment.name, replica.url, exc)
@@ -132,6 +144,9 @@ async def open_upstream(
                 pool.series.retries("connect_failure").inc()
                 continue
             except BaseException:
+                if span is not None:
+                    _end_span(span, None, "cancelled")
+                    span = None
                 _settle(pool, replica, failed=False)
                 raise
             pool.series.ttfb.observe(perf_counter() - sent)
@@ -142,8 +157,11 @@ async def open_upstream(
                 _settle(pool, replica, failed=status >= 500)
                 last = UpstreamError(status, raw, retry_after)
                 pool.series.retries(str(status)).inc()
+                if span is not None:
+                    _end_span(span, status, None)
+                    span = None
                 continue
-            return Attempt(pool, replica, exchange, matched, sent, keys)
+            return Attempt(pool, replica, exchange, matched, sent, keys, span=span)
     finally:
         if retrying:
             budget.retrying -= 1
@@ -154,6 +172,11 @@ async def open_upstream(
         code="upstream_unavailable",
         retry_after=pool.retry_after(time.monotonic()),
     )
+
+
+def _end_span(span: Any, status: int | None, error: str | None) -> None:
+    if tracing.TRACER is not None:
+        tracing.TRACER.end_attempt(span, status, error)
 
 
 def _settle(pool: Pool, replica: Replica, *, failed: bool) -> None:

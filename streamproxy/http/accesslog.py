@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import orjson
 from aiohttp import web
 
+from streamproxy.http import tracing
 from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPONSES, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_TOKEN
 
 log = logging.getLogger("streamproxy.access")
@@ -64,7 +65,7 @@ class Record:
     __slots__ = (
         "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
         "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
-        "deployment", "upstream", "key_id", "usage_source", "outputs",
+        "deployment", "upstream", "key_id", "usage_source", "outputs", "span", "max_tokens",
     )
 
     def __init__(self, request_id: str, start: float) -> None:
@@ -91,6 +92,9 @@ class Record:
         self.usage_source: str | None = None
         # --enable-log-outputs: the generated text per choice (cut to --max-log-len).
         self.outputs: list[str] | None = None
+        # --otlp-traces-endpoint: the request's span (tracing.py), and the max_tokens it asked for.
+        self.span: Any = None
+        self.max_tokens: int | None = None
 
     def first_token(self, now: float) -> None:
         """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
@@ -131,6 +135,9 @@ def note_body(request: web.Request, body: Any) -> None:
     rec.model = model if isinstance(model, str) else None
     rec.user = user if isinstance(user, str) else None
     rec.stream = bool(getattr(body, "stream", False))
+    if rec.span is not None:
+        limit = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
+        rec.max_tokens = limit if isinstance(limit, int) else None
 
 
 def _route(request: web.Request) -> str:
@@ -146,6 +153,8 @@ async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
     rec = Record(rid, perf_counter())
     request[REQUEST_ID] = rid
     request[RECORD] = rec
+    if tracing.TRACER is not None and request.method == "POST":
+        rec.span = tracing.TRACER.start(request)
     response: web.StreamResponse | None = None
     try:
         response = await handler(request)
@@ -189,6 +198,8 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
     hook = request.app.get(ON_FINISH)
     if hook is not None:
         hook(request, rec, status, code, duration)
+    if rec.span is not None and tracing.TRACER is not None:
+        tracing.TRACER.end(rec.span, request, rec, status)
 
 
 _RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}

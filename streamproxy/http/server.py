@@ -60,7 +60,7 @@ from aiohttp.web_server import Server
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
-from streamproxy.http import accesslog, tls
+from streamproxy.http import accesslog, tls, tracing
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
 from streamproxy.http.connection import ConnectionServer, Limits
 from streamproxy.http.drain import INFLIGHT_KEY
@@ -128,6 +128,7 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     engine failure hangs. `sock`: a listening socket from the parent (one of --api-server-count
     workers, streamproxy/workers.py) instead of binding host:port."""
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
+    tracer = tracing.configure(settings.otlp_traces_endpoint, "streamproxy")
     if sock is not None:
         accesslog.PID = os.getpid()  # the log says which of the workers served each request
     app = create_app(settings, engine)
@@ -165,6 +166,8 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     finally:
         if listener is not None:
             listener.stop()
+        if tracer is not None:
+            tracer.shutdown()
     if engine_failed or dead_at_stop or app[STATE_KEY].engine_died:
         return 1
     return 128 + aborted_by if aborted_by else 0

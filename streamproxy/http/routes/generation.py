@@ -30,8 +30,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+import msgspec
 from aiohttp import web
 
 from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
@@ -187,6 +188,48 @@ async def run(
     return await run_work(request, state, gen, stream=stream, encoder=encoder, render=render, accumulator=accumulator)
 
 
+def _trace(gen: Work, rec: Record) -> Work:
+    """--otlp-traces-endpoint: each engine request carries the request's span as its parent
+    (vLLM's `trace_headers`), so the engine's spans join the trace; the span gets an
+    `engine.submit` event when the work goes to the engine (after its wait for a slot)."""
+    from streamproxy.http import tracing
+
+    if tracing.TRACER is None:
+        return gen
+    headers = tracing.TRACER.headers(rec.span)
+    parts = gen.parts if isinstance(gen, Batch) else [gen] if isinstance(gen, Generation) else []
+    for part in parts:
+        part.params = msgspec.structs.replace(part.params, trace_headers=headers)
+        if rec.max_tokens is None:
+            rec.max_tokens = part.params.max_tokens
+    return _Traced(gen, rec.span)
+
+
+class _Traced:
+    """A `Work` whose submit is an event on the request's span (only made when tracing)."""
+
+    __slots__ = ("_work", "_span")
+
+    def __init__(self, work: Work, span: Any) -> None:
+        self._work = work
+        self._span = span
+
+    @property
+    def weight(self) -> int:
+        return self._work.weight
+
+    @property
+    def engine_ids(self) -> list[str]:
+        return self._work.engine_ids
+
+    async def submit(self) -> OutputStream:
+        self._span.add_event("engine.submit")
+        return await self._work.submit()
+
+    async def abort_if_running(self) -> None:
+        await self._work.abort_if_running()
+
+
 async def run_work(
     request: web.Request,
     state: AppState,
@@ -202,12 +245,16 @@ async def run_work(
     rec = record(request)
     rec.generation = True
     rec.stream = stream
+    if rec.span is not None:
+        gen = _trace(gen, rec)
     ticket: Ticket | None = None
     work: asyncio.Task[bytes] | None = None
     settings = state.settings
     tap: EncoderTap | AccumulatorTap | None = None
     try:
         ticket = state.admission.enter(gen.weight)
+        if rec.span is not None and not ticket.granted:
+            rec.span.add_event("queued")  # no slot free: waits in the admission queue
         if stream:
             enc = encoder()
             if settings.enable_log_outputs:

@@ -1,0 +1,173 @@
+"""OpenTelemetry traces (`--otlp-traces-endpoint`), for serve and the gateway alike.
+
+With no endpoint `TRACER` stays None and OpenTelemetry is never imported: the
+access log's `observe` checks `TRACER is None` once per request and that is all
+tracing costs. With one, `configure` imports the SDK and its OTLP exporter
+(gRPC, or HTTP with `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, as vLLM
+picks them; batching per the SDK's `OTEL_BSP_*` variables) and:
+
+- `observe` opens one SERVER span per POST request (`Tracer.start`), as the
+  child of the client's W3C `traceparent`/`tracestate` when it sent one (a new
+  trace otherwise), and keeps it on the request's `Record`;
+- serve hands `headers(span)` to the engine (vLLM's `trace_headers`), the
+  gateway opens a CLIENT span per upstream attempt (`attempt`, ended by
+  `end_attempt`) and sends that span's context to the replica;
+- when the access log finishes the `Record`, `end` sets the GenAI semantic
+  convention attributes from it (model, token counts, finish reasons, time to
+  first token, as an attribute and as an event at its time) and ends the span.
+
+Nothing here runs per token: every attribute is set at the end, from what the
+`Record` already collected.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from streamproxy.http.accesslog import Record
+
+# Which GenAI operation each route is (gen_ai.operation.name), by the path's end.
+_OPERATIONS = (
+    ("/chat/completions", "chat"),
+    ("/completions", "text_completion"),
+    ("/embeddings", "embeddings"),
+    ("/responses", "chat"),
+    ("/messages", "chat"),
+    ("/invocations", "chat"),
+)
+
+
+def operation(path: str) -> str | None:
+    for end, name in _OPERATIONS:
+        if path.endswith(end):
+            return name
+    return None
+
+
+class Tracer:
+    """The SDK's tracer, its provider and the W3C propagator, made once by `configure`."""
+
+    def __init__(self, endpoint: str, service: str, exporter: Any = None) -> None:
+        """`exporter` (tests): spans go to it one by one, not batched to `endpoint`."""
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._trace = trace
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        processor = BatchSpanProcessor(_exporter(endpoint)) if exporter is None else SimpleSpanProcessor(exporter)
+        self.provider.add_span_processor(processor)
+        self.tracer = self.provider.get_tracer("streamproxy")
+        self.propagator = TraceContextTextMapPropagator()
+        self._server = trace.SpanKind.SERVER
+        self._client = trace.SpanKind.CLIENT
+
+    # -- the request's span ----------------------------------------------------------
+    def start(self, request: web.Request) -> Any:
+        """The request's span, the child of the client's `traceparent` when valid."""
+        context = self.propagator.extract(request.headers) if "traceparent" in request.headers else None
+        return self.tracer.start_span(
+            f"{request.method} {request.path}", context=context, kind=self._server,
+            attributes={"http.request.method": request.method, "url.path": request.path},
+        )
+
+    def headers(self, span: Any) -> dict[str, str]:
+        """`traceparent` (and `tracestate`) naming `span` as the parent."""
+        carrier: dict[str, str] = {}
+        self.propagator.inject(carrier, context=self._trace.set_span_in_context(span))
+        return carrier
+
+    def end(self, span: Any, request: web.Request, rec: Record, status: int) -> None:
+        attrs: dict[str, Any] = {"http.response.status_code": status, "streamproxy.request_id": rec.request_id}
+        op = operation(request.path) if rec.generation else None
+        if op is not None:
+            attrs["gen_ai.operation.name"] = op
+            span.update_name(f"{op} {rec.model}" if rec.model else op)
+        if rec.model is not None:
+            attrs["gen_ai.request.model"] = rec.model
+        if rec.model is not None and status < 400:
+            attrs["gen_ai.response.model"] = rec.model
+        if rec.max_tokens is not None:
+            attrs["gen_ai.request.max_tokens"] = rec.max_tokens
+        if rec.stream is not None:
+            attrs["gen_ai.request.stream"] = rec.stream
+        if rec.prompt_tokens is not None:
+            attrs["gen_ai.usage.input_tokens"] = rec.prompt_tokens
+        if rec.completion_tokens is not None:
+            attrs["gen_ai.usage.output_tokens"] = rec.completion_tokens
+        if rec.cached_tokens:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
+        reason = rec.finish_reason
+        if reason is not None:
+            attrs["gen_ai.response.finish_reasons"] = [reason] if isinstance(reason, str) else [r or "" for r in reason]
+        if rec.deployment is not None:
+            attrs["streamproxy.deployment"] = rec.deployment
+        if rec.error_code:
+            attrs["error.type"] = rec.error_code
+        if rec.disconnected:
+            attrs["streamproxy.client_disconnected"] = True
+        start_ns = span.start_time or time.time_ns()
+        if rec.ttft is not None:
+            attrs["gen_ai.server.time_to_first_token"] = rec.ttft
+            span.add_event("first_token", timestamp=start_ns + int(rec.ttft * 1e9))
+        if rec.ttfb is not None:
+            attrs["streamproxy.time_to_first_byte"] = rec.ttfb
+        span.set_attributes(attrs)
+        if status >= 500:
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, rec.error_code or str(status)))
+        span.end()
+
+    # -- the gateway's attempts ------------------------------------------------------
+    def attempt(self, parent: Any, deployment: str, url: str, retry: int) -> Any:
+        return self.tracer.start_span(
+            f"upstream {deployment}", context=self._trace.set_span_in_context(parent), kind=self._client,
+            attributes={"streamproxy.deployment": deployment, "server.address": url, "streamproxy.retry": retry},
+        )
+
+    def end_attempt(self, span: Any, status: int | None, error: str | None = None) -> None:
+        """`status`: the replica's, None when it never answered (`error` says why) or the client left."""
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        if error is not None:
+            span.set_attribute("error.type", error)
+        if error is not None or (status is not None and status >= 500):
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error or str(status)))
+        span.end()
+
+    def shutdown(self) -> None:
+        """Export what is still batched (at the server's exit)."""
+        self.provider.shutdown()
+
+
+def _exporter(endpoint: str) -> Any:
+    """vLLM's choice (vllm/tracing/otel.py): gRPC unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf."""
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        return Grpc(endpoint=endpoint, insecure=True)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+        return Http(endpoint=endpoint)
+    raise ValueError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r}: expected grpc or http/protobuf")
+
+
+# None: no --otlp-traces-endpoint (and OpenTelemetry not imported).
+TRACER: Tracer | None = None
+
+
+def configure(endpoint: str | None, service: str) -> Tracer | None:
+    """Tracing to `endpoint` (None or "": off)."""
+    global TRACER
+    if TRACER is not None:
+        TRACER.shutdown()
+    TRACER = Tracer(endpoint, service) if endpoint else None
+    return TRACER
