@@ -66,6 +66,8 @@ class Settings(msgspec.Struct, kw_only=True):
     # Observability.
     access_log: str = "stdout"  # stdout, stderr, a file path, or off
     disable_access_log_for_endpoints: str | None = None  # vLLM's flag: comma-separated paths without a line
+    # serve: the request ledger (sqlite:///path or postgresql://...; http/books.py); off when None.
+    ledger: str | None = None
     log_error_stack: bool = False
     enable_log_outputs: bool = False  # vLLM's flag: the generated text in the access-log line
     max_log_len: int | None = None  # vLLM's flag: at most this many characters of it per choice  # vLLM's flag: every error response is logged with its stack
@@ -168,6 +170,8 @@ _FLAG_HELP: dict[str, str] = {
     "allow_credentials": "CORS: allow credentials",
     "access_log": "JSON access log: stdout, stderr, a file path, or off",
     "disable_access_log_for_endpoints": "comma-separated paths (e.g. /health,/metrics) that get no access-log line",
+    "ledger": "serve: the request ledger, one record per generation request with its tokens: sqlite:///path/ledger.db "
+    "or postgresql://user@host/db (off by default; read it with `streamproxy usage --ledger URL`)",
     "enable_log_outputs": "put each request's generated text in its access-log line (`output`; as vLLM's flag)",
     "max_log_len": "at most this many characters of a choice's text in the log (with --enable-log-outputs)",
     "log_error_stack": "log every error response with its stack trace (as vLLM's flag)",

@@ -1,0 +1,135 @@
+"""`streamproxy serve --ledger`: a mixed run (non-stream, stream, a client cut mid-stream, a 4xx, a
+refused key) gives exactly one record per generation request with the tokens the client saw in
+`usage`; a stream in flight at SIGTERM is written before the process exits; `streamproxy usage`
+reads serve's ledger; a ledger that cannot be opened is a one-line start-up error naming --ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from streamproxy.ledger.usage_cli import main as usage_main
+from tests.support.server import FAKE_ARGS, ROOT, start_server
+
+MODEL = "books-model"
+K1, K2 = "sk-serve-one", "sk-serve-two"
+
+
+def _kid(secret: str) -> str:
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+def _rows(path: Path) -> dict[str, dict[str, Any]]:
+    db = sqlite3.connect(path)
+    db.row_factory = sqlite3.Row
+    try:
+        return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM ledger_requests")}
+    finally:
+        db.close()
+
+
+def _post(base: str, path: str, body: dict[str, Any], rid: str, key: str | None = K1, **kw: Any) -> requests.Response:
+    headers = {"X-Request-Id": rid, **({"Authorization": f"Bearer {key}"} if key else {})}
+    return requests.post(base + path, json=body, headers=headers, timeout=30, **kw)
+
+
+def _stream_usage(resp: requests.Response) -> dict[str, int]:
+    usage: dict[str, int] = {}
+    for raw in resp.iter_lines():
+        if raw.startswith(b"data: {"):
+            event = json.loads(raw[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+    return usage
+
+
+def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tmp_path: Path):
+    ledger = tmp_path / "serve.db"
+    server = start_server([*FAKE_ARGS, "--served-model-name", MODEL, "--fake-text", " word", "--fake-token-delay", "0.01",
+                           "--api-key", K1, K2, "--ledger", f"sqlite://{ledger}"], tmp_path)
+    try:
+        base = server.base
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        plain = _post(base, "/v1/chat/completions", chat, "plain")
+        assert plain.status_code == 200
+        plain_usage = plain.json()["usage"]
+        with _post(base, "/v1/chat/completions", {**chat, "stream": True, "stream_options": {"include_usage": True}}, "stream",
+                   key=K2, stream=True) as resp:
+            stream_usage = _stream_usage(resp)
+        emb = _post(base, "/v1/embeddings", {"model": MODEL, "input": "one two"}, "embed")
+        assert emb.status_code == 200
+        with _post(base, "/v1/chat/completions", {**chat, "stream": True, "max_tokens": 2000}, "cut", stream=True) as resp:
+            next(resp.iter_content(chunk_size=None))  # the first bytes, then gone
+        bad = _post(base, "/v1/chat/completions", {**chat, "model": "no-such-model"}, "missing")
+        assert bad.status_code == 404
+        assert _post(base, "/v1/chat/completions", chat, "wrong-key", key="sk-wrong").status_code == 401
+        assert requests.get(base + "/v1/models", headers={"Authorization": f"Bearer {K1}"}, timeout=30).status_code == 200
+        # A stream in flight at SIGTERM: the drain lets it finish, and its record is written before the exit.
+        started = threading.Event()
+        late: dict[str, Any] = {}
+
+        def client() -> None:
+            with _post(base, "/v1/chat/completions", {**chat, "stream": True, "max_tokens": 60,
+                                                      "stream_options": {"include_usage": True}}, "late", stream=True) as r:
+                started.set()
+                late.update(_stream_usage(r))
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        assert started.wait(30)
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
+    rows = _rows(ledger)
+    assert sorted(rows) == ["cut", "embed", "late", "missing", "plain", "stream"]  # the 401 and /v1/models: none
+    address = f"127.0.0.1:{server.port}"
+    assert {r["deployment"] for r in rows.values()} == {MODEL}
+    assert {r["replica"] for r in rows.values()} == {address}
+    p = rows["plain"]
+    assert (p["route"], p["status"], p["error_code"], p["key_id"], p["usage_source"]) == (
+        "/v1/chat/completions", 200, None, _kid(K1), "billed")
+    assert (p["prompt_tokens"], p["completion_tokens"], p["cached_prompt_tokens"]) == (
+        plain_usage["prompt_tokens"], plain_usage["completion_tokens"], 0)
+    s = rows["stream"]
+    assert (s["key_id"], s["prompt_tokens"], s["completion_tokens"]) == (_kid(K2), stream_usage["prompt_tokens"], 5)
+    assert stream_usage["completion_tokens"] == 5 and s["ttft_ms"] is not None and s["duration_ms"] >= s["ttft_ms"]
+    assert (rows["late"]["prompt_tokens"], rows["late"]["completion_tokens"]) == (late["prompt_tokens"], 60)
+    e = rows["embed"]
+    assert (e["route"], e["status"], e["prompt_tokens"]) == ("/v1/embeddings", 200, emb.json()["usage"]["prompt_tokens"])
+    c = rows["cut"]
+    assert (c["status"], c["error_code"]) == (200, "client_disconnected")
+    assert 0 < c["completion_tokens"] < 2000
+    m = rows["missing"]
+    assert (m["status"], m["error_code"], m["completion_tokens"], m["usage_source"]) == (404, "model_not_found", None, None)
+    # `streamproxy usage` reads serve's ledger as it reads the gateway's.
+    out = io.StringIO()
+    assert usage_main(["--ledger", f"sqlite://{ledger}", "--by", "key", "--json"], out) == 0
+    by_key = {row["key_id"]: row for row in json.loads(out.getvalue())["data"]}
+    assert by_key[_kid(K2)]["requests"] == 1 and by_key[_kid(K2)]["completion_tokens"] == 5
+    assert by_key[_kid(K1)]["requests"] == 5
+
+
+def test_a_ledger_that_cannot_be_opened_is_a_one_line_start_up_error(tmp_path: Path):
+    (tmp_path / "file").write_text("")
+    url = f"sqlite://{tmp_path}/file/ledger.db"  # its folder is a file
+    done = subprocess.run([sys.executable, "-m", "streamproxy", "serve", *FAKE_ARGS, "--port", "0", "--ledger", url], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(f"--ledger: cannot open {url}: ")
+    done = subprocess.run([sys.executable, "-m", "streamproxy", "serve", *FAKE_ARGS, "--port", "0", "--ledger", "mysql://x/y"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "--ledger: cannot open mysql://x/y: LedgerURLError: 'mysql://x/y' is not a ledger URL: use sqlite:///path/to/ledger.db, "
+        "postgresql://..., or off")
