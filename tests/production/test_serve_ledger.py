@@ -1,7 +1,8 @@
 """`streamproxy serve --ledger`: a mixed run (non-stream, stream, a client cut mid-stream, a 4xx, a
 refused key) gives exactly one record per generation request with the tokens the client saw in
 `usage`; a stream in flight at SIGTERM is written before the process exits; `streamproxy usage`
-reads serve's ledger; a ledger that cannot be opened is a one-line start-up error naming --ledger."""
+reads serve's ledger; a ledger that cannot be opened is a one-line start-up error naming --ledger; with
+`--api-server-count 2` both workers write their records to one SQLite file."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import requests
 
 from streamproxy.ledger.usage_cli import main as usage_main
 from tests.support.server import FAKE_ARGS, ROOT, start_server
+from tests.support.workers import api_servers
 
 MODEL = "books-model"
 K1, K2 = "sk-serve-one", "sk-serve-two"
@@ -67,9 +69,13 @@ def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tm
                    key=K2, stream=True) as resp:
             stream_usage = _stream_usage(resp)
         emb = _post(base, "/v1/embeddings", {"model": MODEL, "input": "one two"}, "embed")
-        assert emb.status_code == 200
+        assert emb.status_code == 400  # the fake engine embeds nothing: a 4xx on a generation route
         with _post(base, "/v1/chat/completions", {**chat, "stream": True, "max_tokens": 2000}, "cut", stream=True) as resp:
-            next(resp.iter_content(chunk_size=None))  # the first bytes, then gone
+            seen = 0
+            for raw in resp.iter_lines():  # three tokens, then gone
+                seen += raw.startswith(b"data: {") and b'"content":" word"' in raw
+                if seen == 3:
+                    break
         bad = _post(base, "/v1/chat/completions", {**chat, "model": "no-such-model"}, "missing")
         assert bad.status_code == 404
         assert _post(base, "/v1/chat/completions", chat, "wrong-key", key="sk-wrong").status_code == 401
@@ -107,10 +113,11 @@ def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tm
     assert stream_usage["completion_tokens"] == 5 and s["ttft_ms"] is not None and s["duration_ms"] >= s["ttft_ms"]
     assert (rows["late"]["prompt_tokens"], rows["late"]["completion_tokens"]) == (late["prompt_tokens"], 60)
     e = rows["embed"]
-    assert (e["route"], e["status"], e["prompt_tokens"]) == ("/v1/embeddings", 200, emb.json()["usage"]["prompt_tokens"])
+    assert (e["route"], e["status"], e["error_code"], e["key_id"], e["prompt_tokens"]) == (
+        "/v1/embeddings", 400, emb.json()["error"]["code"], _kid(K1), None)
     c = rows["cut"]
     assert (c["status"], c["error_code"]) == (200, "client_disconnected")
-    assert 0 < c["completion_tokens"] < 2000
+    assert 3 <= c["completion_tokens"] < 2000  # what was sent before the server saw the client gone
     m = rows["missing"]
     assert (m["status"], m["error_code"], m["completion_tokens"], m["usage_source"]) == (404, "model_not_found", None, None)
     # `streamproxy usage` reads serve's ledger as it reads the gateway's.
@@ -133,3 +140,20 @@ def test_a_ledger_that_cannot_be_opened_is_a_one_line_start_up_error(tmp_path: P
     assert done.stderr.strip().splitlines()[-1] == (
         "--ledger: cannot open mysql://x/y: LedgerURLError: 'mysql://x/y' is not a ledger URL: use sqlite:///path/to/ledger.db, "
         "postgresql://..., or off")
+
+
+def test_each_of_two_api_servers_writes_its_own_records_to_one_sqlite_ledger(tmp_path: Path):
+    ledger = tmp_path / "workers.db"
+    chat: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    with api_servers(2, "--served-model-name", MODEL, "--ledger", f"sqlite://{ledger}", log_dir=tmp_path) as srv:
+        for i in range(40):  # new connections: the kernel spreads them over both workers
+            r = requests.post(srv.url("/v1/chat/completions"), json=chat, headers={"X-Request-Id": f"w-{i}", "Connection": "close"},
+                              timeout=30)
+            assert r.status_code == 200
+        assert srv.server.stop(30) == 0
+        served_by = {line["pid"] for line in srv.log_lines()}
+    assert len(served_by) == 2  # both wrote
+    rows = _rows(ledger)
+    assert sorted(rows) == sorted(f"w-{i}" for i in range(40))
+    assert {r["completion_tokens"] for r in rows.values()} == {3}
+    assert {r["key_id"] for r in rows.values()} == {None}
