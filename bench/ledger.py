@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -141,6 +142,8 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"\nGateway: {args.rounds} rounds of {args.requests} streams of {args.tokens} tokens, {args.concurrency} at "
                   "once, to each gateway in turn (the order rotated per round); min / median / max over the rounds; "
                   "'vs off': against the ledger-off gateway of the same round.\n")
+            tick = 1e6 / os.sysconf("SC_CLK_TCK") / (events["off"] / args.rounds)
+            print(f"CPU from /proc/PID/stat in clock ticks: one tick is {tick:.2f} µs per event in a round.\n")
             print("| ledger | CPU µs/event | CPU vs off | TTFT p50 ms | added TTFT p50 ms | events |\n|---|---:|---:|---:|---:|---:|")
             for name in LEDGERS:
                 v = per[name]
