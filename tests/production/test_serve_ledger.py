@@ -2,7 +2,8 @@
 refused key) gives exactly one record per generation request with the tokens the client saw in
 `usage`; a stream in flight at SIGTERM is written before the process exits; `streamproxy usage`
 reads serve's ledger; a ledger that cannot be opened is a one-line start-up error naming --ledger; with
-`--api-server-count 2` both workers write their records to one SQLite file."""
+`--api-server-count 2` both workers write their records to one SQLite file. The mixed run on SQLite and on a
+real PostgreSQL (the session's `postgres_server`)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from streamproxy.ledger.usage_cli import main as usage_main
-from tests.support.server import FAKE_ARGS, ROOT, start_server
+from tests.support.server import FAKE_ARGS, ROOT, free_port, start_server
 from tests.support.workers import api_servers
 
 MODEL = "books-model"
@@ -40,6 +42,25 @@ def _rows(path: Path) -> dict[str, dict[str, Any]]:
         db.close()
 
 
+def _pg_rows(url: str) -> dict[str, dict[str, Any]]:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(url, row_factory=dict_row) as db:
+        return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM ledger_requests")}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path}/serve.db"
+    return str(request.getfixturevalue("postgres_server").database())
+
+
+def _read(url: str) -> dict[str, dict[str, Any]]:
+    return _rows(Path(url[len("sqlite://"):])) if url.startswith("sqlite:") else _pg_rows(url)
+
+
 def _post(base: str, path: str, body: dict[str, Any], rid: str, key: str | None = K1, **kw: Any) -> requests.Response:
     headers = {"X-Request-Id": rid, **({"Authorization": f"Bearer {key}"} if key else {})}
     return requests.post(base + path, json=body, headers=headers, timeout=30, **kw)
@@ -55,10 +76,9 @@ def _stream_usage(resp: requests.Response) -> dict[str, int]:
     return usage
 
 
-def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tmp_path: Path):
-    ledger = tmp_path / "serve.db"
+def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tmp_path: Path, ledger_url: str):
     server = start_server([*FAKE_ARGS, "--served-model-name", MODEL, "--fake-text", " word", "--fake-token-delay", "0.01",
-                           "--api-key", K1, K2, "--ledger", f"sqlite://{ledger}"], tmp_path)
+                           "--api-key", K1, K2, "--ledger", ledger_url], tmp_path)
     try:
         base = server.base
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -98,7 +118,7 @@ def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tm
         assert server.proc.wait(30) == 0
     finally:
         server.stop()
-    rows = _rows(ledger)
+    rows = _read(ledger_url)
     assert sorted(rows) == ["cut", "embed", "late", "missing", "plain", "stream"]  # the 401 and /v1/models: none
     address = f"127.0.0.1:{server.port}"
     assert {r["deployment"] for r in rows.values()} == {MODEL}
@@ -122,7 +142,7 @@ def test_a_mixed_run_and_sigterm_give_one_record_each_with_the_clients_tokens(tm
     assert (m["status"], m["error_code"], m["completion_tokens"], m["usage_source"]) == (404, "model_not_found", None, None)
     # `streamproxy usage` reads serve's ledger as it reads the gateway's.
     out = io.StringIO()
-    assert usage_main(["--ledger", f"sqlite://{ledger}", "--by", "key", "--json"], out) == 0
+    assert usage_main(["--ledger", ledger_url, "--by", "key", "--json"], out) == 0
     by_key = {row["key_id"]: row for row in json.loads(out.getvalue())["data"]}
     assert by_key[_kid(K2)]["requests"] == 1 and by_key[_kid(K2)]["completion_tokens"] == 5
     assert by_key[_kid(K1)]["requests"] == 5
@@ -135,6 +155,13 @@ def test_a_ledger_that_cannot_be_opened_is_a_one_line_start_up_error(tmp_path: P
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(f"--ledger: cannot open {url}: ")
+    port = free_port()  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "streamproxy", "serve", *FAKE_ARGS, "--port", "0", "--ledger",
+                           f"postgresql://books:s3cret@127.0.0.1:{port}/ledger"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"--ledger: cannot open postgresql://books:***@127.0.0.1:{port}/ledger: OperationalError: ")
+    assert "s3cret" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "streamproxy", "serve", *FAKE_ARGS, "--port", "0", "--ledger", "mysql://x/y"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stderr.strip().splitlines()[-1] == (
