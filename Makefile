@@ -6,6 +6,7 @@
 #   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
+#   make bench-gateway BENCH_ARGS="--ledger [--quick]"   the request ledger's cost: off / SQLite / PostgreSQL
 #   make reliability [SOAK_MINUTES=30] [RELIABILITY_ARGS=--no-engine]   storms, fuzzers, soak, engine death: one table
 #   make lmeval-compare [LIMIT=N]                    lm-eval on streamproxy and on vLLM's server, every document (docs/evaluation.md)
 #   make docs                                        regenerate docs/cli.md from the parsers (a test fails when it is stale)

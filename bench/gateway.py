@@ -25,7 +25,9 @@ table gives each relay's min / median / max over the rounds and its slow
 rounds (tok/s below half its best). No real-time priority by default, as
 users run; `--chrt PRIO` runs every process under SCHED_FIFO (the relays' own
 cost), labelled in the title. `--affinity` runs the other benchmark
-(bench/affinity.py).
+(bench/affinity.py); `--ledger` the request ledger's (bench/ledger.py: the
+gateway's CPU per event and TTFT with the ledger off, on SQLite and on
+PostgreSQL, and each store's records per second).
 Results: bench/results/gateway-<time>.{json,md}.
 """
 
@@ -129,6 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--affinity", action="store_true",
                     help="run the prefix-affinity benchmark instead (python -m bench.affinity --help)")
+    ap.add_argument("--ledger", action="store_true",
+                    help="run the request ledger's benchmark instead (python -m bench.ledger --help)")
     ap.add_argument("--levels", default="64,256", help="concurrent streams (default 64,256)")
     ap.add_argument("--rounds", type=int, default=20,
                     help="rounds per relay and level (default 20: this machine's rounds swing by several x, so "
@@ -161,17 +165,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"the interpreter '{BASELINE}' runs on (default this one; e.g. another Python version)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 3 s per relay and level")
     args, rest = ap.parse_known_args(argv)
-    if rest and not args.affinity:
+    if rest and not (args.affinity or args.ledger):
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
         given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv)}
         if "--rounds" not in given:
             args.rounds = 2
         if "--seconds" not in given:
             args.seconds = 3.0
-    if args.affinity and args.chrt:
-        ap.error("--chrt is for the relay benchmark; --affinity does not take it")
+    if (args.affinity or args.ledger) and args.chrt:
+        ap.error("--chrt is for the relay benchmark; --affinity and --ledger do not take it")
     if args.baseline_python and not args.baseline:
         ap.error("--baseline-python needs --baseline DIR")
     if args.jitter is None:
@@ -185,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import affinity
 
         return affinity.main(args.rest + (["--quick"] if args.quick else []))
+    if args.ledger:
+        from . import ledger
+
+        return ledger.main([a for a in args.argv if a != "--ledger"])  # every flag its own (--rounds, --quick too)
     stop_on_signals()  # Ctrl-C, SIGTERM: the `finally` stops every server
     set_fifo(args.chrt)
     import uvloop

@@ -1,8 +1,9 @@
 """The request ledger's costs: records/s each store takes, the event loop's cost per record, and the
 gateway's CPU per event and TTFT with the ledger off, on SQLite and on PostgreSQL (same run).
 
-    python -m bench.ledger [--records 50000] [--requests 1500] [--concurrency 16] [--tokens 16]
-                           [--rounds 2] [--postgres URL] [--skip-gateway]
+    python -m bench.ledger [--records 50000] [--store-rounds 3] [--requests 1500] [--concurrency 16] [--tokens 16]
+                           [--rounds 5] [--postgres URL] [--skip-gateway] [--quick]
+    make bench-gateway BENCH_ARGS="--ledger [--quick] [the flags above]"
 
 Stores: `write` of 1000-record batches straight into each store (memory,
 SQLite in a temporary folder, PostgreSQL: `--postgres URL`, else a server
@@ -10,16 +11,19 @@ from pgserver's binaries, as the tests start it), and the `Ledger` writer end
 to end (N `add`s, then `close`: the event loop's share is the `add` time).
 Gateway: one `streamproxy serve --engine fake` replica and three gateway
 processes over it (ledger off / SQLite / PostgreSQL); rounds of the same
-closed-loop load (bench.loadgen) go to each in turn (the order rotated per round), and each gateway's
-utime+stime over its rounds is divided by the events it relayed. Printed as
-a table; nothing is written.
+closed-loop load (bench.loadgen) go to each in turn (the order rotated per round): per round, each
+gateway's utime+stime divided by the events it relayed, its TTFT p50, and both against the
+ledger-off gateway of that round. Printed as Markdown tables of min / median / max over the
+rounds (bench.report.spread); nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +32,7 @@ import yaml
 
 from bench.loadgen import build_request, request_body, run_load
 from bench.procstat import cpu_seconds
+from bench.report import spread
 from streamproxy.ledger.records import LedgerRecord
 from streamproxy.ledger.store import open_store
 from streamproxy.ledger.writer import Ledger
@@ -70,76 +75,105 @@ def postgres_url(given: str | None) -> tuple[str, object | None]:
     return server.database(), server
 
 
-async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> list[tuple[str, float, float, float, int]]:
+# Per ledger, per round: CPU µs per event, TTFT p50 ms, and against the ledger-off gateway of the same round:
+# the CPU per event's difference (%) and the added TTFT p50 (ms).
+Rounds = dict[str, dict[str, list[float]]]
+LEDGERS = ("off", "sqlite", "postgresql")
+
+
+async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> tuple[Rounds, dict[str, int]]:
     from tests.support.server import FAKE_ARGS, serve_process, start_gateway
 
-    rows = []
+    per: Rounds = {name: {"cpu_us": [], "ttft_p50": [], "cpu_vs_off": [], "ttft_vs_off": []} for name in LEDGERS}
+    events = dict.fromkeys(LEDGERS, 0)
     with serve_process([*FAKE_ARGS, "--served-model-name", "fake", "--fake-token-delay", "0.002"], log_dir=folder, name="replica") as rep:
         gateways = {}
-        for name, ledger in (("off", "off"), ("sqlite", f"sqlite://{folder}/ledger.db"), ("postgresql", pg_url)):
+        for name, ledger in zip(LEDGERS, ("off", f"sqlite://{folder}/ledger.db", pg_url)):
             config = {"access_log": "off", "ledger": ledger,
                       "deployments": [{"name": "fake", "id": "dep-fake", "upstreams": [rep.base]}]}
             gateways[name] = start_gateway(config, folder, name=f"gw-{name}")
         try:
-            cpu = dict.fromkeys(gateways, 0.0)
-            events = dict.fromkeys(gateways, 0)
-            ttfts: dict[str, list[float]] = {name: [] for name in gateways}
             body = request_body("chat", "fake", args.tokens)
             names = list(gateways)
             for k in range(args.rounds):
+                this: dict[str, tuple[float, float]] = {}
                 for name in names[k % 3:] + names[:k % 3]:  # each ledger first in turn: no order effect
                     gw = gateways[name]
                     raw = build_request("127.0.0.1", gw.port, "/v1/chat/completions", body)
                     before = cpu_seconds(gw.proc.pid)
                     result = await run_load(gw.base, raw, args.concurrency, args.requests)
-                    time.sleep(0.7)  # the ledger's batch of this round is written within it, and counted here
-                    cpu[name] += cpu_seconds(gw.proc.pid) - before
+                    await asyncio.sleep(0.7)  # the ledger's batch of this round is written within it, and counted here
+                    cpu = cpu_seconds(gw.proc.pid) - before
                     ok = result.ok
                     assert len(ok) == args.requests, result.errors[:3]
-                    events[name] += sum(r.sse_events for r in ok)
-                    ttfts[name] += [r.ttft for r in ok if r.ttft is not None]
-            for name in gateways:
-                rows.append((name, cpu[name] / events[name] * 1e6, statistics.median(ttfts[name]) * 1e3,
-                             statistics.quantiles(ttfts[name], n=100)[98] * 1e3, events[name]))
+                    n = sum(r.sse_events for r in ok)
+                    events[name] += n
+                    this[name] = (cpu / n * 1e6, statistics.median([r.ttft for r in ok if r.ttft is not None]) * 1e3)
+                off_cpu, off_ttft = this["off"]
+                for name, (cpu_us, ttft) in this.items():
+                    per[name]["cpu_us"].append(cpu_us)
+                    per[name]["ttft_p50"].append(ttft)
+                    per[name]["cpu_vs_off"].append((cpu_us / off_cpu - 1) * 100)
+                    per[name]["ttft_vs_off"].append(ttft - off_ttft)
         finally:
             for gw in gateways.values():
                 gw.stop()
-    return rows
+    return per, events
 
 
 async def main_async(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-ledger-"))
     pg, server = postgres_url(args.postgres)
     try:
-        print(f"stores: {args.records} records, batches of 1000")
-        print(f"{'store':<12}{'write rec/s':>14}{'Ledger rec/s':>14}{'add µs':>9}{'CPU µs/rec':>12}")
+        print(f"# The request ledger's cost ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+        print(f"Stores: {args.records} records in batches of 1000, {args.store_rounds} rounds; min / median / max.\n")
+        print("| store | write rec/s | via Ledger rec/s | add µs (loop) | CPU µs/record |\n|---|---:|---:|---:|---:|")
         for name, url in (("memory", "memory:"), ("sqlite", f"sqlite://{folder}/store.db"), ("postgresql", pg)):
-            direct, through, add_us, cpu_us = await store_rates(url, args.records)
-            print(f"{name:<12}{direct:>14,.0f}{through:>14,.0f}{add_us:>9.2f}{cpu_us:>12.2f}")
+            rates: list[tuple[float, float, float, float]] = []
+            for k in range(args.store_rounds):
+                target = url if name != "sqlite" else f"sqlite://{folder}/store-{k}.db"
+                rates.append(await store_rates(target, args.records))
+            cols = list(zip(*rates))
+            print(f"| {name} | {spread(list(cols[0]), '{:,.0f}')} | {spread(list(cols[1]), '{:,.0f}')} | "
+                  f"{spread(list(cols[2]), '{:.2f}')} | {spread(list(cols[3]), '{:.2f}')} |")
         if not args.skip_gateway:
             pg2 = server.database() if server is not None else pg  # type: ignore[attr-defined]
-            rows = await gateway_costs(args, pg2, folder)
-            base = rows[0][1]
-            print(f"\ngateway: {args.rounds} x {args.requests} streams of {args.tokens} tokens, {args.concurrency} at once, per ledger")
-            print(f"{'ledger':<12}{'CPU µs/event':>14}{'vs off':>9}{'TTFT p50 ms':>13}{'p99 ms':>9}{'events':>9}")
-            for name, per_event, p50, p99, n in rows:
-                print(f"{name:<12}{per_event:>14.1f}{(per_event / base - 1) * 100:>+8.1f}%{p50:>13.2f}{p99:>9.2f}{n:>9}")
+            per, events = await gateway_costs(args, pg2, folder)
+            print(f"\nGateway: {args.rounds} rounds of {args.requests} streams of {args.tokens} tokens, {args.concurrency} at "
+                  "once, to each gateway in turn (the order rotated per round); min / median / max over the rounds; "
+                  "'vs off': against the ledger-off gateway of the same round.\n")
+            tick = 1e6 / os.sysconf("SC_CLK_TCK") / (events["off"] / args.rounds)
+            print(f"CPU from /proc/PID/stat in clock ticks: one tick is {tick:.2f} µs per event in a round.\n")
+            print("| ledger | CPU µs/event | CPU vs off | TTFT p50 ms | added TTFT p50 ms | events |\n|---|---:|---:|---:|---:|---:|")
+            for name in LEDGERS:
+                v = per[name]
+                print(f"| {name} | {spread(v['cpu_us'], '{:.1f}')} | {spread(v['cpu_vs_off'], '{:+.1f}%')} | "
+                      f"{spread(v['ttft_p50'], '{:.2f}')} | {spread(v['ttft_vs_off'], '{:+.2f}')} | {events[name]} |")
     finally:
         if server is not None:
             server.close()  # type: ignore[attr-defined]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="gateway rounds (each: every ledger once)")
+    ap.add_argument("--store-rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="10000 records, 2 store rounds, 3 gateway rounds of 500 streams")
     ap.add_argument("--postgres", help="a PostgreSQL URL (default: a server from pgserver's binaries)")
     ap.add_argument("--skip-gateway", action="store_true")
-    asyncio.run(main_async(ap.parse_args()))
+    args = ap.parse_args(argv)
+    if args.quick:
+        given = {a.split("=", 1)[0] for a in (argv if argv is not None else sys.argv[1:])}
+        for flag, value in (("--records", 10_000), ("--store-rounds", 2), ("--rounds", 3), ("--requests", 500)):
+            if flag not in given:
+                setattr(args, flag[2:].replace("-", "_"), value)
+    asyncio.run(main_async(args))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

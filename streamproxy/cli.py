@@ -200,6 +200,8 @@ def load_gateway(path: str, flags: list[str], *, strict: bool = False) -> tuple[
     except (OSError, ValueError) as exc:  # an `--api-key @file` that cannot be read
         raise ConfigError(f"--api-key: {exc}") from None
     defaults = Settings()
+    if settings.ledger is not None:
+        raise ConfigError("--ledger is a flag of streamproxy serve; the gateway's ledger is its config's `ledger:`")
     for name in SERVE_ONLY:
         if getattr(settings, name) != getattr(defaults, name):
             raise ConfigError(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     settings, engine = build(rest)
     logging.getLogger().setLevel(settings.log_level.upper())
     _http_log_level(settings)
+    if settings.ledger is not None:
+        _check_ledger(settings)
     if settings.api_server_count != 1:
         code = serve_workers(settings, engine, rest)
         if code:
@@ -288,6 +292,21 @@ def _http_log_level(settings: Settings) -> None:
     if settings.http_log_level:
         level = settings.http_log_level.upper()
         logging.getLogger("aiohttp").setLevel("DEBUG" if level == "TRACE" else level)
+
+
+def _check_ledger(settings: Settings) -> None:
+    """--ledger opened (and migrated) once here, before the engine loads and the workers start:
+    a store that cannot be opened stops the start with one line naming --ledger."""
+    import asyncio
+
+    from streamproxy.http.books import open_ledger
+
+    async def check() -> None:
+        ledger = await open_ledger(settings)
+        if ledger is not None:
+            await ledger.store.close()
+
+    asyncio.run(check())
 
 
 def serve_workers(settings: Settings, engine: Engine, argv: list[str]) -> int:

@@ -66,6 +66,8 @@ class Settings(msgspec.Struct, kw_only=True):
     # Observability.
     access_log: str = "stdout"  # stdout, stderr, a file path, or off
     disable_access_log_for_endpoints: str | None = None  # vLLM's flag: comma-separated paths without a line
+    # serve: the request ledger (sqlite:///path or postgresql://...; http/books.py); off when None.
+    ledger: str | None = None
     log_error_stack: bool = False
     enable_log_outputs: bool = False  # vLLM's flag: the generated text in the access-log line
     max_log_len: int | None = None  # vLLM's flag: at most this many characters of it per choice  # vLLM's flag: every error response is logged with its stack
@@ -168,6 +170,9 @@ _FLAG_HELP: dict[str, str] = {
     "allow_credentials": "CORS: allow credentials",
     "access_log": "JSON access log: stdout, stderr, a file path, or off",
     "disable_access_log_for_endpoints": "comma-separated paths (e.g. /health,/metrics) that get no access-log line",
+    "ledger": "serve: the request ledger, one record per generation request with its tokens: sqlite:///path/ledger.db "
+    "or postgresql://user@host/db (off by default, also when $STREAMPROXY_LEDGER, the gateway's default, is set; "
+    "read it with `streamproxy usage --ledger URL`)",
     "enable_log_outputs": "put each request's generated text in its access-log line (`output`; as vLLM's flag)",
     "max_log_len": "at most this many characters of a choice's text in the log (with --enable-log-outputs)",
     "log_error_stack": "log every error response with its stack trace (as vLLM's flag)",
@@ -223,6 +228,10 @@ _FLAG_HELP: dict[str, str] = {
 }
 
 
+# Flags with no STREAMPROXY_* variable.
+_NO_ENV = frozenset({"ledger"})
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) -> None:
     """Add our flags; `--model`/`--served-model-name` only when vLLM's args are absent."""
     defaults = Settings()
@@ -232,7 +241,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) ->
         flag = "--" + name.replace("_", "-")
         if flag in taken:
             continue  # vLLM defines it (e.g. --log-level): its definition wins
-        env_default = os.environ.get("STREAMPROXY_" + name.upper())
+        # $STREAMPROXY_LEDGER is the gateway's default ledger: serve's stays off unless --ledger names one.
+        env_default = None if name in _NO_ENV else os.environ.get("STREAMPROXY_" + name.upper())
         if name in ("api_key", "lora_modules"):  # vLLM's form: several values per flag, each kept whole (JSON has commas)
             parser.add_argument(flag, nargs="+", action="append", default=None, help=help_text)
             continue
@@ -287,6 +297,7 @@ _FLAG_TYPE: dict[str, Any] = {
     "uds": str,
     "http_log_level": str,
     "disable_access_log_for_endpoints": str,
+    "ledger": str,
     "default_chat_template_kwargs": _json_object,
 }
 

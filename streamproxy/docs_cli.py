@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproxy.cli import USAGE  # the CLI imports its engines lazily: nothing heavy comes with it
-from streamproxy.config import _FLAG_HELP, Settings, add_arguments
+from streamproxy.config import _FLAG_HELP, _NO_ENV, Settings, add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "cli.md"
@@ -159,7 +159,7 @@ def _cell(text: str) -> str:
 def _table(parser: argparse.ArgumentParser) -> str:
     rows = ["| flag | default | env | meaning |", "|---|---|---|---|"]
     for action in _flags(parser):
-        env = f"`STREAMPROXY_{action.dest.upper()}`" if action.dest in _FLAG_HELP else ""
+        env = f"`STREAMPROXY_{action.dest.upper()}`" if action.dest in _FLAG_HELP and action.dest not in _NO_ENV else ""
         append = isinstance(action, argparse._AppendAction)
         repeat = " (repeatable)" if append and "repeat" not in (action.help or "") else ""
         rows.append(f"| {_invocation(action)} | {_default(action)} | {env} | {_cell((action.help or '') + repeat)} |")

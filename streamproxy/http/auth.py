@@ -14,14 +14,22 @@ the prefixed paths.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from streamproxy.errors import AuthenticationError
+from streamproxy.http.accesslog import RECORD
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
+
+
+def key_id(secret: str) -> str:
+    """The id a key's ledger records carry (`serve --ledger`): `sha256:` and the first 12 hex digits
+    of the key's SHA-256, never the key; the same for the same key on every start."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -37,6 +45,7 @@ def make_auth_middleware(
     keys: list[str], *, protect_health: bool = False, protect_metrics: bool = False, root_path: str | None = None
 ) -> Middleware:
     encoded = [k.encode() for k in keys]
+    ids = [key_id(k) for k in keys]
     exact = frozenset(p for p, on in (("/health", protect_health), ("/metrics", protect_metrics)) if on)
 
     @web.middleware
@@ -47,13 +56,17 @@ def make_auth_middleware(
         if (path.startswith(PROTECTED_PREFIXES) or path in exact) and request.method != "OPTIONS":
             presented = presented_key(request)
             candidate = (presented or "").encode()
-            ok = False
-            for key in encoded:
-                ok |= hmac.compare_digest(candidate, key)
-            if not ok:
+            matched = None
+            for key, key_id in zip(encoded, ids):  # every key compared: no early exit
+                if hmac.compare_digest(candidate, key):
+                    matched = key_id
+            if matched is None:
                 if presented is None:
                     raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
                 raise AuthenticationError("incorrect API key provided")
+            rec = request.get(RECORD)
+            if rec is not None:
+                rec.key_id = matched  # the ledger's key id (books.key_id), never the key
         return await handler(request)
 
     return auth_middleware

@@ -19,7 +19,8 @@ Shutdown (`drain`), on the first SIGTERM or SIGINT:
   3. wait until nothing is in flight; whatever is still running at the
      deadline is ended by its Lifetime: an in-band error event and a clean
      end for a stream, an error for a non-streaming request, engine abort;
-  4. `runner.cleanup()` (closes connections, stops the engine); exit 0.
+  4. `runner.cleanup()` (closes connections, stops the engine, then with `--ledger` writes every
+     record left: http/books.py); exit 0.
 A second signal during the drain moves the deadline to now.
 
 When the engine cannot start, or dies (engine_watch.py: 503 `engine_dead`
@@ -127,11 +128,20 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     `hard_exit` (the process's own server, `run`): exit 1 anyway if the shutdown after an
     engine failure hangs. `sock`: a listening socket from the parent (one of --api-server-count
     workers, streamproxy/workers.py) instead of binding host:port."""
+    ledger = None
+    if settings.ledger is not None:  # --ledger: each worker writes its own records (the ledger's metrics only then)
+        from streamproxy.http import books
+
+        ledger = await books.open_ledger(settings)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     tracer = tracing.configure(settings.otlp_traces_endpoint, "streamproxy")
     if sock is not None:
         accesslog.PID = os.getpid()  # the log says which of the workers served each request
     app = create_app(settings, engine)
+    if ledger is not None:
+        from streamproxy.http import books
+
+        books.install(app, app[STATE_KEY], ledger)  # closed (every record written) after the drain
     stop = asyncio.Event()
     engine_failed = False
 

@@ -243,7 +243,17 @@ def test_gateway_refuses_serve_only_flags(tmp_path: Path) -> None:
     config.write_text("deployments:\n  - name: m\n    id: d1\n    upstreams: [\"http://127.0.0.1:9\"]\n")
     with pytest.raises(SystemExit, match="^--response-role is a flag of streamproxy serve; the gateway does not support it$"):
         cli.build_gateway(["--config", str(config), "--response-role", "bot"])
+    with pytest.raises(SystemExit, match="^--ledger is a flag of streamproxy serve; the gateway's ledger is its config's `ledger:`$"):
+        cli.build_gateway(["--config", str(config), "--ledger", "sqlite:///tmp/x.db"])
     with pytest.raises(SystemExit, match="^--ssl-keyfile needs --ssl-certfile$"):
         cli.build_gateway(["--config", str(config), "--ssl-keyfile", str(CERTS.key)])
     settings, _ = cli.build_gateway(["--config", str(config), *_TLS])  # the gateway listens with TLS too
     assert settings.ssl_certfile == str(CERTS.cert)
+
+
+def test_serve_ledger_is_off_by_default_even_with_the_gateways_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROXY_LEDGER", "sqlite:///tmp/gateway-default.db")  # the gateway's default ledger
+    settings, _ = cli.parse(["--engine", "fake"])
+    assert settings.ledger is None
+    settings, _ = cli.parse(["--engine", "fake", "--ledger", "sqlite:///tmp/serve.db"])
+    assert settings.ledger == "sqlite:///tmp/serve.db"
