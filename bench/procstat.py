@@ -13,6 +13,7 @@ front end.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -129,13 +130,8 @@ def system_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / TICK
 
 
-def tree_sched(pids: list[int]) -> tuple[int, int, int]:
-    """(run ns, run-queue wait ns, time slices) summed over the live threads of `pids` (schedstat).
-
-    The wait is the time a thread was runnable but not running: how much the
-    scheduler kept a process off the CPU (other work, the engine) while it had
-    work to do. Threads that ended are not counted (a server's threads live on)."""
-    run = wait = slices = 0
+def _thread_files(pids: list[int], name: str) -> Iterator[str]:
+    """The text of /proc/PID/task/TID/`name` for every live thread of `pids` (threads that ended are skipped)."""
     for p in pids:
         try:
             tids = os.listdir(f"/proc/{p}/task")
@@ -143,11 +139,22 @@ def tree_sched(pids: list[int]) -> tuple[int, int, int]:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    a, b, c = f.read().split()[:3]
-            except (FileNotFoundError, ProcessLookupError, ValueError):
+                with open(f"/proc/{p}/task/{tid}/{name}") as f:
+                    yield f.read()
+            except (FileNotFoundError, ProcessLookupError):
                 continue
-            run, wait, slices = run + int(a), wait + int(b), slices + int(c)
+
+
+def tree_sched(pids: list[int]) -> tuple[int, int, int]:
+    """(run ns, run-queue wait ns, time slices) summed over the live threads of `pids` (schedstat).
+
+    The wait is the time a thread was runnable but not running: how much the
+    scheduler kept a process off the CPU (other work, the engine) while it had
+    work to do. Threads that ended are not counted (a server's threads live on)."""
+    run = wait = slices = 0
+    for text in _thread_files(pids, "schedstat"):
+        a, b, c = (int(v) for v in text.split()[:3])
+        run, wait, slices = run + a, wait + b, slices + c
     return run, wait, slices
 
 
@@ -157,21 +164,12 @@ def tree_switches(pids: list[int]) -> tuple[int, int]:
     Involuntary: the thread was preempted while it had work (contention);
     voluntary: it went to sleep (an event loop waiting for I/O: its wake-ups)."""
     vol = invol = 0
-    for p in pids:
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches"):
-                            vol += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches"):
-                            invol += int(line.split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
+    for text in _thread_files(pids, "status"):
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                vol += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches"):
+                invol += int(line.split()[1])
     return vol, invol
 
 
