@@ -86,7 +86,7 @@ async def test_sighup_with_streams_running_cuts_none_and_the_new_config_serves_a
     reloader = Reloader(app, loader(path), str(path))
     reloader.install()
     try:
-        n = 150
+        n = 200  # as issue 28 asks
         started: list[int] = []
         streams = [asyncio.ensure_future(read_stream(many, gw.url("/v1/chat/completions"), DEPLOYMENT, started)) for _ in range(n)]
         assert await wait_until(lambda: len(started) == n, timeout=20.0)
