@@ -124,3 +124,48 @@ def test_kill_9_loses_at_most_the_last_interval(tmp_path: Path):
     # Everything answered before the last interval (plus the write in progress: slack for a busy machine) is there.
     assert window <= interval + 0.5, (window, len(lost), len(finished))
     assert len(got) > len(finished) / 2
+
+
+def test_two_gateway_processes_on_one_postgresql_share_a_key_its_budget_and_its_revocation(tmp_path: Path, postgres_server):
+    """Issue 28, across processes: a key made on one gateway works on the other within its refresh (a second),
+    both count against one budget until each answers 429 `insufficient_quota`, and a revocation on one is a
+    401 on the other."""
+    url = postgres_server.database()
+    env = {"GW_ADMIN": "sk-admin-two"}
+    admin = {"Authorization": "Bearer sk-admin-two"}
+    with serve_process([*FAKE_ARGS, "--served-model-name", SERVED], log_dir=tmp_path, name="replica") as replica:
+        config = _config(replica.base, ledger=url, ledger_writer={"interval": 0.05}, admin_key_env="GW_ADMIN")
+        a = start_gateway(config, tmp_path, name="gateway-a", env=env)
+        b = start_gateway(config, tmp_path, name="gateway-b", env=env)
+        try:
+            made = requests.post(a.url("/v1/keys"), json={"id": "shared", "deployments": ["*"], "budget_tokens": 100,
+                                                          "budget_period": "month"}, headers=admin, timeout=10)
+            assert made.status_code == 200, made.text
+            key = {"Authorization": f"Bearer {made.json()['secret']}"}
+
+            def use(gw) -> requests.Response:
+                return requests.post(gw.url("/v1/chat/completions"), json=chat(), headers=key, timeout=10)
+
+            def eventually(check, timeout: float = 5.0) -> bool:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    if check():
+                        return True
+                    time.sleep(0.05)
+                return False
+
+            assert use(a).status_code == 200  # at once where it was made
+            assert eventually(lambda: use(b).status_code == 200)  # within a refresh on the other process
+
+            def over(gw) -> bool:
+                r = use(gw)
+                return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+            assert eventually(lambda: over(a)) and eventually(lambda: over(b))  # one budget, spent on both
+            assert requests.delete(a.url("/v1/keys/shared"), headers=admin, timeout=10).status_code == 200
+            assert eventually(lambda: use(b).status_code == 401)
+            listed = requests.get(b.url("/v1/keys"), headers=admin, timeout=10).json()["data"]
+            assert [(k["id"], k["revoked"] is not None) for k in listed] == [("shared", True)]
+        finally:
+            a.stop()
+            b.stop()
