@@ -46,6 +46,8 @@ class AppState:
         self.adapters = AdapterRegistry(engine.info.served_names)
         self.adapter_lock = asyncio.Lock()
         self.responses = ResponseStore(size_from(settings.responses_store))
+        # The tasks running background responses (routes/responses.py); cancelled on shutdown.
+        self.background: set[asyncio.Task[None]] = set()
 
     def claim_engine_id(self, request_id: str) -> str:
         """The engine request id for a request: its X-Request-Id, made unique

@@ -16,8 +16,9 @@ chain). Items map like this:
                                      (`reasoning_content`, as chat templates read it)
 
 What needs stored state (`previous_response_id`, `conversation`,
-`item_reference`, stored `prompt`s, `background`) is a 400 that says to send
-the conversation in `input`; `store` is accepted and ignored. Errors name
+`item_reference`, stored `prompt`s) is a 400 that says to send
+the conversation in `input`; `store` is the route's (it keeps the response
+for GET), and `background` needs it (vLLM's 400 otherwise). Errors name
 the Responses field (`input[2].content[0].type`); `CHAT_NAMES` renames the
 chat path's own parameter names the same way (see `core/prepare.py`).
 """
@@ -72,8 +73,8 @@ def check_supported(req: ResponsesRequest) -> None:
         raise _stateless("conversation", "conversations")
     if req.prompt is not None:
         raise _stateless("prompt", "prompt templates")
-    if req.background:
-        raise InvalidRequest("background responses are not supported: send the request with stream or wait for it", param="background")
+    if req.background and req.store is False:
+        raise InvalidRequest("background can only be used when `store` is true", param="background")  # vLLM's
     if req.top_logprobs:
         raise InvalidRequest("'top_logprobs' is not supported on /v1/responses yet", param="top_logprobs")
     if req.input is None:

@@ -386,3 +386,32 @@ async def _wait_for_slot(
     except TimeoutError:
         raise QueueTimeout(f"no generation slot became free within {limit:g} seconds; retry later") from None
     return await gen.submit()
+
+
+async def run_detached(state: AppState, gen: Work, ticket: Ticket, acc: A, rec: Record, started: Callable[[], None]) -> None:
+    """The life cycle of a background request (Responses' `background: true`): like the
+    non-streaming path, but in a task of the server, not of a connection, so a client that
+    leaves does not end it. The caller entered `ticket` (a 429 belongs on the create) and
+    owns the task; `started()` runs once the engine took the work. No request timeout (vLLM
+    has none for these); a drain ends it at the drain deadline (TimeoutError, see drain.py),
+    and a cancel of its task (CancelledError) ends it at once. Either way the engine request
+    is aborted here before the exception goes on."""
+    life = state.inflight.lifetime()
+    try:
+        async with life:
+            await ticket.wait()
+            out = await gen.submit()
+            started()
+            await collect(out, acc, rec)
+    except TimeoutError:
+        reason = life.reason
+        if not life.expired or reason is None:
+            raise
+        raise reason from None
+    finally:
+        ticket.release()
+        try:
+            await gen.abort_if_running()
+        finally:
+            for engine_id in gen.engine_ids:
+                state.release_engine_id(engine_id)

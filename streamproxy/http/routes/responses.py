@@ -9,17 +9,33 @@ is the body. Errors keep the OpenAI shape (the default).
 
 With the server's response store on (`--responses-store`), a finished
 response made with `store` (OpenAI's default: true) is kept as its final JSON,
-and `GET /v1/responses/{id}` answers it; `POST /v1/responses/{id}/cancel`
-answers vLLM's 400 for a synchronous response (there are no others here), or
-its 404 for an id not kept.
+and `GET /v1/responses/{id}` answers it.
+
+`background: true` (vLLM's background mode; needs the store, and `store`):
+the create enters admission (its 429s apply) and the store (at most N
+running: 429), answers at once with the response `queued`, and a task of the
+server runs `generation.run_detached` (not the connection's: a client that
+leaves does not end it). GET shows it `queued`, then `in_progress` with the
+output so far, then its final state. `POST /v1/responses/{id}/cancel` cancels
+that task, which aborts the engine request, and answers the response
+`cancelled` once nothing runs; for a finished response it is vLLM's 400, for
+an id not kept its 404. A drain lets background responses finish until the
+drain deadline and ends the rest then (`failed`, engine requests aborted);
+shutdown cancels any left. `background` with `stream` is refused (a 400:
+vLLM's resumable event replay is not built here).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from time import perf_counter
 
+import msgspec
 from aiohttp import web
 
+from engine_adapter.base import Engine
 from streamproxy.apis.responses import convert as C
 from streamproxy.apis.responses.protocol import (
     ReasoningEcho,
@@ -30,13 +46,24 @@ from streamproxy.apis.responses.protocol import (
     decode_request,
     encode,
 )
+from streamproxy.apis.responses.store import ResponseStore
 from streamproxy.apis.responses.stream import ResponsesEncoder
-from streamproxy.core.prepare import prepare, renamed
-from streamproxy.errors import InvalidRequest
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.core.prepare import Prepared, prepare, renamed
+from streamproxy.errors import APIError, InternalError, InvalidRequest
+from streamproxy.http.accesslog import REQUEST_ID, Record
+from streamproxy.http.admission import Ticket
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.state import app_state
+from streamproxy.http.state import STATE_KEY, AppState, app_state
+
+log = logging.getLogger("streamproxy.responses")
+
+# vLLM's 400 for `background` when its store is off (VLLM_ENABLE_RESPONSES_API_STORE unset).
+NO_STORE = (
+    "This vLLM engine does not support `store=True` and therefore does not support the background mode. "
+    "To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
+    "launching the vLLM server."
+)
 
 
 def _shell(req: ResponsesRequest, response_id: str, model: str) -> Response:
@@ -74,6 +101,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     shell = _shell(req, "resp_" + request[REQUEST_ID], req.model or engine.info.name)
     shell.store = store is not None
     filters = prep.filters
+    if req.background:
+        return _start_background(request, state, engine, prep, shell, store, bool(req.stream))
     made: list[ResponsesEncoder] = []
 
     def encoder(emit: bool) -> ResponsesEncoder:
@@ -90,6 +119,96 @@ async def responses(request: web.Request) -> web.StreamResponse:
             store.keep(shell.id, encode(made[0].response()))
 
 
+class _Background:
+    """One background response while it runs (the store's `Live` entry)."""
+
+    __slots__ = ("shell", "enc", "status", "task")
+
+    def __init__(self, shell: Response, enc: ResponsesEncoder) -> None:
+        self.shell = shell
+        self.enc = enc
+        self.status = "queued"
+        self.task: asyncio.Task[None] | None = None
+
+    def snapshot(self) -> bytes:
+        if self.status == "queued":
+            return encode(msgspec.structs.replace(self.shell, status="queued"))
+        return encode(self.enc.response())
+
+    def started(self) -> None:
+        self.status = "in_progress"
+        self.enc.start()  # (emit=False: no bytes) its response() now shows the output so far
+
+    async def cancel(self) -> None:
+        """Cancel its task and wait until it ended (its engine request aborted)."""
+        task = self.task
+        assert task is not None
+        task.cancel()
+        await asyncio.wait([task])
+
+
+def _start_background(
+    request: web.Request, state: AppState, engine: Engine, prep: Prepared, shell: Response, store: ResponseStore | None,
+    stream: bool,
+) -> web.Response:
+    if store is None:  # `store: false` with background is convert's 400; here the server keeps nothing
+        raise InvalidRequest(NO_STORE, param="background")
+    if stream:
+        raise InvalidRequest(
+            "background with stream is not supported here: create it without stream and poll GET /v1/responses/{id}",
+            param="stream",
+        )
+    shell.background = True
+    gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)
+    bg = _Background(shell, ResponsesEncoder(shell, prep.filters, emit=False))
+    try:
+        ticket = state.admission.enter(gen.weight)
+        try:
+            store.start(shell.id, bg)
+        except APIError:
+            ticket.release()
+            raise
+    except APIError:
+        state.release_engine_id(gen.request_id)
+        raise
+    task = asyncio.get_running_loop().create_task(_run_background(state, store, bg, gen, ticket))
+    bg.task = task
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
+    return web.Response(body=bg.snapshot(), content_type="application/json")
+
+
+async def _run_background(
+    state: AppState, store: ResponseStore, bg: _Background, gen: generation.Generation, ticket: Ticket
+) -> None:
+    enc = bg.enc
+    final: Response
+    try:
+        await generation.run_detached(state, gen, ticket, enc, Record(bg.shell.id, perf_counter()), bg.started)
+        enc.finish()
+        final = enc.response()
+    except asyncio.CancelledError:  # a cancel (or shutdown): vLLM's `cancelled`, with the output so far
+        enc.finish()
+        final = msgspec.structs.replace(enc.response(), status="cancelled")
+    except APIError as exc:
+        enc.error(exc)
+        final = enc.response()
+    except Exception:
+        log.exception("background response %s failed", bg.shell.id)
+        enc.error(InternalError("the background response failed"))
+        final = enc.response()
+    store.keep(bg.shell.id, encode(final))
+
+
+async def stop_background(app: web.Application) -> None:
+    """on_shutdown: cancel the background responses still running (each aborts its engine request)."""
+    tasks = list(app[STATE_KEY].background)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+
+
 async def get_response(request: web.Request) -> web.Response:
     if request.query.get("stream", "").lower() == "true":
         raise InvalidRequest("streaming a stored response is not supported (it is finished: GET it without stream)",
@@ -99,5 +218,9 @@ async def get_response(request: web.Request) -> web.Response:
 
 
 async def cancel_response(request: web.Request) -> web.Response:
-    app_state(request).responses.cancel(request.match_info["response_id"])
-    raise AssertionError("unreachable: cancel always raises")
+    store = app_state(request).responses
+    response_id = request.match_info["response_id"]
+    live = store.cancellable(response_id)
+    assert isinstance(live, _Background)
+    await live.cancel()
+    return web.Response(body=store.get(response_id), content_type="application/json")
