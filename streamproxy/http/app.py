@@ -40,7 +40,7 @@ from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
 from streamproxy.http.routes import add_routes
 from streamproxy.http.routes.lora import load_static
-from streamproxy.http.routes.responses import stop_background
+from streamproxy.http.routes import background
 from streamproxy.http.state import STATE_KEY, AppState
 
 log = logging.getLogger("streamproxy")
@@ -177,7 +177,7 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
         app[DEPRECATIONS_KEY] = deprecations
         app.on_response_prepare.append(deprecations.on_prepare)
     app.on_startup.append(_start_engine)
-    app.on_shutdown.append(stop_background)
+    app.on_shutdown.append(background.stop)
     app.on_cleanup.append(_stop_engine)
     if metrics_module.MULTIPROCESS:
         app.cleanup_ctx.append(_publish_metrics)

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
-from streamproxy.http.routes.responses import NO_STORE
+from streamproxy.http.routes.background import NO_STORE
 from streamproxy.http.state import STATE_KEY
 from tests.http.http_support import assert_openai_error
+from tests.support import sse
 from tests.support.waiting import wait_until
 
 REQUEST = {"input": "hi", "max_output_tokens": 3}
@@ -104,7 +105,8 @@ async def test_background_errors(serve):
     r = await client.post("/v1/responses", json={**REQUEST, "background": True, "store": False})
     body = assert_openai_error(r.status, r.headers, await r.read(), expect_status=400, param="background")
     assert body["message"] == "background can only be used when `store` is true"
-    r = await client.post("/v1/responses", json={**REQUEST, "background": True, "stream": True})
+    await (await client.post("/v1/responses", json={**REQUEST, "background": True}, headers={"X-Request-Id": "n"})).read()
+    r = await client.get("/v1/responses/resp_n", params={"stream": "true"})  # not made with stream: no events kept
     assert_openai_error(r.status, r.headers, await r.read(), expect_status=400, param="stream")
     for method, path in (("GET", "/v1/responses/resp_nope"), ("POST", "/v1/responses/resp_nope/cancel")):
         r = await client.request(method, path)
@@ -138,3 +140,50 @@ async def test_drain_ends_background_responses_and_aborts_them(serve, deadline):
     assert engine.num_running == 0
     body = await (await client.get("/v1/responses/resp_d")).json()
     assert body["status"] == "failed" and body["error"]["code"] == "server_error", body
+
+
+async def test_background_stream_and_resume(serve):
+    client, engine = await serve(responses_store=4)
+    sync = await (await client.post("/v1/responses", json={**REQUEST, "stream": True, "store": False})).read()
+    r = await client.post("/v1/responses", json={**REQUEST, "stream": True, "background": True}, headers={"X-Request-Id": "s"})
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    body = await r.read()
+    events = sse.named_events(body)
+    assert [name for name, _ in events] == [name for name, _ in sse.named_events(sync)]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    final = events[-1][1]["response"]
+    assert (final["status"], final["background"], final["output"][0]["content"][0]["text"]) == ("incomplete", True, "Hello world")
+    assert await (await client.get("/v1/responses/resp_s")).json() == final
+    frames = [frame + b"\n\n" for frame in body.split(b"\n\n")[:-1]]
+    for after in (-1, 2, len(frames) - 1):  # a resume replays the same bytes from sequence number after+1
+        r = await client.get("/v1/responses/resp_s", params={"stream": "true", "starting_after": str(after)})
+        assert await r.read() == b"".join(frames[after + 1:])
+    r = await client.get("/v1/responses/resp_s", params={"stream": "true", "starting_after": "x"})
+    assert_openai_error(r.status, r.headers, await r.read(), expect_status=400, param="starting_after")
+    assert engine.num_running == 0
+
+
+async def test_background_stream_outlives_its_client_and_resumes_live(serve):
+    client, engine = await serve(FakeScript(tokens=["a"] * 20, token_delay=0.02), responses_store=4)
+    r = await client.post("/v1/responses", json={"input": "hi", "stream": True, "background": True}, headers={"X-Request-Id": "l"})
+    first = await r.content.readuntil(b"\n\n")  # response.created
+    assert first.startswith(b"event: response.created\n")
+    r.close()  # the client goes away mid-generation
+    follower = await client.get("/v1/responses/resp_l", params={"stream": "true", "starting_after": "0"})
+    rest = await follower.read()  # follows it live to the end
+    events = sse.named_events(first + rest)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert events[-1][0] == "response.completed"
+    assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == "a" * 20
+    assert engine.num_running == 0
+
+
+async def test_cancelling_a_streamed_background_response_ends_its_followers(serve):
+    client, engine = await serve(SLOW, responses_store=4)
+    r = await client.post("/v1/responses", json={"input": "hi", "stream": True, "background": True}, headers={"X-Request-Id": "k"})
+    assert (await r.content.readuntil(b"\n\n")).startswith(b"event: response.created\n")
+    cancel = await client.post("/v1/responses/resp_k/cancel")
+    assert (await cancel.json())["status"] == "cancelled" and engine.num_running == 0
+    rest = await r.read()  # the stream ends (no terminal event: OpenAI has no cancelled event)
+    assert [name for name, _ in sse.named_events(rest)][-1] != "response.completed"
+    assert (await (await client.get("/v1/responses/resp_k")).json())["status"] == "cancelled"

@@ -8,9 +8,11 @@ A finished response (completed, incomplete, failed, cancelled) is kept as
 its final JSON bytes; one whose client left mid-stream is not. A background
 response (`background: true`) is kept from its create on as a `Live` entry
 that says its current state; it is never dropped while it runs, and at most
-N run at once (the N+1st create is a 429). When it ends its final bytes
-replace it. Cancelling a finished response (a synchronous one, or a
-background one that ended) is vLLM's 400. Sans-IO: the route does the awaiting.
+N run at once (the N+1st create is a 429). When it ends (`end`) its final
+bytes replace it, or (a streamed one, whose events a GET may replay) the
+entry stays and answers its final state. Cancelling a finished response (a
+synchronous one, or a background one that ended) is vLLM's 400. Sans-IO:
+the route does the awaiting.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class ResponseStore:
     def __init__(self, size: int) -> None:
         self.size = size
         self._kept: OrderedDict[str, bytes | Live] = OrderedDict()
-        self._live = 0
+        self._running: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -55,31 +57,34 @@ class ResponseStore:
     @property
     def running(self) -> int:
         """Background responses running now."""
-        return self._live
+        return len(self._running)
 
     def keep(self, response_id: str, body: bytes) -> None:
-        """Keep a finished response (replacing its `Live` entry, if it ran in the background)."""
-        if not self.enabled:
+        """Keep a finished response (not over a background one running under the same id)."""
+        if not self.enabled or response_id in self._running:
             return
         self._put(response_id, body)
 
     def start(self, response_id: str, live: Live) -> None:
         """Keep a background response from its create on; 429 when `size` already run."""
-        if self._live >= self.size:
+        if len(self._running) >= self.size or response_id in self._running:
             raise RateLimited(
                 f"too many background responses running (at most {self.size}, the --responses-store size); retry later"
             )
         self._put(response_id, live)
-        self._live += 1
+        self._running.add(response_id)
+
+    def end(self, response_id: str, body: bytes | None) -> None:
+        """A background response ended: `body` replaces its entry, or (None) the entry stays."""
+        self._running.discard(response_id)
+        if body is not None:
+            self._put(response_id, body)
 
     def _put(self, response_id: str, entry: bytes | Live) -> None:
-        old = self._kept.get(response_id)
-        if old is not None and not isinstance(old, bytes):
-            self._live -= 1
         self._kept[response_id] = entry
         self._kept.move_to_end(response_id)
         while len(self._kept) > self.size:
-            victim = next((rid for rid, e in self._kept.items() if isinstance(e, bytes)), None)
+            victim = next((rid for rid in self._kept if rid not in self._running), None)
             if victim is None:  # all running: `start` keeps them to `size`
                 break
             del self._kept[victim]
@@ -97,6 +102,6 @@ class ResponseStore:
     def cancellable(self, response_id: str) -> Live:
         """The running background response `cancel` may end; vLLM's 404 or 400 otherwise."""
         found = self.entry(response_id)
-        if isinstance(found, bytes):
+        if isinstance(found, bytes) or response_id not in self._running:
             raise InvalidRequest("Cannot cancel a synchronous response.", param="response_id")
         return found

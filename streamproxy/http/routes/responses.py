@@ -11,31 +11,19 @@ With the server's response store on (`--responses-store`), a finished
 response made with `store` (OpenAI's default: true) is kept as its final JSON,
 and `GET /v1/responses/{id}` answers it.
 
-`background: true` (vLLM's background mode; needs the store, and `store`):
-the create enters admission (its 429s apply) and the store (at most N
-running: 429), answers at once with the response `queued`, and a task of the
-server runs `generation.run_detached` (not the connection's: a client that
-leaves does not end it). GET shows it `queued`, then `in_progress` with the
-output so far, then its final state. `POST /v1/responses/{id}/cancel` cancels
-that task, which aborts the engine request, and answers the response
-`cancelled` once nothing runs; for a finished response it is vLLM's 400, for
-an id not kept its 404. A drain lets background responses finish until the
-drain deadline and ends the rest then (`failed`, engine requests aborted);
-shutdown cancels any left. `background` with `stream` is refused (a 400:
-vLLM's resumable event replay is not built here).
+`background: true` is background.py's: the response is kept from its create
+on and a task of the server generates it; `POST /v1/responses/{id}/cancel`
+ends it (cancelled), is vLLM's 400 for a finished response and its 404 for
+an id not kept. `GET ...?stream=true&starting_after=N` replays a streamed
+background response's events and follows it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
-from time import perf_counter
 
-import msgspec
 from aiohttp import web
 
-from engine_adapter.base import Engine
 from streamproxy.apis.responses import convert as C
 from streamproxy.apis.responses.protocol import (
     ReasoningEcho,
@@ -46,25 +34,13 @@ from streamproxy.apis.responses.protocol import (
     decode_request,
     encode,
 )
-from streamproxy.apis.responses.store import ResponseStore
 from streamproxy.apis.responses.stream import ResponsesEncoder
-from streamproxy.core.prepare import Prepared, prepare, renamed
-from streamproxy.errors import APIError, InternalError, InvalidRequest
-from streamproxy.http.accesslog import REQUEST_ID, Record
-from streamproxy.http.admission import Ticket
-from streamproxy.http.routes import generation
+from streamproxy.core.prepare import prepare, renamed
+from streamproxy.errors import InvalidRequest
+from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.routes import background, generation
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.state import STATE_KEY, AppState, app_state
-
-log = logging.getLogger("streamproxy.responses")
-
-# vLLM's 400 for `background` when its store is off (VLLM_ENABLE_RESPONSES_API_STORE unset).
-NO_STORE = (
-    "This vLLM engine does not support `store=True` and therefore does not support the background mode. "
-    "To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
-    "launching the vLLM server."
-)
-
+from streamproxy.http.state import app_state
 
 def _shell(req: ResponsesRequest, response_id: str, model: str) -> Response:
     """Everything of the Response the request decides, echoed as OpenAI echoes it."""
@@ -102,7 +78,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     shell.store = store is not None
     filters = prep.filters
     if req.background:
-        return _start_background(request, state, engine, prep, shell, store, bool(req.stream))
+        return await background.start(request, state, engine, prep, shell, store, bool(req.stream))
     made: list[ResponsesEncoder] = []
 
     def encoder(emit: bool) -> ResponsesEncoder:
@@ -119,108 +95,27 @@ async def responses(request: web.Request) -> web.StreamResponse:
             store.keep(shell.id, encode(made[0].response()))
 
 
-class _Background:
-    """One background response while it runs (the store's `Live` entry)."""
-
-    __slots__ = ("shell", "enc", "status", "task")
-
-    def __init__(self, shell: Response, enc: ResponsesEncoder) -> None:
-        self.shell = shell
-        self.enc = enc
-        self.status = "queued"
-        self.task: asyncio.Task[None] | None = None
-
-    def snapshot(self) -> bytes:
-        if self.status == "queued":
-            return encode(msgspec.structs.replace(self.shell, status="queued"))
-        return encode(self.enc.response())
-
-    def started(self) -> None:
-        self.status = "in_progress"
-        self.enc.start()  # (emit=False: no bytes) its response() now shows the output so far
-
-    async def cancel(self) -> None:
-        """Cancel its task and wait until it ended (its engine request aborted)."""
-        task = self.task
-        assert task is not None
-        task.cancel()
-        await asyncio.wait([task])
-
-
-def _start_background(
-    request: web.Request, state: AppState, engine: Engine, prep: Prepared, shell: Response, store: ResponseStore | None,
-    stream: bool,
-) -> web.Response:
-    if store is None:  # `store: false` with background is convert's 400; here the server keeps nothing
-        raise InvalidRequest(NO_STORE, param="background")
-    if stream:
-        raise InvalidRequest(
-            "background with stream is not supported here: create it without stream and poll GET /v1/responses/{id}",
-            param="stream",
-        )
-    shell.background = True
-    gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)
-    bg = _Background(shell, ResponsesEncoder(shell, prep.filters, emit=False))
-    try:
-        ticket = state.admission.enter(gen.weight)
-        try:
-            store.start(shell.id, bg)
-        except APIError:
-            ticket.release()
-            raise
-    except APIError:
-        state.release_engine_id(gen.request_id)
-        raise
-    task = asyncio.get_running_loop().create_task(_run_background(state, store, bg, gen, ticket))
-    bg.task = task
-    state.background.add(task)
-    task.add_done_callback(state.background.discard)
-    return web.Response(body=bg.snapshot(), content_type="application/json")
-
-
-async def _run_background(
-    state: AppState, store: ResponseStore, bg: _Background, gen: generation.Generation, ticket: Ticket
-) -> None:
-    enc = bg.enc
-    final: Response
-    try:
-        await generation.run_detached(state, gen, ticket, enc, Record(bg.shell.id, perf_counter()), bg.started)
-        enc.finish()
-        final = enc.response()
-    except asyncio.CancelledError:  # a cancel (or shutdown): vLLM's `cancelled`, with the output so far
-        enc.finish()
-        final = msgspec.structs.replace(enc.response(), status="cancelled")
-    except APIError as exc:
-        enc.error(exc)
-        final = enc.response()
-    except Exception:
-        log.exception("background response %s failed", bg.shell.id)
-        enc.error(InternalError("the background response failed"))
-        final = enc.response()
-    store.keep(bg.shell.id, encode(final))
-
-
-async def stop_background(app: web.Application) -> None:
-    """on_shutdown: cancel the background responses still running (each aborts its engine request)."""
-    tasks = list(app[STATE_KEY].background)
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks)
-
-
-async def get_response(request: web.Request) -> web.Response:
+async def get_response(request: web.Request) -> web.StreamResponse:
+    store = app_state(request).responses
+    response_id = request.match_info["response_id"]
     if request.query.get("stream", "").lower() == "true":
-        raise InvalidRequest("streaming a stored response is not supported (it is finished: GET it without stream)",
-                             param="stream")
-    body = app_state(request).responses.get(request.match_info["response_id"])
-    return web.Response(body=body, content_type="application/json")
+        entry = store.entry(response_id)
+        if not isinstance(entry, background.Background) or entry.frames is None:
+            raise InvalidRequest("only a response created with background and stream can be streamed; GET it without stream",
+                                 param="stream")
+        after = request.query.get("starting_after", "-1")
+        try:
+            start_at = int(after) + 1
+        except ValueError:
+            raise InvalidRequest(f"starting_after must be an integer, not {after!r}", param="starting_after") from None
+        return await background.follow(request, entry, start_at)
+    return web.Response(body=store.get(response_id), content_type="application/json")
 
 
 async def cancel_response(request: web.Request) -> web.Response:
     store = app_state(request).responses
     response_id = request.match_info["response_id"]
     live = store.cancellable(response_id)
-    assert isinstance(live, _Background)
+    assert isinstance(live, background.Background)
     await live.cancel()
     return web.Response(body=store.get(response_id), content_type="application/json")
