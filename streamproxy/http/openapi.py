@@ -91,9 +91,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/responses", "Create a model response (Responses API)", responses.ResponsesRequest,
               responses.Response, stream="named events (`event: response.created` ... `response.completed`), as OpenAI's Responses API"),
     Operation("get", "/v1/responses/{response_id}", "Retrieve a response kept by the server's response store "
-              "(--responses-store)", response=responses.Response),
-    Operation("post", "/v1/responses/{response_id}/cancel", "Cancel a background response (none here: a kept "
-              "response is finished, a 400)", response=responses.Response),
+              "(--responses-store): a background one as it stands (queued, in_progress, then final)",
+              response=responses.Response,
+              stream="(query `stream=true`, a response created with `background` and `stream`) its named events from "
+              "sequence number `starting_after` + 1, following it to the end, as vLLM",
+              query=(QueryParam("stream", "true: stream the events of a background streamed response", {"type": "boolean"}),
+                     QueryParam("starting_after", "with stream: resume after this sequence number", {"type": "integer"}))),
+    Operation("post", "/v1/responses/{response_id}/cancel", "Cancel a running background response (its engine request is "
+              "aborted; it is then `cancelled`); a finished response is vLLM's 400", response=responses.Response),
     Operation("post", "/v1/messages", "Create a message (Anthropic Messages API)", anthropic.MessagesRequest, anthropic.Message,
               stream="named events (`event: message_start` ... `message_stop`), as Anthropic's Messages API",
               errors=anthropic.ErrorEnvelope, tag="Anthropic"),

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
+from streamproxy.http.routes import background
 from streamproxy.http.routes.background import NO_STORE
 from streamproxy.http.state import STATE_KEY
 from tests.http.http_support import assert_openai_error
@@ -129,17 +130,30 @@ async def test_running_background_responses_are_bounded_by_the_store(serve):
     assert engine.num_running == 0
 
 
-@pytest.mark.parametrize("deadline", [0.0])
-async def test_drain_ends_background_responses_and_aborts_them(serve, deadline):
-    client, engine = await serve(SLOW, responses_store=4)
+@pytest.mark.parametrize(("script", "deadline", "status"), [(SLOW, 0.0, "failed"), (FakeScript(tokens=["a"] * 3, token_delay=0.02), 30.0, "completed")])
+async def test_a_drain_lets_background_responses_finish_until_its_deadline(serve, script, deadline, status):
+    client, engine = await serve(script, responses_store=4)
     await (await client.post("/v1/responses", json={"input": "hi", "background": True}, headers={"X-Request-Id": "d"})).read()
     assert await wait_until(lambda: engine.num_running == 1, 5.0)
     state = client.server.app[STATE_KEY]
     state.inflight.begin_drain(asyncio.get_running_loop().time() + deadline)
-    assert await state.inflight.wait_idle(5.0)
+    assert await state.inflight.wait_idle(10.0)
+    assert await wait_until(lambda: not state.background, 5.0)  # the tasks end right after their lifetime
     assert engine.num_running == 0
     body = await (await client.get("/v1/responses/resp_d")).json()
-    assert body["status"] == "failed" and body["error"]["code"] == "server_error", body
+    assert body["status"] == status, body
+    if status == "failed":  # ended at the deadline, as a drain ends any request
+        assert body["error"]["code"] == "server_error" and "shutting down" in body["error"]["message"], body
+
+
+async def test_shutdown_cancels_what_still_runs(serve):
+    client, engine = await serve(SLOW, responses_store=4)
+    await (await client.post("/v1/responses", json={"input": "hi", "background": True}, headers={"X-Request-Id": "x"})).read()
+    assert await wait_until(lambda: engine.num_running == 1, 5.0)
+    await background.stop(client.server.app)  # the app's on_shutdown
+    assert engine.num_running == 0
+    assert client.server.app[STATE_KEY].responses.get("resp_x").startswith(b'{"id":"resp_x"')
+    assert json.loads(client.server.app[STATE_KEY].responses.get("resp_x"))["status"] == "cancelled"
 
 
 async def test_background_stream_and_resume(serve):

@@ -410,8 +410,18 @@ async def run_detached(state: AppState, gen: Work, ticket: Ticket, acc: A, rec: 
         raise reason from None
     finally:
         ticket.release()
+        # The abort finishes even if the task is cancelled meanwhile (shutdown cancels what is left).
+        ending = asyncio.ensure_future(_end_detached(state, gen))
         try:
-            await gen.abort_if_running()
-        finally:
-            for engine_id in gen.engine_ids:
-                state.release_engine_id(engine_id)
+            await asyncio.shield(ending)
+        except asyncio.CancelledError:
+            await ending
+            raise
+
+
+async def _end_detached(state: AppState, gen: Work) -> None:
+    try:
+        await gen.abort_if_running()
+    finally:
+        for engine_id in gen.engine_ids:
+            state.release_engine_id(engine_id)
