@@ -113,7 +113,7 @@ def test_text_format_text_and_json_object():
     [
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),
-        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "background": True, "store": False}, "background"),  # vLLM: background needs store
         ({"input": "x", "prompt": {"id": "p"}}, "prompt"),
         ({}, "input"),
         ({"input": []}, "input"),
