@@ -16,9 +16,11 @@ a CA file missing on this machine) is refused with one ERROR line, once per
 version of it, and the rest applied: the gateway serves what it would serve
 if it were started now.
 
-This gateway's own changes bump the counter too; the list read for them finds
-the set already served and swaps nothing. A list read while this gateway
-changed its deployments (`Current.api` is no longer the dict it was when the
+A SIGHUP reload (a new config file) has them checked again at the next poll:
+one the old file shadowed may be served now. This gateway's own changes bump
+the counter too; the list read for them finds the set already served and
+swaps nothing. A list read while this gateway changed its deployments or
+reloaded (`Current.api` or `file_config` is no longer what it was when the
 read began) is dropped and read again at the next poll, so a stale list never
 undoes a change just made here. The store down: the deployments served stay,
 with one warning, and one line when it is back.
@@ -69,6 +71,7 @@ class DeploymentSync:
         self.app = app
         self.store = store
         self.seen: int | None = None  # the store's deployments_version last applied
+        self._file: GatewayConfig | None = None  # the config file's sections they were checked against
         self._refused: set[tuple[str, str]] = set()  # (id, spec) logged as refused
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -86,23 +89,26 @@ class DeploymentSync:
         """Apply the store's deployments if they changed since the last look; True when the served set changed."""
         current = self.app[STATE_KEY]
         before = current.api
+        file_config = current.file_config
         version = await self.store.deployments_version()
-        if version == self.seen:
+        if version == self.seen and file_config is self._file:
             return False
         stored = await self.store.list_deployments()
-        if current.api is not before:  # changed here meanwhile: this list may be older than that change
+        if current.api is not before or current.file_config is not file_config:  # changed here meanwhile: read again
             return False
-        api, refused = serveable(current.file_config, stored)
+        if file_config is not self._file:  # a reload: what it refused may fit now, and is said again if not
+            self._refused.clear()
+        api, refused = serveable(file_config, stored)
         for s, reason in refused:
             if (s.id, s.spec) not in self._refused:
                 self._refused.add((s.id, s.spec))
                 log.error("deployment %s (%s) from the ledger's store is not served: %s", s.name, s.id, reason)
-        self.seen = version
+        self.seen, self._file = version, file_config
         if api == current.api:
             return False
         old = current.api
         try:
-            swap(self.app, current.state.settings, current.file_config, api)
+            swap(self.app, current.state.settings, file_config, api)
         except ServerShuttingDown:
             return False
         except Exception as exc:  # each checked above; the whole refused: the deployments served stay until the next change

@@ -2,7 +2,7 @@
 (`gateway/deploysync.py`): a POST on one is routable on the other within a couple of seconds, a
 PATCH's new upstream is followed, a DELETE is a 404 `model_not_found` there while a stream it runs
 on the deleted deployment completes; a stored deployment that does not fit one gateway is refused
-there with one ERROR line and the rest applied; the gateway's own changes swap nothing again; a
+there with one ERROR line and the rest applied, and served once a reload makes room for it; the gateway's own changes swap nothing again; a
 list read while this gateway changed its deployments is not applied over that change; the store
 down keeps the deployments served."""
 
@@ -13,11 +13,14 @@ import json
 import logging
 import time
 
+import msgspec
 import pytest
 
 from engine_adapter.fake import FakeScript
 from streamproxy.gateway import deploysync
 from streamproxy.gateway.app import SYNC_KEY
+from streamproxy.gateway.reload import reload
+from streamproxy.gateway.state import STATE_KEY
 from streamproxy.ledger.deployments import StoredDeployment
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.store import LedgerStore, open_store
@@ -128,6 +131,12 @@ async def test_a_stored_deployment_that_does_not_fit_is_refused_there_with_one_l
     b_lines = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.ERROR]
     assert b_lines.count(clash) == 1 and b_lines.count(bad) == 2  # bad: once by each gateway; clash: by b only
     assert {d.name for d in b.state.deployments} == {DEPLOYMENT, "clash", "fine"}
+    # A reload whose file no longer has `clash`: the stored one is served at the next poll.
+    current = b.app[STATE_KEY]
+    file_config = msgspec.structs.replace(current.file_config, deployments=current.file_config.deployments[:1])
+    assert reload(b.app, lambda: (current.state.settings, file_config))
+    assert await eventually(lambda: holds("clash" in b.state.pools and b.state.pools["clash"].deployment.id == "dep-clash"), timeout=2.0)
+    assert await routable(session, b, "clash")
 
 
 class SlowList(MemoryStore):
