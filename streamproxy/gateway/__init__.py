@@ -13,7 +13,8 @@ sans-IO part),
 `routes` (the route
 table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
 life cycle), `metrics`, `books` (a ledger record per request; the ledger's
-query routes), `keyring` and `keyadmin` (keys made through the admin API).
+query routes), `keyring` and `keyadmin` (keys made through the admin API),
+`deployadmin` and `deploysync` (deployments made through it, and followed in the ledger's store).
 
 May import `streamproxy.core`, `apis`, `errors`, `config`, the edge
 (`streamproxy.http`) and the ledger (`streamproxy.ledger`); never an engine: replicas are reached over HTTP only.

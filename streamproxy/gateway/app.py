@@ -27,6 +27,7 @@ from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
 from streamproxy.gateway import books, deployadmin, keyadmin
 from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.deploysync import DeploymentSync
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
@@ -52,6 +53,7 @@ from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo, encod
 log = logging.getLogger("streamproxy.gateway")
 
 _PROBES_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("gateway_probes", asyncio.Task)
+SYNC_KEY: web.AppKey[DeploymentSync] = web.AppKey("gateway_deployment_sync", DeploymentSync)
 
 
 def _anthropic_error_json(exc: APIError) -> bytes:
@@ -196,7 +198,9 @@ async def _start(app: web.Application) -> None:
     state.start_sources(state.upstreams)
     if state.ledger is not None:
         state.ledger.start()
-        await deployadmin.load_stored(app, state.ledger.store)  # the admin API's deployments, beside the file's
+        sync = app[SYNC_KEY] = DeploymentSync(app, state.ledger.store)
+        await sync.load()  # the admin API's deployments, beside the file's
+        sync.start()  # and, within a second, those another gateway sharing the store makes, changes or deletes
     if state.keyring is not None:
         try:
             await state.keyring.refresh()
@@ -222,6 +226,9 @@ async def _stop(app: web.Application) -> None:
 async def _close_ledger(app: web.Application) -> None:
     """Last, after the drain: every request's record is queued; write them all."""
     state = app[STATE_KEY].state
+    sync = app.get(SYNC_KEY)
+    if sync is not None:
+        await sync.stop()
     if state.keyring is not None:
         await state.keyring.stop()
     if state.ledger is not None:

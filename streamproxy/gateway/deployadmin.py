@@ -10,11 +10,11 @@ file's keys still naming deployments that exist): a 400 names the field
 (`ledger_deployments`; a store that cannot be written is a 503 and nothing
 changes) and served at once through the same swap as a SIGHUP reload
 (`reload.swap`): requests in flight on a changed or deleted deployment finish on
-it. At start (`load_stored`) the store's deployments are served beside the
-file's; one that no longer fits (the file took its name) is skipped with an
-ERROR line. Deployments of the config file are changed in the file (a 400 here).
-Without a ledger (`ledger: off`): 404 `ledger_off`. Other gateways sharing a
-PostgreSQL store see a change at their next start or SIGHUP.
+it. At start the store's deployments are served beside the file's, and every
+gateway sharing the store follows its changes within a second (deploysync.py:
+one that no longer fits, e.g. the file took its name, is skipped with an ERROR
+line). Deployments of the config file are changed in the file (a 400 here).
+Without a ledger (`ledger: off`): 404 `ledger_off`.
 """
 
 from __future__ import annotations
@@ -254,27 +254,3 @@ async def delete_deployment(request: web.Request) -> web.Response:
         raise
     log.info("deployment %s (%s) deleted through the admin API", d.name, d.id)
     return web.Response(body=_encode(DeploymentDeleted(id=d.id)), content_type="application/json")
-
-
-async def load_stored(app: web.Application, store: LedgerStore) -> None:
-    """At start: the store's deployments served beside the file's; one that does not fit is skipped (logged)."""
-    current = app[STATE_KEY]
-    try:
-        stored = await store.list_deployments()
-    except Exception as exc:
-        log.error("deployments made through the API: the ledger's store cannot be read (%s: %s); serving the file's only",
-                  type(exc).__name__, exc)
-        return
-    api: dict[str, Deployment] = {}
-    for s in stored:
-        try:
-            d = parse(msgspec.json.decode(s.spec))
-            candidate = {**api, d.id: d}
-            merged(current.file_config, candidate)
-        except (APIError, ConfigError, msgspec.DecodeError) as exc:
-            log.error("deployment %s (%s) from the ledger's store is not served: %s", s.name, s.id, exc)
-            continue
-        api = candidate
-    if api:
-        swap(app, current.state.settings, current.file_config, api)
-        log.info("deployments made through the API: %s", ", ".join(f"{d.name} ({d.id})" for d in api.values()))

@@ -41,6 +41,7 @@ class MemoryStore:
         self.writes = 0  # batches stored
         self.keys: dict[str, StoredKey] = {}
         self.deployments: dict[str, StoredDeployment] = {}
+        self.deployment_changes = 0  # `deployments_version`
 
     async def migrate(self) -> int:
         schema.check_known(self.version)
@@ -117,12 +118,19 @@ class MemoryStore:
         was = self.deployments.get(deployment.id)
         created = was.created if was is not None else deployment.created
         self.deployments[deployment.id] = msgspec.structs.replace(deployment, created=created)
+        self.deployment_changes += 1
 
     async def list_deployments(self) -> list[StoredDeployment]:
         return sorted(self.deployments.values(), key=lambda d: (d.created, d.id))
 
     async def delete_deployment(self, deployment_id: str) -> bool:
-        return self.deployments.pop(deployment_id, None) is not None
+        if self.deployments.pop(deployment_id, None) is None:
+            return False
+        self.deployment_changes += 1
+        return True
+
+    async def deployments_version(self) -> int:
+        return self.deployment_changes
 
     async def close(self) -> None:
         pass

@@ -118,7 +118,8 @@ class PostgresStore:
 
     async def put_deployment(self, deployment: StoredDeployment) -> None:
         try:
-            await self._query(sql.put_deployment("postgresql"), list(sql.deployment_row(deployment)), rows=False)
+            await self._query(sql.put_deployment("postgresql"), list(sql.deployment_row(deployment)), rows=False,
+                              then=sql.BUMP_DEPLOYMENTS)
         except psycopg.errors.UniqueViolation:
             raise DeploymentExists(deployment.name) from None
 
@@ -126,16 +127,26 @@ class PostgresStore:
         return [sql.deployment_of(r) for r in await self._query(sql.LIST_DEPLOYMENTS, [])]
 
     async def delete_deployment(self, deployment_id: str) -> bool:
-        return bool(await self._query(sql.delete_deployment("postgresql"), [deployment_id], rows=False))
+        return bool(await self._query(sql.delete_deployment("postgresql"), [deployment_id], rows=False, then=sql.BUMP_DEPLOYMENTS))
 
-    async def _query(self, text: str, args: list[object], rows: bool = True) -> Any:
-        """The rows, or (`rows=False`) the count of rows changed."""
+    async def deployments_version(self) -> int:
+        return int((await self._query(sql.DEPLOYMENTS_VERSION, []))[0][0])
+
+    async def _query(self, text: str, args: list[object], rows: bool = True, then: str | None = None) -> Any:
+        """The rows, or (`rows=False`) the count of rows changed; `then`: a statement run in the same
+        transaction when `text` changed a row (a counter's bump)."""
         try:
             async with asyncio.timeout(TIMEOUT):
                 if self._reader is None or self._reader.closed:
                     self._reader = await self._connect()
                     await self._reader.set_autocommit(True)
-                cur = await self._reader.execute(text, args)  # built from our own constants
+                if then is not None:
+                    async with self._reader.transaction():
+                        cur = await self._reader.execute(text, args)  # built from our own constants
+                        if cur.rowcount:
+                            await self._reader.execute(then)
+                    return cur.rowcount
+                cur = await self._reader.execute(text, args)
                 return await cur.fetchall() if rows else cur.rowcount
         except psycopg.errors.IntegrityError:
             raise  # the connection is fine: the statement was refused

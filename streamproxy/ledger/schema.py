@@ -69,6 +69,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             updated {BIGINT} NOT NULL
         )""",
     )),
+    (4, (
+        # Counters of changes: a gateway polls one row to learn that another changed something
+        # (`deployments`: bumped in the transaction of every put or delete of ledger_deployments).
+        """CREATE TABLE ledger_changes (
+            name TEXT PRIMARY KEY,
+            version {BIGINT} NOT NULL
+        )""",
+        "INSERT INTO ledger_changes (name, version) VALUES ('deployments', 0)",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

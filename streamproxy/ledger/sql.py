@@ -136,3 +136,8 @@ LIST_DEPLOYMENTS = f"SELECT {', '.join(DEPLOYMENT_COLUMNS)} FROM ledger_deployme
 
 def delete_deployment(dialect: Dialect) -> str:
     return f"DELETE FROM ledger_deployments WHERE id = {_PLACEHOLDER[dialect]}"
+
+
+# The counter every put or delete of a deployment bumps in its own transaction (migration 4).
+BUMP_DEPLOYMENTS = "UPDATE ledger_changes SET version = version + 1 WHERE name = 'deployments'"
+DEPLOYMENTS_VERSION = "SELECT version FROM ledger_changes WHERE name = 'deployments'"

@@ -121,12 +121,8 @@ class SqliteStore:
 
     async def put_deployment(self, deployment: StoredDeployment) -> None:
         text, values = sql.put_deployment("sqlite"), sql.deployment_row(deployment)
-
-        def put(db: sqlite3.Connection) -> None:
-            db.execute(text, values)
-
         try:
-            await self._run(put)
+            await self._run(lambda db: _changed(db, text, values))
         except sqlite3.IntegrityError:
             raise DeploymentExists(deployment.name) from None
 
@@ -136,7 +132,11 @@ class SqliteStore:
 
     async def delete_deployment(self, deployment_id: str) -> bool:
         text = sql.delete_deployment("sqlite")
-        return bool(await self._run(lambda db: db.execute(text, (deployment_id,)).rowcount))
+        return bool(await self._run(lambda db: _changed(db, text, (deployment_id,))))
+
+    async def deployments_version(self) -> int:
+        found = await self._run(lambda db: db.execute(sql.DEPLOYMENTS_VERSION).fetchone())
+        return int(found[0])
 
     async def close(self) -> None:
         """Once; again is a no-op."""
@@ -172,6 +172,20 @@ def _migrate(db: sqlite3.Connection) -> int:
         _rollback(db)
         raise
     return version
+
+
+def _changed(db: sqlite3.Connection, text: str, values: tuple[object, ...]) -> int:
+    """A change of ledger_deployments and, when it changed a row, the counter's bump: one transaction."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        count = db.execute(text, values).rowcount
+        if count:
+            db.execute(sql.BUMP_DEPLOYMENTS)
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+    return count
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -6,7 +6,10 @@ is stored or none (so a failed batch can be written again as a whole).
 `migrate` brings the schema to the latest version (`schema`) and says which.
 The keys made through the admin API live here too: `put_key` (KeyExists
 for an id already used, revoked or not), `list_keys` (all, the revoked with their time),
-`revoke_key` (False when there is no such key not yet revoked).
+`revoke_key` (False when there is no such key not yet revoked). So do the
+deployments made through it (`put_deployment`, `list_deployments`,
+`delete_deployment`), with `deployments_version`, a counter each change of
+them bumps in its own transaction, which gateways poll (gateway/deploysync.py).
 Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
 `postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three
 to one contract.
@@ -42,6 +45,11 @@ class LedgerStore(Protocol):
     async def list_deployments(self) -> list[StoredDeployment]: ...
 
     async def delete_deployment(self, deployment_id: str) -> bool: ...
+
+    async def deployments_version(self) -> int:
+        """A number that grows with every put, and every delete that removed one, of a deployment by
+        any process sharing the store (committed with it): one cheap read tells a gateway whether to
+        list them again."""
 
     async def write(self, records: Sequence[LedgerRecord]) -> None: ...
 

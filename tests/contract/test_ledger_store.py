@@ -250,3 +250,44 @@ async def test_deployments_are_put_replaced_listed_and_deleted(store: LedgerStor
     assert await store.delete_deployment("dep-a") is True
     assert await store.delete_deployment("dep-a") is False
     assert await store.list_deployments() == [b]
+
+
+async def test_every_change_of_the_deployments_bumps_their_version_and_nothing_else_does(store: LedgerStore) -> None:
+    v0 = await store.deployments_version()
+    a = StoredDeployment(id="dep-a", name="a", spec='{"name":"a"}', created=10, updated=10)
+    await store.put_deployment(a)
+    v1 = await store.deployments_version()
+    assert v1 > v0
+    await store.put_deployment(StoredDeployment(id="dep-a", name="a", spec='{"name":"a","served_model":"m"}', created=10, updated=20))
+    v2 = await store.deployments_version()
+    assert v2 > v1
+    # Refused or changing nothing: the same version (a gateway polling it lists nothing again).
+    with pytest.raises(DeploymentExists):
+        await store.put_deployment(StoredDeployment(id="dep-b", name="a", spec="{}", created=30, updated=30))
+    assert await store.delete_deployment("dep-none") is False
+    await store.put_key(stored("key-a", "sk-a"))
+    await store.write([rec(1)])
+    assert await store.deployments_version() == v2
+    assert await store.delete_deployment("dep-a") is True
+    assert await store.deployments_version() > v2
+    assert await store.migrate() == schema.LATEST
+    assert await store.deployments_version() > v2  # a migration run again does not reset it
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_the_version_is_shared_by_every_store_on_one_database(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    """What another gateway process sees: a second store on the same database reads the first one's changes."""
+    url = f"sqlite://{tmp_path}/ledger.db" if kind == "sqlite" else request.getfixturevalue("postgres_server").database()
+    one, other = await open_store(url), await open_store(url)
+    try:
+        before = await other.deployments_version()
+        await one.put_deployment(StoredDeployment(id="dep-a", name="a", spec="{}", created=1, updated=1))
+        assert await other.deployments_version() > before
+        assert [d.id for d in await other.list_deployments()] == ["dep-a"]
+        after = await one.deployments_version()
+        assert await other.delete_deployment("dep-a") is True
+        assert await one.deployments_version() > after
+        assert await one.list_deployments() == []
+    finally:
+        await one.close()
+        await other.close()

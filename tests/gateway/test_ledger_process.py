@@ -169,3 +169,71 @@ def test_two_gateway_processes_on_one_postgresql_share_a_key_its_budget_and_its_
         finally:
             a.stop()
             b.stop()
+
+
+def test_two_gateway_processes_on_one_postgresql_follow_a_deployment_posted_patched_and_deleted(tmp_path: Path, postgres_server):
+    """Issue 28, across processes: a deployment POSTed on one gateway is routable on the other within a poll
+    (`deploysync.REFRESH`, a second), a PATCH's new upstream is followed, and a DELETE is a 404 `model_not_found`
+    there while a stream it runs on the deployment completes."""
+    url = postgres_server.database()
+    env = {"GW_ADMIN": "sk-admin-two"}
+    admin = {"Authorization": "Bearer sk-admin-two"}
+    slow_args = [*FAKE_ARGS, "--served-model-name", SERVED, "--fake-token-delay", "0.04"]
+    with serve_process(slow_args, log_dir=tmp_path, name="slow") as slow, \
+            serve_process([*FAKE_ARGS, "--served-model-name", SERVED], log_dir=tmp_path, name="fast") as fast:
+        config = _config(fast.base, ledger=url, ledger_writer={"interval": 0.05}, admin_key_env="GW_ADMIN")
+        a = start_gateway(config, tmp_path, name="gateway-a", env=env)
+        b = start_gateway(config, tmp_path, name="gateway-b", env=env)
+        try:
+            def eventually(check, timeout: float = 3.0) -> bool:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    if check():
+                        return True
+                    time.sleep(0.02)
+                return False
+
+            def ask(gw, **extra: object) -> requests.Response:
+                return requests.post(gw.url("/v1/chat/completions"), json=chat("tenant-bot", max_tokens=1, **extra), timeout=10)
+
+            def replicas_on_b() -> list[str]:
+                got = requests.get(b.url("/v1/deployments/tenant-bot"), headers=admin, timeout=10)
+                return [r["url"] for r in got.json()["replicas"]] if got.status_code == 200 else []
+
+            made = requests.post(a.url("/v1/deployments"), json={"name": "tenant-bot", "id": "dep-tenant-bot",
+                                                                   "served_model": SERVED, "upstreams": [slow.base]},
+                                 headers=admin, timeout=10)
+            assert made.status_code == 200, made.text
+            posted = time.monotonic()
+            assert ask(a).status_code == 200  # at once where it was made
+            assert eventually(lambda: ask(b).status_code == 200)
+            followed = time.monotonic() - posted
+            assert followed < 2.5, followed  # a poll a second, and a request's time
+
+            # A stream on b, on the deployment as POSTed (100 tokens, 4 s).
+            streamed: list[bytes] = []
+
+            def stream() -> None:
+                with requests.post(b.url("/v1/chat/completions"), json=chat("tenant-bot", stream=True, max_tokens=100),
+                                   stream=True, timeout=30) as resp:
+                    streamed.append(resp.content)
+
+            running = threading.Thread(target=stream)
+            running.start()
+            patched = requests.patch(a.url("/v1/deployments/dep-tenant-bot"), json={"upstreams": [fast.base]}, headers=admin, timeout=10)
+            assert patched.status_code == 200, patched.text
+            assert eventually(lambda: replicas_on_b() == [fast.base]) and ask(b).status_code == 200
+            assert requests.delete(a.url("/v1/deployments/tenant-bot"), headers=admin, timeout=10).status_code == 200
+
+            def gone_on_b() -> bool:
+                r = ask(b)
+                return r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+            assert eventually(gone_on_b)
+            assert running.is_alive()  # the stream outlived its deployment's change and deletion
+            running.join(30)
+            (body,) = streamed
+            assert body.endswith(b"data: [DONE]\n\n") and b'"error"' not in body and body.count(b"data: ") == 103, body[-300:]  # role, 100 tokens, finish, [DONE]
+        finally:
+            a.stop()
+            b.stop()

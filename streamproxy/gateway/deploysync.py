@@ -1,0 +1,153 @@
+"""The deployments made through the admin API, followed in the ledger's store: every gateway sharing
+it serves another's POST, PATCH and DELETE /v1/deployments within `REFRESH` s, as keyring.py does keys.
+
+Every `REFRESH` s one cheap read: the store's `deployments_version`, a counter
+each put or delete of a deployment bumps in its own transaction (ledger
+migration 4). Only when it moved since the last one seen are the deployments
+listed again and checked one by one as at start (`serveable`: deployadmin's
+`parse`, then beside the file's deployments and the others, `reload.merged`,
+and their TLS settings built). When the set differs from the one served it is
+applied through the same swap as a SIGHUP reload and the admin API
+(`reload.swap`): new requests see it, requests and streams in flight finish on
+the state they began with, a changed or removed deployment retires once idle,
+an unchanged one keeps its pool (health, prefix index). A stored deployment
+that does not fit here (it no longer parses, a name this gateway's file uses,
+a CA file missing on this machine) is refused with one ERROR line, once per
+version of it, and the rest applied: the gateway serves what it would serve
+if it were started now.
+
+A SIGHUP reload (a new config file) has them checked again at the next poll:
+one the old file shadowed may be served now. This gateway's own changes bump
+the counter too; the list read for them finds the set already served and
+swaps nothing. A list read while this gateway changed its deployments or
+reloaded (`Current.api` or `file_config` is no longer what it was when the
+read began) is dropped and read again at the next poll, so a stale list never
+undoes a change just made here. The store down: the deployments served stay,
+with one warning, and one line when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from aiohttp import web
+
+from streamproxy.errors import APIError, ServerShuttingDown
+from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig
+from streamproxy.gateway.deployadmin import parse
+from streamproxy.gateway.reload import merged, swap
+from streamproxy.gateway.state import STATE_KEY
+from streamproxy.gateway.upstream_tls import contexts
+from streamproxy.ledger.deployments import StoredDeployment
+from streamproxy.ledger.store import LedgerStore
+
+log = logging.getLogger("streamproxy.gateway")
+
+REFRESH = 1.0  # s
+
+
+def serveable(file_config: GatewayConfig, stored: list[StoredDeployment]) -> tuple[dict[str, Deployment], list[tuple[StoredDeployment, str]]]:
+    """The stored deployments this gateway can serve beside its file's, by id in the store's order; and
+    those it cannot, with the reason."""
+    api: dict[str, Deployment] = {}
+    refused: list[tuple[StoredDeployment, str]] = []
+    for s in stored:
+        try:
+            d = parse(msgspec.json.decode(s.spec))
+            candidate = {**api, d.id: d}
+            merged(file_config, candidate)
+            contexts(msgspec.structs.replace(file_config, deployments=[d]))  # its CA files, read here
+        except (APIError, ConfigError, msgspec.DecodeError) as exc:
+            refused.append((s, str(exc)))
+            continue
+        api = candidate
+    return api, refused
+
+
+class DeploymentSync:
+    def __init__(self, app: web.Application, store: LedgerStore) -> None:
+        self.app = app
+        self.store = store
+        self.seen: int | None = None  # the store's deployments_version last applied
+        self._file: GatewayConfig | None = None  # the config file's sections they were checked against
+        self._refused: set[tuple[str, str]] = set()  # (id, spec) logged as refused
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    async def load(self) -> None:
+        """At start: the store's deployments served beside the file's (a store that cannot be read: the file's only)."""
+        try:
+            await self.refresh(start=True)
+        except Exception as exc:
+            log.error("deployments made through the API: the ledger's store cannot be read (%s: %s); serving the file's only "
+                      "until it can", type(exc).__name__, exc)
+            self._failing = True
+
+    async def refresh(self, start: bool = False) -> bool:
+        """Apply the store's deployments if they changed since the last look; True when the served set changed."""
+        current = self.app[STATE_KEY]
+        before = current.api
+        file_config = current.file_config
+        version = await self.store.deployments_version()
+        if version == self.seen and file_config is self._file:
+            return False
+        stored = await self.store.list_deployments()
+        if current.api is not before or current.file_config is not file_config:  # changed here meanwhile: read again
+            return False
+        if file_config is not self._file:  # a reload: what it refused may fit now, and is said again if not
+            self._refused.clear()
+        api, refused = serveable(file_config, stored)
+        for s, reason in refused:
+            if (s.id, s.spec) not in self._refused:
+                self._refused.add((s.id, s.spec))
+                log.error("deployment %s (%s) from the ledger's store is not served: %s", s.name, s.id, reason)
+        self.seen, self._file = version, file_config
+        if api == current.api:
+            return False
+        old = current.api
+        try:
+            swap(self.app, current.state.settings, file_config, api)
+        except ServerShuttingDown:
+            return False
+        except Exception as exc:  # each checked above; the whole refused: the deployments served stay until the next change
+            log.error("deployments from the ledger's store are not applied (%s: %s); still serving the previous ones",
+                      type(exc).__name__, exc)
+            return False
+        if start:
+            log.info("deployments made through the API: %s", ", ".join(f"{d.name} ({d.id})" for d in api.values()))
+        else:
+            added = [d for k, d in api.items() if k not in old]
+            changed = [d for k, d in api.items() if k in old and old[k] != d]
+            removed = [d for k, d in old.items() if k not in api]
+            log.info("deployments from the ledger's store: added %s; changed %s; removed %s",
+                     *(", ".join(f"{d.name} ({d.id})" for d in group) or "none" for group in (added, changed, removed)))
+        return True
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-deployment-sync")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                await self.refresh()
+                if self._failing:
+                    log.warning("deployments: the ledger's store is back; deployments refreshed")
+                    self._failing = False
+            except Exception as exc:
+                if not self._failing:
+                    log.warning("deployments: cannot refresh from the ledger's store (keeping the deployments served): %s: %s",
+                                type(exc).__name__, exc)
+                    self._failing = True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
