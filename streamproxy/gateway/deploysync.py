@@ -28,7 +28,6 @@ with one warning, and one line when it is back.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgspec
@@ -37,6 +36,7 @@ from aiohttp import web
 from streamproxy.errors import APIError, ServerShuttingDown
 from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig
 from streamproxy.gateway.deployadmin import parse
+from streamproxy.gateway.poll import StorePoll
 from streamproxy.gateway.reload import merged, swap
 from streamproxy.gateway.state import STATE_KEY
 from streamproxy.gateway.upstream_tls import contexts
@@ -73,8 +73,8 @@ class DeploymentSync:
         self.seen: int | None = None  # the store's deployments_version last applied
         self._file: GatewayConfig | None = None  # the config file's sections they were checked against
         self._refused: set[tuple[str, str]] = set()  # (id, spec) logged as refused
-        self._task: asyncio.Task[None] | None = None
-        self._failing = False
+        self._poll = StorePoll("deployments", "keeping the deployments served", self.refresh, lambda: REFRESH,
+                               "gateway-deployment-sync")
 
     async def load(self) -> None:
         """At start: the store's deployments served beside the file's (a store that cannot be read: the file's only)."""
@@ -83,7 +83,7 @@ class DeploymentSync:
         except Exception as exc:
             log.error("deployments made through the API: the ledger's store cannot be read (%s: %s); serving the file's only "
                       "until it can", type(exc).__name__, exc)
-            self._failing = True
+            self._poll.failing = True
 
     async def refresh(self, start: bool = False) -> bool:
         """Apply the store's deployments if they changed since the last look; True when the served set changed."""
@@ -126,28 +126,7 @@ class DeploymentSync:
         return True
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-deployment-sync")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH)
-            try:
-                await self.refresh()
-                if self._failing:
-                    log.warning("deployments: the ledger's store is back; deployments refreshed")
-                    self._failing = False
-            except Exception as exc:
-                if not self._failing:
-                    log.warning("deployments: cannot refresh from the ledger's store (keeping the deployments served): %s: %s",
-                                type(exc).__name__, exc)
-                    self._failing = True
+        self._poll.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            task, self._task = self._task, None
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._poll.stop()

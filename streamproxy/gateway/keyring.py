@@ -20,7 +20,6 @@ little early, never late.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import hashlib
 import logging
@@ -29,6 +28,7 @@ from collections import defaultdict
 
 from streamproxy.gateway.config import ApiKey
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.poll import StorePoll
 from streamproxy.ledger.keys import StoredKey, period_start
 from streamproxy.ledger.records import LedgerRecord, UsageQuery
 from streamproxy.ledger.store import LedgerStore
@@ -56,8 +56,7 @@ class Keyring:
         self._stored_spent: dict[str, int] = {}  # key id -> tokens in its current period, from the store
         self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
         self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
-        self._task: asyncio.Task[None] | None = None
-        self._failing = False
+        self._poll = StorePoll("keys", "keeping the last keys", self.refresh, lambda: REFRESH, "gateway-keyring")
 
     def __bool__(self) -> bool:
         """Whether the gateway asks for keys: once a key was made, also after it is revoked (revoking the
@@ -148,27 +147,7 @@ class Keyring:
         self._stored_spent = spent
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-keyring")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH)
-            try:
-                await self.refresh()
-                if self._failing:
-                    log.warning("keys: the ledger's store is back; keys refreshed")
-                    self._failing = False
-            except Exception as exc:
-                if not self._failing:
-                    log.warning("keys: cannot refresh from the ledger's store (keeping the last keys): %s: %s", type(exc).__name__, exc)
-                    self._failing = True
+        self._poll.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            task, self._task = self._task, None
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._poll.stop()
