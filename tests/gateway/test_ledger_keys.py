@@ -144,7 +144,7 @@ async def test_two_gateways_on_one_postgresql_share_keys_revocations_and_budgets
     a = await keyed_gateway(replica, gateway, await open_store(url))
     b = await keyed_gateway(replica, gateway, await open_store(url))
     status, made = await admin(session, "POST", a.url("/v1/keys"),
-                               {"id": "shared", "deployments": ["*"], "budget_tokens": 100, "budget_period": "month"})
+                               {"id": "team-both", "deployments": ["*"], "budget_tokens": 100, "budget_period": "month"})
     assert status == 200
     secret = made["secret"]
     assert (await use(session, a, secret))[0] == 200  # at once where it was made
@@ -164,7 +164,7 @@ async def test_two_gateways_on_one_postgresql_share_keys_revocations_and_budgets
     assert await eventually(lambda: over_on(a))
     assert await eventually(lambda: over_on(b))
     # Revoked on a: refused on b within a refresh.
-    status, _ = await admin(session, "DELETE", a.url("/v1/keys/shared"))
+    status, _ = await admin(session, "DELETE", a.url("/v1/keys/team-both"))
     assert status == 200
 
     async def refused_on_b() -> bool:
@@ -172,4 +172,4 @@ async def test_two_gateways_on_one_postgresql_share_keys_revocations_and_budgets
 
     assert await eventually(refused_on_b)
     status, listed = await admin(session, "GET", b.url("/v1/keys"))
-    assert [(k["id"], k["revoked"] is not None) for k in listed["data"]] == [("shared", True)]
+    assert [(k["id"], k["revoked"] is not None) for k in listed["data"]] == [("team-both", True)]

@@ -138,7 +138,7 @@ def test_two_gateway_processes_on_one_postgresql_share_a_key_its_budget_and_its_
         a = start_gateway(config, tmp_path, name="gateway-a", env=env)
         b = start_gateway(config, tmp_path, name="gateway-b", env=env)
         try:
-            made = requests.post(a.url("/v1/keys"), json={"id": "shared", "deployments": ["*"], "budget_tokens": 100,
+            made = requests.post(a.url("/v1/keys"), json={"id": "team-both", "deployments": ["*"], "budget_tokens": 100,
                                                           "budget_period": "month"}, headers=admin, timeout=10)
             assert made.status_code == 200, made.text
             key = {"Authorization": f"Bearer {made.json()['secret']}"}
@@ -162,10 +162,10 @@ def test_two_gateway_processes_on_one_postgresql_share_a_key_its_budget_and_its_
                 return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
 
             assert eventually(lambda: over(a)) and eventually(lambda: over(b))  # one budget, spent on both
-            assert requests.delete(a.url("/v1/keys/shared"), headers=admin, timeout=10).status_code == 200
+            assert requests.delete(a.url("/v1/keys/team-both"), headers=admin, timeout=10).status_code == 200
             assert eventually(lambda: use(b).status_code == 401)
             listed = requests.get(b.url("/v1/keys"), headers=admin, timeout=10).json()["data"]
-            assert [(k["id"], k["revoked"] is not None) for k in listed] == [("shared", True)]
+            assert [(k["id"], k["revoked"] is not None) for k in listed] == [("team-both", True)]
         finally:
             a.stop()
             b.stop()
