@@ -22,7 +22,7 @@ from tests.support.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_differen
 pytestmark = pytest.mark.engine
 
 LIMIT = 8  # documents per task: 8 x 4 loglikelihood requests (batches of 8) and 8 generations
-TOLERANCE = 0.05  # nats per choice; the same engine on the same machine differs by rounding at most
+TOLERANCE = 0.05  # nats per choice, plus tests.support.lmeval.RELATIVE of its size: two engine processes differ by rounding
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_the_comparison_can_fail(runs: tuple[Run, Run]) -> None:
     ours, theirs = runs
     assert compare(ours, ours, TOLERANCE) == ["both runs went to the same server"]
     row = theirs.samples[MC][0]
-    moved = [[[str(float(resp[0][0]) - 3 * TOLERANCE), resp[0][1]]] for resp in row["resps"][:1]] + row["resps"][1:]
+    moved = [[[str(float(resp[0][0]) - 1.0), resp[0][1]]] for resp in row["resps"][:1]] + row["resps"][1:]  # a whole nat
     shifted = Run(theirs.base_url, theirs.results, {**theirs.samples, MC: [{**row, "resps": moved}, *theirs.samples[MC][1:]]},
                   theirs.seconds)
     problems = compare(ours, shifted, TOLERANCE)
