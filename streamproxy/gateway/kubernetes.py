@@ -51,6 +51,7 @@ from streamproxy.gateway.config import Deployment, Kubernetes
 from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, KubeConfigMissing, WatchCut, refused
 from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
+from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
@@ -118,21 +119,8 @@ class KubernetesSource:
             if self.k.wait_for_wake:
                 return
             raise self._unavailable()
-        lc = self.lifecycle
-        if lc.phase is Phase.FAILED:
-            exc = ServiceUnavailable(
-                f"deployment `{self.name}` failed to wake: {self.wake_fault or 'no pod became Ready'}; an operator must wake it",
-                code="deployment_failed",
-            )
-            exc.should_retry = False
-            raise exc
-        self.wake()
-        if self.k.wait_for_wake:
-            return
-        wait = lc.retry_after()
-        raise ServiceUnavailable(
-            f"deployment `{self.name}` is waking up; retry after {wait} s", code="deployment_waking", retry_after=wait
-        )
+        failed = f"failed to wake: {self.wake_fault or 'no pod became Ready'}"
+        wake_or_refuse(self.name, self.lifecycle, failed, self.wake, self.k.wait_for_wake)
 
     def _unavailable(self) -> ServiceUnavailable:
         why = self.fault or f"no Ready pod matches {self.k.label_selector()} in namespace {self.k.namespace}"

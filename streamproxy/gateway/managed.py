@@ -40,6 +40,7 @@ from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
+from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
 from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
@@ -100,20 +101,7 @@ class ManagedDeployment:
         if lc.serving:
             return
         M.COLD_REQUESTS.labels(self.name).inc()
-        if lc.phase is Phase.FAILED:
-            exc = ServiceUnavailable(
-                f"deployment `{self.name}` failed: its replicas kept exiting; an operator must wake it",
-                code="deployment_failed",
-            )
-            exc.should_retry = False
-            raise exc
-        self.wake()
-        if self.launch.wait_for_wake:
-            return
-        wait = lc.retry_after()
-        raise ServiceUnavailable(
-            f"deployment `{self.name}` is waking up; retry after {wait} s", code="deployment_waking", retry_after=wait
-        )
+        wake_or_refuse(self.name, lc, "failed: its replicas kept exiting", self.wake, self.launch.wait_for_wake)
 
     async def until_ready(self, timeout: float) -> None:
         """Wait (at most `timeout` s; 0: no bound) until the deployment can serve (`wait_for_wake`)."""

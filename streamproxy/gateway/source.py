@@ -19,9 +19,12 @@ The request path is the same for all: `admit()` before anything is sent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
+from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.lifecycle import Lifecycle, Phase
 from streamproxy.gateway.wire import Upstreams
 
 
@@ -110,3 +113,18 @@ class FixedSource:
 
     async def stop(self) -> None:
         return
+
+
+def wake_or_refuse(name: str, lifecycle: Lifecycle, failed: str, wake: Callable[[], object], hold: bool) -> None:
+    """A request to a deployment with no replica to serve it, for a source that wakes: a failed one is
+    503 `deployment_failed` (no retry: `failed` says why); otherwise the wake starts and the request is held
+    (`hold`: wait_for_wake) or refused with 503 `deployment_waking` and the lifecycle's Retry-After."""
+    if lifecycle.phase is Phase.FAILED:
+        exc = ServiceUnavailable(f"deployment `{name}` {failed}; an operator must wake it", code="deployment_failed")
+        exc.should_retry = False
+        raise exc
+    wake()
+    if hold:
+        return
+    wait = lifecycle.retry_after()
+    raise ServiceUnavailable(f"deployment `{name}` is waking up; retry after {wait} s", code="deployment_waking", retry_after=wait)
