@@ -10,10 +10,13 @@ SQLite in a temporary folder, PostgreSQL: `--postgres URL`, else a server
 from pgserver's binaries, as the tests start it), and the `Ledger` writer end
 to end (N `add`s, then `close`: the event loop's share is the `add` time).
 Gateway: one `streamproxy serve --engine fake` replica and three gateway
-processes over it (ledger off / SQLite / PostgreSQL); rounds of the same
-closed-loop load (bench.loadgen) go to each in turn (the order rotated per round): per round, each
-gateway's utime+stime divided by the events it relayed, its TTFT p50, and both against the
-ledger-off gateway of that round. Printed as Markdown tables of min / median / max over the
+processes over it (ledger off / SQLite / PostgreSQL); in each round the same
+closed-loop load (bench.loadgen) goes to all three at once, so that whatever
+else the machine does in that round (a busy SMT sibling, other sessions) it
+does to all three alike (`--sequential`: one after the other, the order
+rotated per round): per round, each gateway's utime+stime divided by the
+events it relayed, its TTFT p50, and both against the ledger-off gateway of
+that round. Printed as Markdown tables of min / median / max over the
 rounds (bench.report.spread); nothing is written.
 """
 
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -81,6 +85,25 @@ Rounds = dict[str, dict[str, list[float]]]
 LEDGERS = ("off", "sqlite", "postgresql")
 
 
+async def measure(gateways: dict[str, Any], args: argparse.Namespace, body: dict, events: dict[str, int]
+                  ) -> dict[str, tuple[float, float]]:
+    """One load per gateway, all at once: (CPU µs per event, TTFT p50 ms) for each."""
+    before = {name: cpu_seconds(gw.proc.pid) for name, gw in gateways.items()}
+    results = await asyncio.gather(*(
+        run_load(gw.base, build_request("127.0.0.1", gw.port, "/v1/chat/completions", body), args.concurrency, args.requests)
+        for gw in gateways.values()))
+    await asyncio.sleep(0.7)  # the ledger's batch of this round is written within it, and counted here
+    out = {}
+    for (name, gw), result in zip(gateways.items(), results, strict=True):
+        cpu = cpu_seconds(gw.proc.pid) - before[name]
+        ok = result.ok
+        assert len(ok) == args.requests, result.errors[:3]
+        n = sum(r.sse_events for r in ok)
+        events[name] += n
+        out[name] = (cpu / n * 1e6, statistics.median([r.ttft for r in ok if r.ttft is not None]) * 1e3)
+    return out
+
+
 async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> tuple[Rounds, dict[str, int]]:
     from tests.support.server import FAKE_ARGS, serve_process, start_gateway
 
@@ -97,18 +120,11 @@ async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> 
             names = list(gateways)
             for k in range(args.rounds):
                 this: dict[str, tuple[float, float]] = {}
-                for name in names[k % 3:] + names[:k % 3]:  # each ledger first in turn: no order effect
-                    gw = gateways[name]
-                    raw = build_request("127.0.0.1", gw.port, "/v1/chat/completions", body)
-                    before = cpu_seconds(gw.proc.pid)
-                    result = await run_load(gw.base, raw, args.concurrency, args.requests)
-                    await asyncio.sleep(0.7)  # the ledger's batch of this round is written within it, and counted here
-                    cpu = cpu_seconds(gw.proc.pid) - before
-                    ok = result.ok
-                    assert len(ok) == args.requests, result.errors[:3]
-                    n = sum(r.sse_events for r in ok)
-                    events[name] += n
-                    this[name] = (cpu / n * 1e6, statistics.median([r.ttft for r in ok if r.ttft is not None]) * 1e3)
+                if args.sequential:
+                    for name in names[k % 3:] + names[:k % 3]:  # each ledger first in turn: no order effect
+                        this[name] = (await measure({name: gateways[name]}, args, body, events))[name]
+                else:
+                    this = await measure(gateways, args, body, events)
                 off_cpu, off_ttft = this["off"]
                 for name, (cpu_us, ttft) in this.items():
                     per[name]["cpu_us"].append(cpu_us)
@@ -140,7 +156,8 @@ async def main_async(args: argparse.Namespace) -> None:
             pg2 = server.database() if server is not None else pg  # type: ignore[attr-defined]
             per, events = await gateway_costs(args, pg2, folder)
             print(f"\nGateway: {args.rounds} rounds of {args.requests} streams of {args.tokens} tokens, {args.concurrency} at "
-                  "once, to each gateway in turn (the order rotated per round); min / median / max over the rounds; "
+                  f"once, {'to each gateway in turn (the order rotated per round)' if args.sequential else 'to all three gateways at once'}; "
+                  "min / median / max over the rounds; "
                   "'vs off': against the ledger-off gateway of the same round.\n")
             tick = 1e6 / os.sysconf("SC_CLK_TCK") / (events["off"] / args.rounds)
             print(f"CPU from /proc/PID/stat in clock ticks: one tick is {tick:.2f} µs per event in a round.\n")
@@ -165,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10000 records, 2 store rounds, 3 gateway rounds of 500 streams")
     ap.add_argument("--postgres", help="a PostgreSQL URL (default: a server from pgserver's binaries)")
     ap.add_argument("--skip-gateway", action="store_true")
+    ap.add_argument("--sequential", action="store_true",
+                    help="drive one gateway at a time (the order rotated per round) instead of all three at once")
     args = ap.parse_args(argv)
     if args.quick:
         given = {a.split("=", 1)[0] for a in (argv if argv is not None else sys.argv[1:])}
