@@ -48,7 +48,9 @@ look at the abort between them (the config: seconds, no process yet; then
 the AsyncLLM, which starts the engine core), and the abort kills every
 process started since `start()` began until that thread has ended (vLLM's
 start-up barrier sees its engine core gone and raises), within
-`ABORT_BOUND` s. """
+`ABORT_BOUND` s. An engine core that is up but does not answer the start's
+first call within `FIRST_CALL_TIMEOUT` s fails the start (seen once with
+`--api-server-count 2`: both API servers waited on it for 10 minutes). """
 
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import cpu_placement, spawned
 from .base import (
@@ -80,6 +82,20 @@ log = logging.getLogger("streamproxy.engine.vllm")
 
 # Seconds `close()` keeps killing what an aborted start starts, waiting for its thread to end.
 ABORT_BOUND = 15.0
+# Seconds the engine core has to answer the start's first call once it is up: past it, the start
+# fails (a worker of --api-server-count N exits 1, and the parent with it) instead of hanging.
+FIRST_CALL_TIMEOUT = 120.0
+
+T = TypeVar("T")
+
+
+async def first_call(call: Awaitable[T], name: str, timeout: float | None = None) -> T:
+    """The start's first call to the engine core, bounded: `EngineFailure` when it does not answer in time."""
+    limit = FIRST_CALL_TIMEOUT if timeout is None else timeout
+    try:
+        return await asyncio.wait_for(call, limit)
+    except TimeoutError:
+        raise EngineFailure(f"the engine core did not answer its first call ({name}) within {limit:g} s of its start") from None
 
 
 class VllmEngine:
@@ -140,7 +156,7 @@ class VllmEngine:
             if reason is None and not uses_fast_detokenizer(self._tokenizer):
                 reason = "the tokenizer has no fast incremental decoder"
             if reason is None:
-                self._supported_tasks = await self._llm.get_supported_tasks()
+                self._supported_tasks = await first_call(self._llm.get_supported_tasks(), "get_supported_tasks")
                 self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid),
                                            outputs_waiting(self._llm.engine_core))
                 log.info("direct outputs on: generation requests skip vLLM's OutputProcessor")

@@ -46,7 +46,7 @@ def _health(base: str) -> int:
 
 def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None:
     engine = ("--model", str(build_tiny_model(progress=False)), *TINY)
-    with api_servers(2, engine=engine, timeout=600) as srv:
+    with api_servers(2, engine=engine, timeout=600, retry_unanswered_start=True) as srv:
         answers = [_complete(srv.base) for _ in range(16)]  # a connection each
         assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
         assert len({a["id"] for a in answers}) == 16

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,18 +74,32 @@ class ApiServers:
 
 @contextmanager
 def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), timeout: float = 240.0,
-                log_dir: Path | None = None) -> Iterator[ApiServers]:
-    """A parent with `count` ready workers for the `with` block; SIGTERM after it (the caller may stop it first)."""
+                log_dir: Path | None = None, retry_unanswered_start: bool = False) -> Iterator[ApiServers]:
+    """A parent with `count` ready workers for the `with` block; SIGTERM after it (the caller may stop it first).
+
+    `retry_unanswered_start`: a start whose shared vLLM engine core came up but did not answer the
+    workers' first call (engine_adapter/vllm_engine.py FIRST_CALL_TIMEOUT: the workers exit 1, and
+    the parent) is tried once more, with a fresh engine; seen once in about 30 starts, inside vLLM's
+    multi-client start-up. Any other failure fails at once."""
     with tempfile.TemporaryDirectory(prefix="streamproxy-workers-") as tmp:
         folder = log_dir or Path(tmp)
         access = folder / "access.log"
-        server = ServerProcess([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
-                               name="api-servers")
-        srv = ApiServers(server, count, access)
-        try:
-            if not wait_until_sync(lambda: srv.listening() >= count, timeout, 0.05):
-                raise ServerFailed(f"{srv.listening()} of {count} API servers listening after {timeout} s", server.log())
-            server.wait_ready(timeout)
-            yield srv
-        finally:
-            server.stop(30)
+        for attempt in range(2 if retry_unanswered_start else 1):
+            server = ServerProcess([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
+                                   name=f"api-servers-{attempt}" if attempt else "api-servers")
+            srv = ApiServers(server, count, access)
+            try:
+                if not wait_until_sync(lambda: srv.listening() >= count, timeout, 0.05):
+                    raise ServerFailed(f"{srv.listening()} of {count} API servers listening after {timeout} s", server.log())
+                server.wait_ready(timeout)
+            except ServerFailed as exc:
+                server.stop(30)
+                if not retry_unanswered_start or attempt or "did not answer its first call" not in exc.log:
+                    raise
+                warnings.warn(f"the shared engine core did not answer the first call; starting again:\n{exc.log[-2000:]}")
+                continue
+            try:
+                yield srv
+            finally:
+                server.stop(30)
+            return
