@@ -1,7 +1,10 @@
 """The fake `LedgerStore`: a list in memory, with the SQL stores' semantics (tests/contract).
 
 `fail` makes the next writes raise (a store that is down), `stall` makes them
-wait for an event (a slow one): what the writer's tests need of a store.
+wait for an event (a slow one), `lose_acks` makes the next that many writes
+store their batch and then raise (a commit whose answer was lost): what the
+writer's tests need of a store. A record id already stored is skipped, as the
+SQL stores' unique index does.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ class MemoryStore:
         self.version = 0
         self.fail = False
         self.stall: asyncio.Event | None = None
+        self.lose_acks = 0  # the next writes that store their batch and then raise
         self.writes = 0  # batches stored
+        self._ids: set[str] = set()  # record ids stored
         self.keys: dict[str, StoredKey] = {}
         self.deployments: dict[str, StoredDeployment] = {}
         self.deployment_changes = 0  # `deployments_version`
@@ -53,9 +58,17 @@ class MemoryStore:
             await self.stall.wait()
         if self.fail:
             raise StoreDown("the fake store is down")
-        start = len(self.rows) + 1
-        self.rows.extend((start + i, r) for i, r in enumerate(records))
+        ids = self._ids
+        for r in records:
+            if r.record_id is not None:
+                if r.record_id in ids:
+                    continue
+                ids.add(r.record_id)
+            self.rows.append((len(self.rows) + 1, r))
         self.writes += 1
+        if self.lose_acks > 0:
+            self.lose_acks -= 1
+            raise StoreDown("the fake store stored the batch, but its answer was lost")
 
     async def requests(self, query: RequestQuery) -> RequestPage:
         def keep(seq: int, r: LedgerRecord) -> bool:

@@ -6,8 +6,10 @@ against it), its binary wheel needs no compiler, and its COPY writes a batch
 in one round trip. Two connections, opened on first use and again after any
 failure. The writer's is a blocking one in a worker thread of its own, as
 SQLite's: encoding a batch's rows for COPY is the ledger's largest CPU cost
-and stays off the event loop (a batch is one `COPY` in one transaction: all
-or nothing). Queries use an asyncio connection, so a slow report never holds
+and stays off the event loop (a batch is one transaction: all or nothing; a
+`COPY` into a temporary table, then one `INSERT ... SELECT` that skips the
+record ids already stored, so a batch written again after a commit whose
+answer was lost stores nothing twice). Queries use an asyncio connection, so a slow report never holds
 up the writer. Every operation has a deadline (`TIMEOUT`; for the blocking
 connection libpq's `tcp_user_timeout` and a `statement_timeout`): a server
 that stops answering is an error the writer retries, not a hang. Migrations
@@ -41,7 +43,6 @@ from streamproxy.ledger.records import (
 CONNECT_TIMEOUT = 5  # s, libpq's connect_timeout
 TIMEOUT = 15.0  # s, any one operation
 _LOCK = 0x1ED6E2  # the advisory lock migrations hold
-_COPY = f"COPY ledger_requests ({', '.join(COLUMNS)}) FROM STDIN"
 
 
 class PostgresStore:
@@ -88,10 +89,14 @@ class PostgresStore:
                     self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger",
                     tcp_user_timeout=int(TIMEOUT * 1000), options=f"-c statement_timeout={int(TIMEOUT * 1000)}",
                 )
+                self._writer.execute(sql.BATCH_TABLE)  # this connection's, emptied at each commit
+                self._writer.commit()
             conn = self._writer
-            with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
-                for r in records:
-                    copy.write_row(row(r))
+            with conn.transaction(), conn.cursor() as cur:
+                with cur.copy(sql.COPY_BATCH) as copy:
+                    for r in records:
+                        copy.write_row(row(r))
+                cur.execute(sql.MOVE_BATCH)
         except BaseException:
             self._drop_writer()
             raise
