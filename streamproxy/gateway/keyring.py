@@ -16,6 +16,16 @@ last read, plus this process's records the store took since that read began
 buffer (`queued`, at each record's end). A batch written while the sum is
 being read may be counted twice until the next read: a key is stopped a
 little early, never late.
+
+Requests running are counted too: `reserve` (at admission) holds a
+request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
+when spent + held + its worst case is over the budget; its hold is
+released and its real tokens counted in the same step when it ends
+(books.recorder). Holds are this process's: with several gateway processes
+on one store, each counts the others' requests once their records are
+written and read (the ledger's `interval` + `REFRESH`), not while they run:
+what a key can spend past its budget is what the other processes admitted
+for it in that window, at most (N - 1) x what was left of it (docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -26,8 +36,11 @@ import logging
 import time
 from collections import defaultdict
 
+from streamproxy.errors import QuotaExceeded
 from streamproxy.gateway.config import ApiKey
+from streamproxy.gateway.holds import Hold, Holds, WorstCase
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.metrics import BUDGET_HELD
 from streamproxy.gateway.poll import StorePoll
 from streamproxy.ledger.keys import StoredKey, period_start
 from streamproxy.ledger.records import LedgerRecord, UsageQuery
@@ -56,6 +69,8 @@ class Keyring:
         self._stored_spent: dict[str, int] = {}  # key id -> tokens in its current period, from the store
         self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
         self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
+        self.holds = Holds()  # the worst cases of this process's requests running, per key
+        BUDGET_HELD.set_function(self.holds.total)
         self._poll = StorePoll("keys", "keeping the last keys", self.refresh, lambda: REFRESH, "gateway-keyring")
 
     def __bool__(self) -> bool:
@@ -101,19 +116,41 @@ class Keyring:
     def spent(self, key_id: str) -> int:
         return self._stored_spent.get(key_id, 0) + self._saved.get(key_id, 0) + self._unsaved.get(key_id, 0)
 
-    def over_budget(self, entry: Entry, now: float) -> tuple[str, int] | None:
-        """(the message, seconds until the period turns) when the key has used its budget."""
+    def held(self, key_id: str) -> int:
+        """Tokens held by this key's requests running in this process."""
+        return self.holds.held(key_id)
+
+    def reserve(self, entry: Entry, worst: WorstCase, now: float) -> Hold | None:
+        """Hold `worst` against the key's budget until the request ends (None: the key has no budget,
+        or the route generates nothing); QuotaExceeded (429 insufficient_quota) when it does not fit."""
         k = entry.stored
-        if k.budget_tokens is None or k.budget_period is None:
+        budget, period = k.budget_tokens, k.budget_period
+        if budget is None or period is None:
             return None
         used = self.spent(k.id)
-        if used < k.budget_tokens:
+        tokens = worst.tokens
+        if used < budget and not tokens:
             return None
-        _, end = period_start(now, k.budget_period)
-        turns = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        word = "daily" if k.budget_period == "day" else "monthly"
-        return (f"API key `{k.id}` has used its {word} budget of {k.budget_tokens} tokens ({used} used); "
-                f"it resets at {turns}", max(1, int(end - now)))
+        held = self.holds.held(k.id)
+        if used < budget and used + held + tokens <= budget:
+            return self.holds.take(k.id, tokens)
+        _, end = period_start(now, period)
+        resets = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        word = "daily" if period == "day" else "monthly"
+        until_reset = max(1, int(end - now))
+        if used >= budget:
+            raise QuotaExceeded(f"API key `{k.id}` has used its {word} budget of {budget} tokens ({used} used); "
+                                f"it resets at {resets}", retry_after=until_reset)
+        left = budget - used
+        cap = "its max_tokens" if worst.capped else "the gateway's default hold: send max_tokens"
+        asks = (f"this request may use up to {tokens} tokens (about {worst.prompt} prompt + {worst.completion} "
+                f"completion, {cap})")
+        if tokens > left:
+            raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
+                                f"({used} used) and {asks}; it resets at {resets}", retry_after=until_reset)
+        raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
+                            f"({used} used), {held} of them held by its requests running, and {asks}; "
+                            "retry when they end", retry_after=1)
 
     async def refresh(self) -> None:
         every = await self.store.list_keys()
