@@ -21,11 +21,21 @@ Requests running are counted too: `reserve` (at admission) holds a
 request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
 when spent + held + its worst case is over the budget; its hold is
 released and its real tokens counted in the same step when it ends
-(books.recorder). Holds are this process's: with several gateway processes
-on one store, each counts the others' requests once their records are
-written and read (the ledger's `interval` + `REFRESH`), not while they run:
-what a key can spend past its budget is what the other processes admitted
-for it in that window, at most (N - 1) x what was left of it (docs/gateway.md).
+(books.recorder). The check is in memory: no store round trip per request.
+
+Across gateway processes sharing the store, each refresh also publishes
+what this process holds per budgeted key and has not yet written (its holds
++ its buffered records: `put_holds`), and reads what the others published
+(`other_holds`, rows renewed within `STALE` s: a process gone without a word
+stops counting after that), before it reads the sums: a request of another
+process is then in its published row or, once that row no longer has it,
+already in the records the sums read (a process drops a record from its row
+only after the store took it), so nothing it published is missed, though it
+may be counted twice for a refresh. What one process cannot see is what
+another admitted since its last publish and this one's last read: the
+worst cases the other processes admitted for a key within about 2 x
+`REFRESH`. That is the bound on overshoot across processes
+(docs/gateway.md), on top of a prompt longer than its estimate (holds.py).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import os
 import time
 from collections import defaultdict
 
@@ -49,6 +60,7 @@ from streamproxy.ledger.store import LedgerStore
 log = logging.getLogger("streamproxy.gateway")
 
 REFRESH = 1.0  # s
+STALE = 10.0  # s: another process's holds not renewed for this long are not counted (it is gone)
 
 
 class Entry:
@@ -70,6 +82,9 @@ class Keyring:
         self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
         self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
         self.holds = Holds()  # the worst cases of this process's requests running, per key
+        self.process = f"{os.getpid()}-{os.urandom(6).hex()}"  # this process's rows of holds in the store
+        self._others: dict[str, int] = {}  # key id -> what other processes hold for it, as last read
+        self._published = False  # this process has rows of holds in the store
         BUDGET_HELD.set_function(self.holds.total)
         self._poll = StorePoll("keys", "keeping the last keys", self.refresh, lambda: REFRESH, "gateway-keyring")
 
@@ -120,6 +135,11 @@ class Keyring:
         """Tokens held by this key's requests running in this process."""
         return self.holds.held(key_id)
 
+    def held_elsewhere(self, key_id: str) -> int:
+        """What the other gateway processes sharing the store held for this key and had not yet
+        written, as last read."""
+        return self._others.get(key_id, 0)
+
     def reserve(self, entry: Entry, worst: WorstCase, now: float) -> Hold | None:
         """Hold `worst` against the key's budget until the request ends (None: the key has no budget,
         or the route generates nothing); QuotaExceeded (429 insufficient_quota) when it does not fit."""
@@ -131,7 +151,7 @@ class Keyring:
         tokens = worst.tokens
         if used < budget and not tokens:
             return None
-        held = self.holds.held(k.id)
+        held = self.holds.held(k.id) + self._others.get(k.id, 0)
         if used < budget and used + held + tokens <= budget:
             return self.holds.take(k.id, tokens)
         _, end = period_start(now, period)
@@ -156,6 +176,7 @@ class Keyring:
         every = await self.store.list_keys()
         keys = [k for k in every if k.revoked is None]
         now = time.time()
+        others = await self._share_holds({k.id for k in keys if k.budget_tokens is not None}, now)  # before the sums
         saved, self._saved = self._saved, defaultdict(int)  # in the sums read now (or written during the read)
         spent: dict[str, int] = {}
         for period in ("day", "month"):
@@ -182,9 +203,34 @@ class Keyring:
         self.made = self.made or bool(every)
         self._ids = {e.stored.id: e for e in fresh.values()}
         self._stored_spent = spent
+        self._others = others
+
+    async def _share_holds(self, budgeted: set[str], now: float) -> dict[str, int]:
+        """Publish what this process holds and has not written per budgeted key; the others' sums."""
+        if not budgeted and not self._published:
+            return {}
+        now_us = int(now * 1_000_000)
+        stale_us = now_us - int(STALE * 1_000_000)
+        mine: dict[str, int] = {}
+        for key_id in budgeted:
+            tokens = self.holds.held(key_id) + self._unsaved.get(key_id, 0)
+            if tokens > 0:
+                mine[key_id] = tokens
+        if mine or self._published:
+            await self.store.put_holds(self.process, mine, now_us, stale_us)
+            self._published = bool(mine)
+        return await self.store.other_holds(self.process, stale_us) if budgeted else {}
 
     def start(self) -> None:
         self._poll.start()
 
     async def stop(self) -> None:
         await self._poll.stop()
+        if self._published:  # the others stop counting this process's holds at once, not after STALE
+            now_us = int(time.time() * 1_000_000)
+            try:
+                await self.store.put_holds(self.process, {}, now_us, now_us - int(STALE * 1_000_000))
+                self._published = False
+            except Exception as exc:
+                log.warning("keys: could not clear this process's holds in the ledger's store (%s: %s); "
+                            "the others stop counting them within %.0f s", type(exc).__name__, exc, STALE)

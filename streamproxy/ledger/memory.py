@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -47,6 +47,7 @@ class MemoryStore:
         self.keys: dict[str, StoredKey] = {}
         self.deployments: dict[str, StoredDeployment] = {}
         self.deployment_changes = 0  # `deployments_version`
+        self.holds: dict[tuple[str, str], tuple[int, int]] = {}  # (process, key id) -> (tokens, updated_us)
 
     async def migrate(self) -> int:
         schema.check_known(self.version)
@@ -144,6 +145,21 @@ class MemoryStore:
 
     async def deployments_version(self) -> int:
         return self.deployment_changes
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        if self.fail:
+            raise StoreDown("the fake store is down")
+        self.holds = {k: v for k, v in self.holds.items() if k[0] != process and v[1] >= stale_us}
+        self.holds.update(((process, key_id), (tokens, now_us)) for key_id, tokens in holds.items())
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        if self.fail:
+            raise StoreDown("the fake store is down")
+        out: dict[str, int] = defaultdict(int)
+        for (who, key_id), (tokens, updated) in self.holds.items():
+            if who != process and updated >= since_us:
+                out[key_id] += tokens
+        return dict(out)
 
     async def close(self) -> None:
         pass

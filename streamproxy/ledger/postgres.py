@@ -19,9 +19,9 @@ run under an advisory lock, so gateways starting together migrate once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -40,6 +40,7 @@ from streamproxy.ledger.records import (
     usage_row,
 )
 
+T = TypeVar("T")
 CONNECT_TIMEOUT = 5  # s, libpq's connect_timeout
 TIMEOUT = 15.0  # s, any one operation
 _LOCK = 0x1ED6E2  # the advisory lock migrations hold
@@ -140,19 +141,28 @@ class PostgresStore:
     async def _query(self, text: str, args: list[object], rows: bool = True, then: str | None = None) -> Any:
         """The rows, or (`rows=False`) the count of rows changed; `then`: a statement run in the same
         transaction when `text` changed a row (a counter's bump)."""
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> Any:
+            if then is not None:
+                async with conn.transaction():
+                    cur = await conn.execute(text, args)  # built from our own constants
+                    if cur.rowcount:
+                        await conn.execute(then)
+                return cur.rowcount
+            cur = await conn.execute(text, args)
+            return await cur.fetchall() if rows else cur.rowcount
+
+        return await self._use(work)
+
+    async def _use(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """`work` on the query connection (autocommit), within `TIMEOUT`; any failure but a refused
+        statement drops the connection (the next use opens another)."""
         try:
             async with asyncio.timeout(TIMEOUT):
                 if self._reader is None or self._reader.closed:
                     self._reader = await self._connect()
                     await self._reader.set_autocommit(True)
-                if then is not None:
-                    async with self._reader.transaction():
-                        cur = await self._reader.execute(text, args)  # built from our own constants
-                        if cur.rowcount:
-                            await self._reader.execute(then)
-                    return cur.rowcount
-                cur = await self._reader.execute(text, args)
-                return await cur.fetchall() if rows else cur.rowcount
+                return await work(self._reader)
         except psycopg.errors.IntegrityError:
             raise  # the connection is fine: the statement was refused
         except BaseException:
@@ -160,6 +170,22 @@ class PostgresStore:
             if conn is not None:
                 await _close(conn)
             raise
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        rows = [(process, key_id, tokens, now_us) for key_id, tokens in holds.items()]
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                await conn.execute(sql.drop_holds("postgresql"), (process, stale_us))  # our own constant SQL
+                if rows:
+                    async with conn.cursor() as cur:
+                        await cur.executemany(sql.insert_hold("postgresql"), rows)
+
+        await self._use(work)
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        rows = await self._query(sql.other_holds("postgresql"), [process, since_us])
+        return {key_id: int(tokens) for key_id, tokens in rows}
 
     async def requests(self, query: RequestQuery) -> RequestPage:
         rows = await self._query(*sql.requests("postgresql", query))

@@ -155,3 +155,20 @@ def delete_deployment(dialect: Dialect) -> str:
 # The counter every put or delete of a deployment bumps in its own transaction (migration 4).
 BUMP_DEPLOYMENTS = "UPDATE ledger_changes SET version = version + 1 WHERE name = 'deployments'"
 DEPLOYMENTS_VERSION = "SELECT version FROM ledger_changes WHERE name = 'deployments'"
+
+
+# Holds on keys' budgets (migration 6): a process's rows replaced at once; the others' summed.
+def drop_holds(dialect: Dialect) -> str:
+    """This process's rows, and any not renewed since a time (a process gone without a word)."""
+    p = _PLACEHOLDER[dialect]
+    return f"DELETE FROM ledger_holds WHERE process = {p} OR updated_us < {p}"
+
+
+def insert_hold(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"INSERT INTO ledger_holds (process, key_id, tokens, updated_us) VALUES ({p}, {p}, {p}, {p})"
+
+
+def other_holds(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"SELECT key_id, SUM(tokens) FROM ledger_holds WHERE process <> {p} AND updated_us >= {p} GROUP BY key_id"

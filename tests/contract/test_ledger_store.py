@@ -5,7 +5,8 @@ pgserver on 127.0.0.1 (`postgres_server`, one per session; a fresh database
 per test). Each test drives a store through the protocol only: migrate (and
 again: idempotent), write batches, page a deployment's records newest first
 with every filter, sum usage by every grouping, keep each record id once (a
-batch written again after a lost acknowledgement, also through the writer);
+batch written again after a lost acknowledgement, also through the writer),
+keep what each gateway process holds against keys' budgets;
 then what one store alone does (SQLite's WAL, a schema newer than the code, a
 batch the database refuses leaving nothing behind, migration 5 on a database
 with rows written before it).
@@ -369,6 +370,40 @@ async def test_the_version_is_shared_by_every_store_on_one_database(kind: str, t
         assert await other.delete_deployment("dep-a") is True
         assert await one.deployments_version() > after
         assert await one.list_deployments() == []
+    finally:
+        await one.close()
+        await other.close()
+
+
+# -- holds on keys' budgets, per gateway process ----------------------------------------------
+
+
+async def test_holds_are_replaced_per_process_summed_over_the_others_and_go_stale(store: LedgerStore) -> None:
+    now = 1_764_547_200_000_000
+    await store.put_holds("p1", {"k1": 100, "k2": 5}, now, now - 10**7)
+    await store.put_holds("p2", {"k1": 30}, now, now - 10**7)
+    assert await store.other_holds("p3", now - 10**7) == {"k1": 130, "k2": 5}
+    assert await store.other_holds("p1", now - 10**7) == {"k1": 30}  # never its own
+    await store.put_holds("p1", {"k2": 7}, now + 1, now - 10**7)  # replaced as a whole: k1 is gone
+    assert await store.other_holds("p2", now - 10**7) == {"k2": 7}
+    assert await store.other_holds("p3", now + 1) == {"k2": 7}  # p2's row is older than `since`: not counted
+    await store.put_holds("p1", {}, now + 2, now)  # nothing held now; and p2's row, not renewed since `now`, stays
+    assert await store.other_holds("p3", 0) == {"k1": 30}
+    await store.put_holds("p1", {}, now + 3, now + 1)  # p2's row is stale: dropped
+    assert await store.other_holds("p3", 0) == {}
+    await store.write([rec(1)])
+    assert (await store.requests(RequestQuery(deployment="bot"))).data[0].request_id == "req-1"  # nothing else touched
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_holds_are_seen_by_every_store_on_one_database(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    url = f"sqlite://{tmp_path}/ledger.db" if kind == "sqlite" else request.getfixturevalue("postgres_server").database()
+    one, other = await open_store(url), await open_store(url)
+    try:
+        await one.put_holds("gw-1", {"team": 500}, 2_000, 0)
+        await other.put_holds("gw-2", {"team": 20, "solo": 1}, 2_000, 0)
+        assert await other.other_holds("gw-2", 1_000) == {"team": 500}
+        assert await one.other_holds("gw-1", 1_000) == {"team": 20, "solo": 1}
     finally:
         await one.close()
         await other.close()
