@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 from engine_adapter.fake import FakeScript
 from streamproxy.errors import QuotaExceeded
 from streamproxy.gateway import keyring as keyring_module
-from streamproxy.gateway.config import Budgets
+from streamproxy.gateway.config import Budgets, ConfigError, split
 from streamproxy.gateway.holds import NOTHING, Holds, WorstCase, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.relay import Api
@@ -60,6 +61,19 @@ def test_the_worst_case_is_the_prompts_estimate_plus_the_cap_times_the_choices(a
     assert worst_case(api, True, body, 400, BUDGETS) == WorstCase(prompt=101, completion=completion, capped=capped)
     assert worst_case(api, True, body, 400, Budgets(default_max_tokens=7, prompt_bytes_per_token=1)).prompt == 401
     assert worst_case(api, False, body, 400, BUDGETS) == NOTHING  # embeddings, count_tokens: nothing generated
+
+
+@pytest.mark.parametrize(("budgets", "says"), [
+    ("{default_max_tokens: 0}", "gateway config: `budgets`: `default_max_tokens` must be a positive number"),
+    ("{prompt_bytes_per_token: -1}", "gateway config: `budgets`: `prompt_bytes_per_token` must be a positive number"),
+    ("{default_max_token: 10}", "unknown field `default_max_token` - at `$.budgets`"),
+])
+def test_a_bad_budgets_section_is_refused_naming_the_field(budgets: str, says: str) -> None:
+    text = f"deployments: [{{name: a, id: dep-a, upstreams: ['http://127.0.0.1:1']}}]\nbudgets: {budgets}\n"
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        split(text)
+    good = split("deployments: [{name: a, id: dep-a, upstreams: ['http://127.0.0.1:1']}]\nbudgets: {default_max_tokens: 512}\n")[0]
+    assert good.budgets == Budgets(default_max_tokens=512, prompt_bytes_per_token=4)
 
 
 def test_a_hold_is_given_back_once() -> None:
