@@ -29,7 +29,6 @@ from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, Serv
 from streamproxy.gateway.call import BROKEN, Call, Route, done, meter, open_call
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import Api, Usage
-from streamproxy.gateway.holds import worst_case
 from streamproxy.gateway.state import HOLD, gateway_state
 from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, UpstreamError
@@ -83,7 +82,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     limiter = state.authorize(key, deployment)
     if key is not None and state.keyring:
         # A key's token budget holds this request's worst case until it ends (books.recorder releases it).
-        hold = state.reserve(key, partial(worst_case, route.api, route.generates, data, len(raw)))
+        hold = state.reserve(key, route.api, route.generates, data, len(raw))
         if hold is not None:
             request[HOLD] = hold
     # 503 deployment_waking / deployment_failed / upstream_unavailable (and the wake), unless wait_for_wake

@@ -32,18 +32,19 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from streamproxy.config import Settings
 from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, RateLimited, ServerShuttingDown
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import ApiKey, Budgets, Deployment, GatewayConfig
-from streamproxy.gateway.holds import Hold, WorstCase
+from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
+from streamproxy.gateway.holds import Hold, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
+from streamproxy.gateway.relay import Api
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
@@ -301,17 +302,18 @@ class GatewayState:
             )
         return limiter
 
-    def reserve(self, found: tuple[ApiKey, KeyLimiter] | None, worst: Callable[[Budgets], WorstCase]) -> Hold | None:
+    def reserve(self, found: tuple[ApiKey, KeyLimiter] | None, api: Api, generates: bool, data: dict[str, Any],
+                body_bytes: int) -> Hold | None:
         """A key with a token budget (made through POST /v1/keys): hold the request's worst case
-        (`worst(config.budgets)`, holds.py) until it ends, or 429 insufficient_quota."""
+        (holds.worst_case) until it ends, or 429 insufficient_quota; None for any other key."""
         keyring = self.keyring
         if found is None or not keyring:
             return None
         entry = keyring.by_id(found[0].id)
         if entry is None or entry.stored.budget_tokens is None:
             return None
-        return keyring.reserve(entry, worst(self.config.budgets), time.time())
-
+        worst = worst_case(api, generates, data, body_bytes, self.config.budgets)
+        return keyring.reserve(entry, worst, time.time())
 
     def authorize_admin(self, request: web.Request) -> None:
         """The admin routes: the admin key (`admin_key_env`, `--admin-key`), or 401; none configured: always 401."""

@@ -153,8 +153,6 @@ class MemoryStore:
         self.holds.update(((process, key_id), (tokens, now_us)) for key_id, tokens in holds.items())
 
     async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
-        if self.fail:
-            raise StoreDown("the fake store is down")
         out: dict[str, int] = defaultdict(int)
         for (who, key_id), (tokens, updated) in self.holds.items():
             if who != process and updated >= since_us:
