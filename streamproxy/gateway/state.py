@@ -4,7 +4,7 @@
 `model_not_found` otherwise); `identify(request)` finds the request's key
 first (401), and `authorize(key, deployment)` checks it against the
 deployments it may use (401) and its per-minute limits (429 + Retry-After);
-`reserve(key, worst)`, for a key made through the admin API with a token
+`reserve(key, ...)`, for a key made through the admin API with a token
 budget, holds the request's worst case against it until the request ends
 (keyring.py, holds.py; 429 `insufficient_quota` when it does not fit).
 Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
