@@ -3,7 +3,8 @@
 Sans-IO: `config` (the YAML), `relay` (a replica's SSE bytes -> the client's,
 with the model renamed and usage metered), `prefix` (prompt-prefix keys and
 the per-replica index), `balance` (choosing a replica), `health` (outlier
-ejection and probes' verdicts), `limits` (per-key rates), `lifecycle` (a
+ejection and probes' verdicts), `limits` (per-key rates), `holds` (a
+request's worst case held against its key's token budget), `lifecycle` (a
 managed deployment's states). With I/O: `upstream` (sending with failover),
 `proxy` (the relaying handlers), `probes` (active health checks), `source`
 (where a deployment's replicas come from: one interface, `ReplicaSource`),

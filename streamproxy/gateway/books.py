@@ -7,7 +7,10 @@ tokens `call.meter` put there: what the client saw in `usage`) and queues it
 (`Ledger.add`: an append). A request refused for its key (401 before the key
 is known) is not recorded: the access log has it, and a flood of bad keys
 must not fill the books. Other routes (models, health, metrics) are not
-requests to a deployment and are not recorded.
+requests to a deployment and are not recorded. It is also where a request's
+hold on its key's budget (`HOLD`, holds.py) is released, in the same step
+as its real tokens are counted (`Keyring.queued`): every request that took
+a hold ends here, however it ended.
 
 `GET /v1/deployments/{deployment}/requests` and `GET /v1/usage` take the
 admin key; their parameters are `ledger.params`'. Without a ledger (`ledger:
@@ -27,7 +30,7 @@ from aiohttp import web
 
 from streamproxy.errors import NotFound, ServiceUnavailable
 from streamproxy.gateway.routes import ROUTES, relayed_paths
-from streamproxy.gateway.state import Current, GatewayState, gateway_state
+from streamproxy.gateway.state import HOLD, Current, GatewayState, gateway_state
 from streamproxy.http.accesslog import Finished, Record
 from streamproxy.ledger import params
 from streamproxy.ledger.deployments import DeploymentExists
@@ -44,6 +47,9 @@ _LEDGERED: dict[str, str] = {path: route.upstream_path for name, route in ROUTES
 
 def recorder(current: Current, ledger: Ledger) -> Finished:
     def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
+        hold = request.get(HOLD)
+        if hold is not None:
+            hold.release()  # and its real tokens are counted below (`queued`): no moment with neither
         state = current.state
         resource = request.match_info.route.resource
         route = _LEDGERED.get(resource.canonical) if resource is not None else None

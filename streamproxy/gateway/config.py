@@ -50,6 +50,9 @@ ledger_writer:                   # defaults below
   interval: 0.5                  # s between batch writes (the most a kill -9 loses)
   batch_size: 1000
   max_buffered: 200000           # records held while the store is away; more are dropped (counted)
+budgets:                         # keys' token budgets (POST /v1/keys): defaults below
+  default_max_tokens: 4096       # completion tokens held for a request that names no max_tokens
+  prompt_bytes_per_token: 4      # the prompt's tokens held: the body's bytes / this (1: an upper bound)
 ```
 
 Every other top-level key is one of the server's flags (`sse_heartbeat`,
@@ -254,6 +257,13 @@ class LedgerWriter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_buffered: int = 200_000
 
 
+class Budgets(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a key's token budget holds each request's worst case while it runs (`gateway.holds`)."""
+
+    default_max_tokens: int = 4096  # completion tokens held for a request that names no max_tokens
+    prompt_bytes_per_token: int = 4  # the prompt's tokens held: the request body's bytes / this
+
+
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     deployments: list[Deployment]
     keys: list[ApiKey] = []
@@ -262,9 +272,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_resident: int = 0  # replicas of managed deployments running at once (0: no limit)
     ledger: str | None = None  # the request ledger's URL; None: the default (`ledger.store.default_url`); "off"
     ledger_writer: LedgerWriter = msgspec.field(default_factory=LedgerWriter)
+    budgets: Budgets = msgspec.field(default_factory=Budgets)
 
 
-_SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident", "ledger", "ledger_writer")
+_SECTIONS = ("deployments", "keys", "upstream", "admin_key_env", "max_resident", "ledger", "ledger_writer", "budgets")
 
 
 def split(text: str) -> tuple[GatewayConfig, dict[str, Any]]:
@@ -349,6 +360,9 @@ def check(config: GatewayConfig) -> None:
     w = config.ledger_writer
     if not (w.interval > 0 and w.batch_size >= 1 and w.max_buffered >= w.batch_size):
         raise ConfigError("gateway config: `ledger_writer`: interval > 0, batch_size >= 1, max_buffered >= batch_size")
+    for name in ("default_max_tokens", "prompt_bytes_per_token"):
+        if getattr(config.budgets, name) < 1:
+            raise ConfigError(f"gateway config: `budgets`: `{name}` must be a positive number")
     names = {d.name for d in config.deployments} | {d.id for d in config.deployments}
     ids: set[str] = set()
     for key in config.keys:

@@ -16,6 +16,26 @@ last read, plus this process's records the store took since that read began
 buffer (`queued`, at each record's end). A batch written while the sum is
 being read may be counted twice until the next read: a key is stopped a
 little early, never late.
+
+Requests running are counted too: `reserve` (at admission) holds a
+request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
+when spent + held + its worst case is over the budget; its hold is
+released and its real tokens counted in the same step when it ends
+(books.recorder). The check is in memory: no store round trip per request.
+
+Across gateway processes sharing the store, each refresh also publishes
+what this process holds per budgeted key and has not yet written (its holds
++ its buffered records: `put_holds`), and reads what the others published
+(`other_holds`, rows renewed within `STALE` s: a process gone without a word
+stops counting after that), before it reads the sums: a request of another
+process is then in its published row or, once that row no longer has it,
+already in the records the sums read (a process drops a record from its row
+only after the store took it), so nothing it published is missed, though it
+may be counted twice for a refresh. What one process cannot see is what
+another admitted since its last publish and this one's last read: the
+worst cases the other processes admitted for a key within about 2 x
+`REFRESH`. That is the bound on overshoot across processes
+(docs/gateway.md), on top of a prompt longer than its estimate (holds.py).
 """
 
 from __future__ import annotations
@@ -23,11 +43,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import os
 import time
 from collections import defaultdict
 
+from streamproxy.errors import QuotaExceeded
 from streamproxy.gateway.config import ApiKey
+from streamproxy.gateway.holds import Hold, Holds, WorstCase
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.metrics import BUDGET_HELD
 from streamproxy.gateway.poll import StorePoll
 from streamproxy.ledger.keys import StoredKey, period_start
 from streamproxy.ledger.records import LedgerRecord, UsageQuery
@@ -36,6 +60,7 @@ from streamproxy.ledger.store import LedgerStore
 log = logging.getLogger("streamproxy.gateway")
 
 REFRESH = 1.0  # s
+STALE = 10.0  # s: another process's holds not renewed for this long are not counted (it is gone)
 
 
 class Entry:
@@ -56,6 +81,11 @@ class Keyring:
         self._stored_spent: dict[str, int] = {}  # key id -> tokens in its current period, from the store
         self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
         self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
+        self.holds = Holds()  # the worst cases of this process's requests running, per key
+        self.process = f"{os.getpid()}-{os.urandom(6).hex()}"  # this process's rows of holds in the store
+        self._others: dict[str, int] = {}  # key id -> what other processes hold for it, as last read
+        self._published = False  # this process has rows of holds in the store
+        BUDGET_HELD.set_function(self.holds.total)
         self._poll = StorePoll("keys", "keeping the last keys", self.refresh, lambda: REFRESH, "gateway-keyring")
 
     def __bool__(self) -> bool:
@@ -101,24 +131,52 @@ class Keyring:
     def spent(self, key_id: str) -> int:
         return self._stored_spent.get(key_id, 0) + self._saved.get(key_id, 0) + self._unsaved.get(key_id, 0)
 
-    def over_budget(self, entry: Entry, now: float) -> tuple[str, int] | None:
-        """(the message, seconds until the period turns) when the key has used its budget."""
+    def held(self, key_id: str) -> int:
+        """Tokens held by this key's requests running in this process."""
+        return self.holds.held(key_id)
+
+    def held_elsewhere(self, key_id: str) -> int:
+        """What the other gateway processes sharing the store held for this key and had not yet
+        written, as last read."""
+        return self._others.get(key_id, 0)
+
+    def reserve(self, entry: Entry, worst: WorstCase, now: float) -> Hold | None:
+        """Hold `worst` against the key's budget until the request ends (None: the key has no budget,
+        or the route generates nothing); QuotaExceeded (429 insufficient_quota) when it does not fit."""
         k = entry.stored
-        if k.budget_tokens is None or k.budget_period is None:
+        budget, period = k.budget_tokens, k.budget_period
+        if budget is None or period is None:
             return None
         used = self.spent(k.id)
-        if used < k.budget_tokens:
+        tokens = worst.tokens
+        if used < budget and not tokens:
             return None
-        _, end = period_start(now, k.budget_period)
-        turns = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        word = "daily" if k.budget_period == "day" else "monthly"
-        return (f"API key `{k.id}` has used its {word} budget of {k.budget_tokens} tokens ({used} used); "
-                f"it resets at {turns}", max(1, int(end - now)))
+        held = self.holds.held(k.id) + self._others.get(k.id, 0)
+        if used < budget and used + held + tokens <= budget:
+            return self.holds.take(k.id, tokens)
+        _, end = period_start(now, period)
+        resets = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        word = "daily" if period == "day" else "monthly"
+        until_reset = max(1, int(end - now))
+        if used >= budget:
+            raise QuotaExceeded(f"API key `{k.id}` has used its {word} budget of {budget} tokens ({used} used); "
+                                f"it resets at {resets}", retry_after=until_reset)
+        left = budget - used
+        cap = "its max_tokens" if worst.capped else "the gateway's default hold: send max_tokens"
+        asks = (f"this request may use up to {tokens} tokens (about {worst.prompt} prompt + {worst.completion} "
+                f"completion, {cap})")
+        if tokens > left:
+            raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
+                                f"({used} used) and {asks}; it resets at {resets}", retry_after=until_reset)
+        raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
+                            f"({used} used), {held} of them held by its requests running, and {asks}; "
+                            "retry when they end", retry_after=1)
 
     async def refresh(self) -> None:
         every = await self.store.list_keys()
         keys = [k for k in every if k.revoked is None]
         now = time.time()
+        others = await self._share_holds({k.id for k in keys if k.budget_tokens is not None}, now)  # before the sums
         saved, self._saved = self._saved, defaultdict(int)  # in the sums read now (or written during the read)
         spent: dict[str, int] = {}
         for period in ("day", "month"):
@@ -145,9 +203,34 @@ class Keyring:
         self.made = self.made or bool(every)
         self._ids = {e.stored.id: e for e in fresh.values()}
         self._stored_spent = spent
+        self._others = others
+
+    async def _share_holds(self, budgeted: set[str], now: float) -> dict[str, int]:
+        """Publish what this process holds and has not written per budgeted key; the others' sums."""
+        if not budgeted and not self._published:
+            return {}
+        now_us = int(now * 1_000_000)
+        stale_us = now_us - int(STALE * 1_000_000)
+        mine: dict[str, int] = {}
+        for key_id in budgeted:
+            tokens = self.holds.held(key_id) + self._unsaved.get(key_id, 0)
+            if tokens > 0:
+                mine[key_id] = tokens
+        if mine or self._published:
+            await self.store.put_holds(self.process, mine, now_us, stale_us)
+            self._published = bool(mine)
+        return await self.store.other_holds(self.process, stale_us) if budgeted else {}
 
     def start(self) -> None:
         self._poll.start()
 
     async def stop(self) -> None:
         await self._poll.stop()
+        if self._published:  # the others stop counting this process's holds at once, not after STALE
+            now_us = int(time.time() * 1_000_000)
+            try:
+                await self.store.put_holds(self.process, {}, now_us, now_us - int(STALE * 1_000_000))
+                self._published = False
+            except Exception as exc:
+                log.warning("keys: could not clear this process's holds in the ledger's store (%s: %s); "
+                            "the others stop counting them within %.0f s", type(exc).__name__, exc, STALE)

@@ -62,6 +62,10 @@ COLD_REQUESTS = Counter(
     ["deployment"],
 )
 
+# Keys' token budgets: the worst cases of this process's requests running (holds.py, keyring.py).
+BUDGET_HELD = Gauge("streamproxy_gateway_budget_held_tokens",
+                    "Tokens held now against keys' budgets by the requests this process is running (their worst cases)")
+
 
 class ReplicaSeries:
     """One replica's children of the per-upstream series."""

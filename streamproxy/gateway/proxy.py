@@ -2,7 +2,8 @@
 
     the key (401)  ->  read the body (413 over the cap) and decode it by serve's rules
     (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
-    id; 404)  ->  the key may use it (401/429)  ->  model renamed, usage asked for
+    id; 404)  ->  the key may use it (401/429)  ->  its token budget holds the request's worst
+    case (429 insufficient_quota; released when the request ends)  ->  model renamed, usage asked for
     ->  `call.open_call` (failover before the first byte)  ->  stream or body
 
 The body goes on re-encoded by msgspec (integers of any size as they were), with the
@@ -28,7 +29,7 @@ from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, Serv
 from streamproxy.gateway.call import BROKEN, Call, Route, done, meter, open_call
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import Api, Usage
-from streamproxy.gateway.state import gateway_state
+from streamproxy.gateway.state import HOLD, gateway_state
 from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, UpstreamError
 from streamproxy.http.accesslog import record
@@ -68,7 +69,8 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     key = state.identify(request)  # 401 before anything else: the body, the deployments
     # serve's decoding rules (its 400s for bodies that are not JSON, or nest too deep); msgspec keeps
     # integers past 64 bits exact (orjson made floats of them) and encodes whatever it decoded.
-    data = decode(await read_body(request), _decode_json)
+    raw = await read_body(request)
+    data = decode(raw, _decode_json)
     if gateway_state(request) is not state:  # reloaded while the body came in: the new keys and deployments
         state = gateway_state(request)
         key = state.identify(request)
@@ -78,6 +80,11 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     deployment = pool.deployment
     rec.deployment = rec.model = deployment.name
     limiter = state.authorize(key, deployment)
+    if key is not None and state.keyring:
+        # A key's token budget holds this request's worst case until it ends (books.recorder releases it).
+        hold = state.reserve(key, route.api, route.generates, data, len(raw))
+        if hold is not None:
+            request[HOLD] = hold
     # 503 deployment_waking / deployment_failed / upstream_unavailable (and the wake), unless wait_for_wake
     state.sources[deployment.name].admit()
     model = data.get("model")

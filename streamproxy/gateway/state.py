@@ -3,8 +3,10 @@
 `resolve(model, deployment_id)` finds the deployment a request names (404
 `model_not_found` otherwise); `identify(request)` finds the request's key
 first (401), and `authorize(key, deployment)` checks it against the
-deployments it may use (401), its per-minute limits (429 + Retry-After) and, for
-a key made through the admin API, its token budget (429 `insufficient_quota`).
+deployments it may use (401) and its per-minute limits (429 + Retry-After);
+`reserve(key, ...)`, for a key made through the admin API with a token
+budget, holds the request's worst case against it until the request ends
+(keyring.py, holds.py; 429 `insufficient_quota` when it does not fit).
 Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
 the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the record.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
@@ -30,16 +32,19 @@ import hmac
 import logging
 import os
 import time
+from typing import Any
 
 from aiohttp import web
 
 from streamproxy.config import Settings
-from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited, ServerShuttingDown
+from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, RateLimited, ServerShuttingDown
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import ApiKey, Deployment, GatewayConfig
+from streamproxy.gateway.holds import Hold, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
+from streamproxy.gateway.relay import Api
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
@@ -295,14 +300,20 @@ class GatewayState:
                 code="rate_limit_exceeded",
                 retry_after=max(1, int(wait + 0.999)),
             )
-        if self.keyring:
-            entry = self.keyring.by_id(key.id)
-            if entry is not None:
-                over = self.keyring.over_budget(entry, time.time())
-                if over is not None:
-                    raise QuotaExceeded(over[0], retry_after=over[1])
         return limiter
 
+    def reserve(self, found: tuple[ApiKey, KeyLimiter] | None, api: Api, generates: bool, data: dict[str, Any],
+                body_bytes: int) -> Hold | None:
+        """A key with a token budget (made through POST /v1/keys): hold the request's worst case
+        (holds.worst_case) until it ends, or 429 insufficient_quota; None for any other key."""
+        keyring = self.keyring
+        if found is None or not keyring:
+            return None
+        entry = keyring.by_id(found[0].id)
+        if entry is None or entry.stored.budget_tokens is None:
+            return None
+        worst = worst_case(api, generates, data, body_bytes, self.config.budgets)
+        return keyring.reserve(entry, worst, time.time())
 
     def authorize_admin(self, request: web.Request) -> None:
         """The admin routes: the admin key (`admin_key_env`, `--admin-key`), or 401; none configured: always 401."""
@@ -324,6 +335,8 @@ class Current:
 
 
 STATE_KEY: web.AppKey[Current] = web.AppKey("gateway_state", Current)
+# A request's hold on its key's budget (`reserve`), released when it ends (books.recorder).
+HOLD: web.RequestKey[Hold] = web.RequestKey("budget_hold", Hold)
 
 
 def gateway_state(request: web.Request) -> GatewayState:

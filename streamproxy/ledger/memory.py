@@ -1,14 +1,17 @@
 """The fake `LedgerStore`: a list in memory, with the SQL stores' semantics (tests/contract).
 
 `fail` makes the next writes raise (a store that is down), `stall` makes them
-wait for an event (a slow one): what the writer's tests need of a store.
+wait for an event (a slow one), `lose_acks` makes the next that many writes
+store their batch and then raise (a commit whose answer was lost): what the
+writer's tests need of a store. A record id already stored is skipped, as the
+SQL stores' unique index does.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -38,10 +41,13 @@ class MemoryStore:
         self.version = 0
         self.fail = False
         self.stall: asyncio.Event | None = None
+        self.lose_acks = 0  # the next writes that store their batch and then raise
         self.writes = 0  # batches stored
+        self._ids: set[str] = set()  # record ids stored
         self.keys: dict[str, StoredKey] = {}
         self.deployments: dict[str, StoredDeployment] = {}
         self.deployment_changes = 0  # `deployments_version`
+        self.holds: dict[tuple[str, str], tuple[int, int]] = {}  # (process, key id) -> (tokens, updated_us)
 
     async def migrate(self) -> int:
         schema.check_known(self.version)
@@ -53,9 +59,17 @@ class MemoryStore:
             await self.stall.wait()
         if self.fail:
             raise StoreDown("the fake store is down")
-        start = len(self.rows) + 1
-        self.rows.extend((start + i, r) for i, r in enumerate(records))
+        ids = self._ids
+        for r in records:
+            if r.record_id is not None:
+                if r.record_id in ids:
+                    continue
+                ids.add(r.record_id)
+            self.rows.append((len(self.rows) + 1, r))
         self.writes += 1
+        if self.lose_acks > 0:
+            self.lose_acks -= 1
+            raise StoreDown("the fake store stored the batch, but its answer was lost")
 
     async def requests(self, query: RequestQuery) -> RequestPage:
         def keep(seq: int, r: LedgerRecord) -> bool:
@@ -131,6 +145,19 @@ class MemoryStore:
 
     async def deployments_version(self) -> int:
         return self.deployment_changes
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        if self.fail:
+            raise StoreDown("the fake store is down")
+        self.holds = {k: v for k, v in self.holds.items() if k[0] != process and v[1] >= stale_us}
+        self.holds.update(((process, key_id), (tokens, now_us)) for key_id, tokens in holds.items())
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (who, key_id), (tokens, updated) in self.holds.items():
+            if who != process and updated >= since_us:
+                out[key_id] += tokens
+        return dict(out)
 
     async def close(self) -> None:
         pass

@@ -6,8 +6,10 @@ against it), its binary wheel needs no compiler, and its COPY writes a batch
 in one round trip. Two connections, opened on first use and again after any
 failure. The writer's is a blocking one in a worker thread of its own, as
 SQLite's: encoding a batch's rows for COPY is the ledger's largest CPU cost
-and stays off the event loop (a batch is one `COPY` in one transaction: all
-or nothing). Queries use an asyncio connection, so a slow report never holds
+and stays off the event loop (a batch is one transaction: all or nothing; a
+`COPY` into a temporary table, then one `INSERT ... SELECT` that skips the
+record ids already stored, so a batch written again after a commit whose
+answer was lost stores nothing twice). Queries use an asyncio connection, so a slow report never holds
 up the writer. Every operation has a deadline (`TIMEOUT`; for the blocking
 connection libpq's `tcp_user_timeout` and a `statement_timeout`): a server
 that stops answering is an error the writer retries, not a hang. Migrations
@@ -17,9 +19,9 @@ run under an advisory lock, so gateways starting together migrate once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -38,10 +40,10 @@ from streamproxy.ledger.records import (
     usage_row,
 )
 
+T = TypeVar("T")
 CONNECT_TIMEOUT = 5  # s, libpq's connect_timeout
 TIMEOUT = 15.0  # s, any one operation
 _LOCK = 0x1ED6E2  # the advisory lock migrations hold
-_COPY = f"COPY ledger_requests ({', '.join(COLUMNS)}) FROM STDIN"
 
 
 class PostgresStore:
@@ -88,10 +90,14 @@ class PostgresStore:
                     self.url, connect_timeout=CONNECT_TIMEOUT, application_name="streamproxy-ledger",
                     tcp_user_timeout=int(TIMEOUT * 1000), options=f"-c statement_timeout={int(TIMEOUT * 1000)}",
                 )
+                self._writer.execute(sql.BATCH_TABLE)  # this connection's, emptied at each commit
+                self._writer.commit()
             conn = self._writer
-            with conn.transaction(), conn.cursor() as cur, cur.copy(_COPY) as copy:
-                for r in records:
-                    copy.write_row(row(r))
+            with conn.transaction(), conn.cursor() as cur:
+                with cur.copy(sql.COPY_BATCH) as copy:
+                    for r in records:
+                        copy.write_row(row(r))
+                cur.execute(sql.MOVE_BATCH)
         except BaseException:
             self._drop_writer()
             raise
@@ -135,19 +141,28 @@ class PostgresStore:
     async def _query(self, text: str, args: list[object], rows: bool = True, then: str | None = None) -> Any:
         """The rows, or (`rows=False`) the count of rows changed; `then`: a statement run in the same
         transaction when `text` changed a row (a counter's bump)."""
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> Any:
+            if then is not None:
+                async with conn.transaction():
+                    cur = await conn.execute(text, args)  # built from our own constants
+                    if cur.rowcount:
+                        await conn.execute(then)
+                return cur.rowcount
+            cur = await conn.execute(text, args)
+            return await cur.fetchall() if rows else cur.rowcount
+
+        return await self._use(work)
+
+    async def _use(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """`work` on the query connection (autocommit), within `TIMEOUT`; any failure but a refused
+        statement drops the connection (the next use opens another)."""
         try:
             async with asyncio.timeout(TIMEOUT):
                 if self._reader is None or self._reader.closed:
                     self._reader = await self._connect()
                     await self._reader.set_autocommit(True)
-                if then is not None:
-                    async with self._reader.transaction():
-                        cur = await self._reader.execute(text, args)  # built from our own constants
-                        if cur.rowcount:
-                            await self._reader.execute(then)
-                    return cur.rowcount
-                cur = await self._reader.execute(text, args)
-                return await cur.fetchall() if rows else cur.rowcount
+                return await work(self._reader)
         except psycopg.errors.IntegrityError:
             raise  # the connection is fine: the statement was refused
         except BaseException:
@@ -155,6 +170,22 @@ class PostgresStore:
             if conn is not None:
                 await _close(conn)
             raise
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        rows = [(process, key_id, tokens, now_us) for key_id, tokens in holds.items()]
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                await conn.execute(sql.drop_holds("postgresql"), (process, stale_us))  # our own constant SQL
+                if rows:
+                    async with conn.cursor() as cur:
+                        await cur.executemany(sql.insert_hold("postgresql"), rows)
+
+        await self._use(work)
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        rows = await self._query(sql.other_holds("postgresql"), [process, since_us])
+        return {key_id: int(tokens) for key_id, tokens in rows}
 
     async def requests(self, query: RequestQuery) -> RequestPage:
         rows = await self._query(*sql.requests("postgresql", query))

@@ -8,12 +8,23 @@ returned ("<ts_us>_<seq>"), and the next page starts strictly below it, so a
 record written meanwhile never shifts a page and each record comes once.
 Usage sums the token columns (a null count as 0) and counts requests,
 grouped by any of deployment, key and the UTC day or month.
+
+Each record carries `record_id`, made where the record is made (the gateway,
+or serve) and unique per record: a random 64-bit prefix per process and a
+counter (`new_record_id`, no system call per record). The request id cannot
+be it: a client may send its own `X-Request-Id`, the same twice, and a
+gateway and the `serve` behind it sharing one ledger record one request
+each under the same id. The stores keep a record id once (a unique index,
+migration 5), so a batch written again after a commit whose answer was lost
+stores nothing twice. Records written before migration 5 have none (null).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass
+from itertools import count
 from typing import Literal
 
 import msgspec
@@ -21,9 +32,29 @@ import msgspec
 from streamproxy.errors import InvalidRequest
 
 
+_ID_PREFIX = os.urandom(8).hex()
+_ids = count()
+
+
+def new_record_id() -> str:
+    """32 hex digits: this process's random prefix and a counter."""
+    return f"{_ID_PREFIX}{next(_ids):016x}"
+
+
+def _reseed() -> None:
+    """A forked child makes ids of its own, not its parent's next ones."""
+    global _ID_PREFIX, _ids
+    _ID_PREFIX = os.urandom(8).hex()
+    _ids = count()
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
 class LedgerRecord(msgspec.Struct, kw_only=True):
     """One request that reached the gateway."""
 
+    record_id: str | None = msgspec.field(default_factory=new_record_id)  # unique per record; None: before migration 5
     ts_us: int  # arrival, µs since the epoch (UTC)
     request_id: str
     deployment: str | None  # the deployment's name; None when the request named none that exists

@@ -78,6 +78,25 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         )""",
         "INSERT INTO ledger_changes (name, version) VALUES ('deployments', 0)",
     )),
+    (5, (
+        # Each record's own id (records.new_record_id), stored once: a batch written again after a
+        # commit whose answer was lost adds nothing (the stores' inserts skip an id already there).
+        # Rows written before have none: NULLs never conflict with each other in a unique index.
+        "ALTER TABLE ledger_requests ADD COLUMN record_id TEXT",
+        "CREATE UNIQUE INDEX ledger_requests_record_id ON ledger_requests (record_id)",
+    )),
+    (6, (
+        # What each gateway process holds against keys' budgets and has not yet written (its requests
+        # running, its records still buffered), per key: rewritten by that process about once a second
+        # (gateway/keyring.py), so that the others count it too; a row not renewed goes stale.
+        """CREATE TABLE ledger_holds (
+            process TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            tokens {BIGINT} NOT NULL,
+            updated_us {BIGINT} NOT NULL,
+            PRIMARY KEY (process, key_id)
+        )""",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

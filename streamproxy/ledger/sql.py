@@ -19,8 +19,19 @@ _PLACEHOLDER = {"sqlite": "?", "postgresql": "%s"}
 
 
 def insert(dialect: Dialect) -> str:
+    """One record; nothing when its `record_id` is stored already (a batch written again). Not
+    `INSERT OR IGNORE`: that would also skip a row breaking NOT NULL, where the batch must fail."""
     marks = ", ".join([_PLACEHOLDER[dialect]] * len(COLUMNS))
-    return f"INSERT INTO ledger_requests ({', '.join(COLUMNS)}) VALUES ({marks})"
+    return f"INSERT INTO ledger_requests ({', '.join(COLUMNS)}) VALUES ({marks}) ON CONFLICT (record_id) DO NOTHING"
+
+
+# PostgreSQL: a batch is COPied into a temporary table of the same columns (emptied at each commit),
+# then moved with one INSERT that skips the ids already stored (COPY itself cannot skip a row).
+BATCH_TABLE = (f"CREATE TEMPORARY TABLE IF NOT EXISTS ledger_batch ON COMMIT DELETE ROWS AS "
+               f"SELECT {', '.join(COLUMNS)} FROM ledger_requests WITH NO DATA")
+COPY_BATCH = f"COPY ledger_batch ({', '.join(COLUMNS)}) FROM STDIN"
+MOVE_BATCH = (f"INSERT INTO ledger_requests ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM ledger_batch "
+              "ON CONFLICT (record_id) DO NOTHING")
 
 
 def requests(dialect: Dialect, q: RequestQuery) -> tuple[str, list[object]]:
@@ -46,11 +57,14 @@ def requests(dialect: Dialect, q: RequestQuery) -> tuple[str, list[object]]:
     return text, args
 
 
+_TS = 1 + COLUMNS.index("ts_us")  # in a `requests` row: seq, then COLUMNS
+
+
 def next_cursor(rows: list[tuple], limit: int) -> str | None:
     if len(rows) <= limit:
         return None
     last = rows[limit - 1]
-    return Cursor(last[1], last[0]).encode()
+    return Cursor(last[_TS], last[0]).encode()
 
 
 def _period(dialect: Dialect, period: str) -> str:
@@ -141,3 +155,20 @@ def delete_deployment(dialect: Dialect) -> str:
 # The counter every put or delete of a deployment bumps in its own transaction (migration 4).
 BUMP_DEPLOYMENTS = "UPDATE ledger_changes SET version = version + 1 WHERE name = 'deployments'"
 DEPLOYMENTS_VERSION = "SELECT version FROM ledger_changes WHERE name = 'deployments'"
+
+
+# Holds on keys' budgets (migration 6): a process's rows replaced at once; the others' summed.
+def drop_holds(dialect: Dialect) -> str:
+    """This process's rows, and any not renewed since a time (a process gone without a word)."""
+    p = _PLACEHOLDER[dialect]
+    return f"DELETE FROM ledger_holds WHERE process = {p} OR updated_us < {p}"
+
+
+def insert_hold(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"INSERT INTO ledger_holds (process, key_id, tokens, updated_us) VALUES ({p}, {p}, {p}, {p})"
+
+
+def other_holds(dialect: Dialect) -> str:
+    p = _PLACEHOLDER[dialect]
+    return f"SELECT key_id, SUM(tokens) FROM ledger_holds WHERE process <> {p} AND updated_us >= {p} GROUP BY key_id"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -137,6 +137,27 @@ class SqliteStore:
     async def deployments_version(self) -> int:
         found = await self._run(lambda db: db.execute(sql.DEPLOYMENTS_VERSION).fetchone())
         return int(found[0])
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        drop, insert = sql.drop_holds("sqlite"), sql.insert_hold("sqlite")
+        rows = [(process, key_id, tokens, now_us) for key_id, tokens in holds.items()]
+
+        def put(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(drop, (process, stale_us))
+                db.executemany(insert, rows)
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+
+        await self._run(put)
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        text = sql.other_holds("sqlite")
+        rows = await self._run(lambda db: db.execute(text, (process, since_us)).fetchall())
+        return {key_id: int(tokens) for key_id, tokens in rows}
 
     async def close(self) -> None:
         """Once; again is a no-op."""

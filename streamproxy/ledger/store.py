@@ -10,6 +10,9 @@ for an id already used, revoked or not), `list_keys` (all, the revoked with thei
 deployments made through it (`put_deployment`, `list_deployments`,
 `delete_deployment`), with `deployments_version`, a counter each change of
 them bumps in its own transaction, which gateways poll (gateway/deploysync.py).
+And what each gateway process holds against keys' budgets (`put_holds`,
+`other_holds`: its requests running and its records not yet written, per
+key), so that every process sharing the store counts them (gateway/keyring.py).
 Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
 `postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three
 to one contract.
@@ -21,7 +24,7 @@ URLs: `sqlite:///abs/path.db` (or `sqlite:relative.db`), `postgresql://...`
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
@@ -50,6 +53,13 @@ class LedgerStore(Protocol):
         """A number that grows with every put, and every delete that removed one, of a deployment by
         any process sharing the store (committed with it): one cheap read tells a gateway whether to
         list them again."""
+
+    async def put_holds(self, process: str, holds: Mapping[str, int], now_us: int, stale_us: int) -> None:
+        """Replace, in one transaction, what `process` holds per key id against keys' budgets with
+        `holds` (stamped `now_us`), and drop every row not renewed since `stale_us`."""
+
+    async def other_holds(self, process: str, since_us: int) -> dict[str, int]:
+        """The tokens every other process holds per key id, from rows renewed since `since_us`."""
 
     async def write(self, records: Sequence[LedgerRecord]) -> None: ...
 

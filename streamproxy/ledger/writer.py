@@ -8,7 +8,9 @@ has it: a store that is down or slow keeps the records buffered (a warning
 when the outage starts and when it ends, `..._write_failures_total`), and the
 task tries again with a backoff up to `MAX_BACKOFF` (new records do not
 hurry it: a store that is down is not hammered), so they are written
-when the store returns. The buffer is bounded (`max_buffered`): past it a
+when the store returns. A batch the store committed but whose answer was
+lost (the connection dropped after COMMIT) is written again too: the store
+keeps each `record_id` once, so nothing is stored twice. The buffer is bounded (`max_buffered`): past it a
 new record is dropped and counted (`streamproxy_ledger_records_dropped_total`),
 so an outage never costs unbounded memory. `close` (SIGTERM, after the
 gateway's drain) writes everything left, trying until `close_timeout`.

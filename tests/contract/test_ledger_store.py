@@ -4,9 +4,12 @@ SQLite in a temporary folder; PostgreSQL a real server from the PyPI package
 pgserver on 127.0.0.1 (`postgres_server`, one per session; a fresh database
 per test). Each test drives a store through the protocol only: migrate (and
 again: idempotent), write batches, page a deployment's records newest first
-with every filter, sum usage by every grouping; then what one store alone
-does (SQLite's WAL, a schema newer than the code, a batch the database
-refuses leaving nothing behind).
+with every filter, sum usage by every grouping, keep each record id once (a
+batch written again after a lost acknowledgement, also through the writer),
+keep what each gateway process holds against keys' budgets;
+then what one store alone does (SQLite's WAL, a schema newer than the code, a
+batch the database refuses leaving nothing behind, migration 5 on a database
+with rows written before it).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Literal
 
 import datetime as dt
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -25,6 +28,7 @@ from streamproxy.ledger.keys import KeyExists, StoredKey, hash_secret
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import Cursor, LedgerRecord, RequestQuery, UsageQuery, period_of
 from streamproxy.ledger.store import LedgerStore, open_store
+from streamproxy.ledger.writer import Ledger
 
 DAY_US = 86_400_000_000
 T0 = int(dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000  # an hour before December
@@ -169,6 +173,84 @@ async def test_usage_filters_and_an_empty_range(store: LedgerStore) -> None:
     assert await store.usage(UsageQuery(start_us=0, end_us=T0, group_by=("deployment",))) == []
 
 
+# -- each record once -------------------------------------------------------------------
+
+
+async def test_a_batch_written_again_stores_each_record_once(store: LedgerStore) -> None:
+    """A commit whose answer was lost: the writer writes the same batch again, maybe with more records."""
+    batch = [rec(1), rec(2), rec(3)]
+    await store.write(batch)
+    await store.write(batch)
+    await store.write([batch[2], rec(4)])
+    got = await all_pages(store, RequestQuery(deployment="bot", limit=2))
+    assert [r.request_id for r in got] == ["req-4", "req-3", "req-2", "req-1"]
+    assert got[1:] == batch[::-1]  # as first written, every field
+    rows = await store.usage(UsageQuery(start_us=T0, end_us=T0 + DAY_US, group_by=()))
+    assert [(u.requests, u.prompt_tokens, u.completion_tokens) for u in rows] == [(4, 40, 20)]
+
+
+async def test_the_request_id_is_not_the_record_id(store: LedgerStore) -> None:
+    """A client may send one X-Request-Id twice (and a gateway and its serve record one request under
+    the same): two records, each kept."""
+    a, b = rec(1), rec(1)
+    assert a.request_id == b.request_id and a.record_id != b.record_id
+    await store.write([a])
+    await store.write([b])
+    assert [r.record_id for r in (await store.requests(RequestQuery(deployment="bot"))).data] == [b.record_id, a.record_id]
+
+
+async def test_records_without_an_id_are_all_kept(store: LedgerStore) -> None:
+    """Rows from before migration 5 have no id; null ids never collide."""
+    old = [rec(1), rec(2)]
+    for r in old:
+        r.record_id = None
+    await store.write(old)
+    await store.write(old)
+    got = (await store.requests(RequestQuery(deployment="bot"))).data
+    assert [(r.request_id, r.record_id) for r in got] == [("req-2", None)] * 2 + [("req-1", None)] * 2
+
+
+class LostAcks:
+    """A store whose first `n` writes commit and then raise, as when the connection drops after COMMIT
+    and before its answer."""
+
+    def __init__(self, inner: LedgerStore, n: int) -> None:
+        self.inner = inner
+        self.n = n
+
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        await self.inner.write(records)
+        if self.n > 0:
+            self.n -= 1
+            raise ConnectionResetError("the answer to the commit was lost")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_the_writer_retrying_a_batch_whose_answer_was_lost_stores_it_once(store: LedgerStore) -> None:
+    if isinstance(store, MemoryStore):
+        store.lose_acks = 2  # the fake's own
+        lossy: LedgerStore = store
+    else:
+        lossy = LostAcks(store, 2)  # type: ignore[assignment]
+    taken: list[LedgerRecord] = []
+    ledger = Ledger(lossy, interval=0.01, batch_size=4, max_backoff=0.01, on_written=taken.extend)
+    records = [rec(i) for i in range(10)]
+    for r in records:
+        assert ledger.add(r)
+    assert not await ledger.flush()  # the first batch committed, its answer lost: still buffered
+    assert ledger.buffered == 10
+    assert not await ledger.flush()  # again
+    assert await ledger.flush()
+    assert (ledger.buffered, ledger.failures, ledger.written) == (0, 2, 10)
+    assert taken == records  # each record counted once (the keyring's budgets)
+    got = await all_pages(store, RequestQuery(deployment="bot", limit=3))
+    assert sorted(r.record_id or "" for r in got) == sorted(r.record_id or "" for r in records)
+    rows = await store.usage(UsageQuery(start_us=T0, end_us=T0 + DAY_US, group_by=()))
+    assert rows[0].requests == 10
+
+
 # -- one store alone ---------------------------------------------------------------------
 
 
@@ -291,3 +373,96 @@ async def test_the_version_is_shared_by_every_store_on_one_database(kind: str, t
     finally:
         await one.close()
         await other.close()
+
+
+# -- holds on keys' budgets, per gateway process ----------------------------------------------
+
+
+async def test_holds_are_replaced_per_process_summed_over_the_others_and_go_stale(store: LedgerStore) -> None:
+    now = 1_764_547_200_000_000
+    await store.put_holds("p1", {"k1": 100, "k2": 5}, now, now - 10**7)
+    await store.put_holds("p2", {"k1": 30}, now, now - 10**7)
+    assert await store.other_holds("p3", now - 10**7) == {"k1": 130, "k2": 5}
+    assert await store.other_holds("p1", now - 10**7) == {"k1": 30}  # never its own
+    await store.put_holds("p1", {"k2": 7}, now + 1, now - 10**7)  # replaced as a whole: k1 is gone
+    assert await store.other_holds("p2", now - 10**7) == {"k2": 7}
+    assert await store.other_holds("p3", now + 1) == {"k2": 7}  # p2's row is older than `since`: not counted
+    await store.put_holds("p1", {}, now + 2, now)  # nothing held now; and p2's row, not renewed since `now`, stays
+    assert await store.other_holds("p3", 0) == {"k1": 30}
+    await store.put_holds("p1", {}, now + 3, now + 1)  # p2's row is stale: dropped
+    assert await store.other_holds("p3", 0) == {}
+    await store.write([rec(1)])
+    assert (await store.requests(RequestQuery(deployment="bot"))).data[0].request_id == "req-1"  # nothing else touched
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_holds_are_seen_by_every_store_on_one_database(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    url = f"sqlite://{tmp_path}/ledger.db" if kind == "sqlite" else request.getfixturevalue("postgres_server").database()
+    one, other = await open_store(url), await open_store(url)
+    try:
+        await one.put_holds("gw-1", {"team": 500}, 2_000, 0)
+        await other.put_holds("gw-2", {"team": 20, "solo": 1}, 2_000, 0)
+        assert await other.other_holds("gw-2", 1_000) == {"team": 500}
+        assert await one.other_holds("gw-1", 1_000) == {"team": 20, "solo": 1}
+    finally:
+        await one.close()
+        await other.close()
+
+
+# -- migration 5 on a database written before it ------------------------------------------------
+
+OLD_COLUMNS = ("ts_us", "request_id", "deployment", "replica", "key_id", "route", "status", "error_code", "prompt_tokens",
+               "cached_prompt_tokens", "completion_tokens", "usage_source", "ttft_ms", "duration_ms")
+
+
+def _old_database(kind: str, url: str, old: list[LedgerRecord]) -> None:
+    """The schema at version 4 (as a gateway before record ids left it), with `old` in it."""
+    dialect: schema.Dialect = "sqlite" if kind == "sqlite" else "postgresql"
+    mark = "?" if kind == "sqlite" else "%s"
+    insert = f"INSERT INTO ledger_requests ({', '.join(OLD_COLUMNS)}) VALUES ({', '.join([mark] * len(OLD_COLUMNS))})"
+    values = [tuple(getattr(r, c) for c in OLD_COLUMNS) for r in old]
+    statements = [sql for version, sqls in schema.statements(dialect, 0) if version <= 4 for sql in sqls]
+    if kind == "sqlite":
+        db = sqlite3.connect(url[len("sqlite://"):])
+        with db:
+            db.execute(schema.CREATE_VERSION_TABLE)
+            for statement in statements:
+                db.execute(statement)
+            db.execute("INSERT INTO ledger_schema (version) VALUES (4)")
+            db.executemany(insert, values)
+        db.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            conn.execute(schema.CREATE_VERSION_TABLE)
+            for statement in statements:
+                conn.execute(statement)  # our own constant SQL
+            conn.execute("INSERT INTO ledger_schema (version) VALUES (4)")
+            with conn.cursor() as cur:
+                cur.executemany(insert, values)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_migration_5_keeps_the_rows_written_before_it(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    url = f"sqlite://{tmp_path}/ledger.db" if kind == "sqlite" else request.getfixturevalue("postgres_server").database()
+    old = [rec(1), rec(2, key="team-b"), rec(2)]  # the last two: one request id, two records, as before
+    for r in old:
+        r.record_id = None
+    _old_database(kind, url, old)
+    s = await open_store(url)
+    try:
+        assert await s.migrate() == schema.LATEST
+        got = await all_pages(s, RequestQuery(deployment="bot", limit=2))
+        assert sorted(got, key=lambda r: (r.ts_us, r.key_id or "")) == sorted(old, key=lambda r: (r.ts_us, r.key_id or ""))
+        new = [rec(3), rec(4)]
+        await s.write(new)
+        await s.write(new)  # again: kept once
+        await s.write(old)  # null ids: no conflict, as before migration 5 (the old rows stay valid)
+        got = await all_pages(s, RequestQuery(deployment="bot", limit=2))
+        assert [r.request_id for r in got][:2] == ["req-4", "req-3"]
+        assert len(got) == 2 + 2 * len(old)
+        rows = await s.usage(UsageQuery(start_us=T0, end_us=T0 + DAY_US, group_by=("key",)))
+        assert [(u.key_id, u.requests) for u in rows] == [("team-a", 6), ("team-b", 2)]
+    finally:
+        await s.close()

@@ -7,6 +7,7 @@ spend within a refresh."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -52,10 +53,15 @@ async def admin(session, method: str, url: str, body: object = None, key: str = 
         return resp.status, await resp.json()
 
 
-async def use(session, gw, secret: str, model: str = DEPLOYMENT) -> tuple[int, dict]:
-    status, _, body = await post(session, gw.url("/v1/chat/completions"), chat(model), Authorization=f"Bearer {secret}")
-    import json
+def body_of(model: str = DEPLOYMENT) -> dict:
+    return chat(model, max_tokens=3)  # the fake replica's whole answer: the hold is its prompt's estimate + 3
 
+
+HOLD = len(json.dumps(body_of()).encode()) // 4 + 1 + 3  # what a budget holds for body_of() (holds.worst_case)
+
+
+async def use(session, gw, secret: str, model: str = DEPLOYMENT) -> tuple[int, dict]:
+    status, _, body = await post(session, gw.url("/v1/chat/completions"), body_of(model), Authorization=f"Bearer {secret}")
     return status, json.loads(body)
 
 
@@ -82,14 +88,17 @@ async def test_a_key_is_made_used_stopped_at_its_budget_and_revoked(replica, gat
     # Now the gateway asks for a key; this one works at once, for its deployments only.
     assert (await use(session, gw, "anything"))[0] == 401
     assert (await use(session, gw, secret, "other"))[0] == 401
-    for _ in range(3):  # 27, 54, 81 tokens: the third starts under the budget of 60
+    assert 2 * PER_REQUEST + HOLD > 60 >= PER_REQUEST + HOLD
+    for _ in range(2):  # 27, 54 tokens: each held its worst case first, and it fit
         status, body = await use(session, gw, secret)
         assert status == 200, body
-    status, body = await use(session, gw, secret)
+    status, body = await use(session, gw, secret)  # 54 + its hold would pass 60: refused before it runs
     _, end = period_start(time.time(), "day")
     resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
     assert (status, body) == (429, {"error": {
-        "message": f"API key `cust-1` has used its daily budget of 60 tokens ({3 * PER_REQUEST} used); it resets at {resets}",
+        "message": f"API key `cust-1` has {60 - 2 * PER_REQUEST} tokens left of its daily budget of 60 tokens "
+                   f"({2 * PER_REQUEST} used) and this request may use up to {HOLD} tokens (about {HOLD - 3} prompt + 3 "
+                   f"completion, its max_tokens); it resets at {resets}",
         "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}})
     # Revoked: refused at once.
     status, gone = await admin(session, "DELETE", gw.url("/v1/keys/cust-1"))
@@ -104,7 +113,7 @@ async def test_a_key_is_made_used_stopped_at_its_budget_and_revoked(replica, gat
     assert ledger is not None and await ledger.flush()
     rows = await ledger.store.usage(__import__("streamproxy.ledger.records", fromlist=["UsageQuery"]).UsageQuery(
         start_us=0, end_us=2**62, group_by=("key",)))
-    assert {(u.key_id, u.requests, u.prompt_tokens + u.completion_tokens) for u in rows} >= {("cust-1", 5, 3 * PER_REQUEST)}
+    assert {(u.key_id, u.requests, u.prompt_tokens + u.completion_tokens) for u in rows} >= {("cust-1", 4, 2 * PER_REQUEST)}
 
 
 @pytest.mark.parametrize(("body", "param", "message"), [
@@ -153,7 +162,7 @@ async def test_two_gateways_on_one_postgresql_share_keys_revocations_and_budgets
         return (await use(session, b, secret))[0] == 200
 
     assert await eventually(works_on_b)  # within a refresh on the other
-    # Spend on both counts against one budget: 27 x 4 = 108 >= 100.
+    # Spend on both counts against one budget: 27 x 3 = 81, and a fourth's hold does not fit in 100.
     assert (await use(session, b, secret))[0] == 200
     assert (await use(session, a, secret))[0] == 200  # a: 2 of its own, plus what b spent once both refreshed
 

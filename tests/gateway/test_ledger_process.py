@@ -144,7 +144,8 @@ def test_two_gateway_processes_on_one_postgresql_share_a_key_its_budget_and_its_
             key = {"Authorization": f"Bearer {made.json()['secret']}"}
 
             def use(gw) -> requests.Response:
-                return requests.post(gw.url("/v1/chat/completions"), json=chat(), headers=key, timeout=10)
+                # max_tokens: the budget holds what a request may use (without it, the default 4096 > 100)
+                return requests.post(gw.url("/v1/chat/completions"), json=chat(max_tokens=3), headers=key, timeout=10)
 
             def eventually(check, timeout: float = 5.0) -> bool:
                 deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.test_layers import ENGINES, ROOT, modules, offending
 
-GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods")
+GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds")
 
 
 @pytest.mark.parametrize("name", GATEWAY_SANS_IO)
