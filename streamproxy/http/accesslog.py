@@ -193,13 +193,18 @@ def _finish(request: web.Request, rec: Record, response: web.StreamResponse | No
         REQUEST_DURATION.observe(duration)
         if rec.ttfb is not None:
             TIME_TO_FIRST_BYTE.observe(rec.ttfb)
-    if enabled() and request.path not in QUIET_PATHS:
-        write(line(request, rec, status, duration))
     hook = request.app.get(ON_FINISH)
-    if hook is not None:
-        hook(request, rec, status, code, duration)
-    if rec.span is not None and tracing.TRACER is not None:
-        tracing.TRACER.end(rec.span, request, rec, status)
+    try:
+        if hook is not None:  # the books (ledger record, budget hold) first: they must not depend on the log line
+            hook(request, rec, status, code, duration)
+    finally:
+        try:  # best effort, as nginx's: a line that cannot be written never fails the request it describes
+            if enabled() and request.path not in QUIET_PATHS:
+                write(line(request, rec, status, duration))
+            if rec.span is not None and tracing.TRACER is not None:
+                tracing.TRACER.end(rec.span, request, rec, status)
+        except Exception:
+            _errors.exception("access log line or span of request %s not written", rec.request_id)
 
 
 _RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}

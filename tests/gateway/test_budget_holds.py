@@ -373,3 +373,25 @@ async def test_a_burst_on_two_gateways_at_once_stays_within_the_documented_bound
         assert await one(gw) == 429
     _, after = await billed(a.state.ledger.store, a, "pair")
     assert after == tokens
+
+
+async def test_a_log_line_that_fails_to_write_still_books_the_request(replica, gateway, session, monkeypatch):
+    """The books run before the access-log line, and the line is best effort: a line that cannot be
+    written fails no request and loses neither its record nor its hold's release."""
+    from streamproxy.http import accesslog
+
+    def broken(text: str) -> None:
+        raise OSError("the access log's disk is full")
+
+    monkeypatch.setattr(accesslog, "enabled", lambda: True)
+    monkeypatch.setattr(accesslog, "write", broken)
+    store = MemoryStore()
+    gw, _ = await keyed(replica, gateway, store)
+    secret = await make_key(session, gw, "k", 10**9)
+    await _answered(session, gw, {"Authorization": f"Bearer {secret}"}, True)
+    holds = gw.state.keyring.holds
+    assert await wait_until(lambda: holds.running == 0 and holds.held("k") == 0, 10), (holds.running, holds.by_key)
+    assert await wait_until(lambda: len(store.rows) == 1, 10)
+    record = store.rows[0][1]
+    assert (record.status, record.completion_tokens) == (200, 3)  # the fake's default answer: 3 tokens
+    assert gw.state.keyring.spent("k") == (record.prompt_tokens or 0) + record.completion_tokens
