@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from bench.loadgen import build_request, request_body, run_load
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_seconds, threads_cpu_seconds
 from bench.report import spread
 from streamproxy.ledger.records import LedgerRecord
 from streamproxy.ledger.store import open_store
@@ -86,9 +86,11 @@ LEDGERS = ("off", "sqlite", "postgresql")
 
 
 async def measure(gateways: dict[str, Any], args: argparse.Namespace, body: dict, events: dict[str, int]
-                  ) -> dict[str, tuple[float, float]]:
-    """One load per gateway, all at once: (CPU µs per event, TTFT p50 ms) for each."""
+                  ) -> dict[str, tuple[float, float, float]]:
+    """One load per gateway, all at once: (CPU µs per event, TTFT p50 ms, the ledger's writer thread's
+    CPU µs per event) for each."""
     before = {name: cpu_seconds(gw.proc.pid) for name, gw in gateways.items()}
+    writer_before = {name: threads_cpu_seconds(gw.proc.pid, "ledger-") for name, gw in gateways.items()}
     results = await asyncio.gather(*(
         run_load(gw.base, build_request("127.0.0.1", gw.port, "/v1/chat/completions", body), args.concurrency, args.requests)
         for gw in gateways.values()))
@@ -100,14 +102,15 @@ async def measure(gateways: dict[str, Any], args: argparse.Namespace, body: dict
         assert len(ok) == args.requests, result.errors[:3]
         n = sum(r.sse_events for r in ok)
         events[name] += n
-        out[name] = (cpu / n * 1e6, statistics.median([r.ttft for r in ok if r.ttft is not None]) * 1e3)
+        writer = threads_cpu_seconds(gw.proc.pid, "ledger-") - writer_before[name]
+        out[name] = (cpu / n * 1e6, statistics.median([r.ttft for r in ok if r.ttft is not None]) * 1e3, writer / n * 1e6)
     return out
 
 
 async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> tuple[Rounds, dict[str, int]]:
     from tests.support.server import FAKE_ARGS, serve_process, start_gateway
 
-    per: Rounds = {name: {"cpu_us": [], "ttft_p50": [], "cpu_vs_off": [], "ttft_vs_off": []} for name in LEDGERS}
+    per: Rounds = {name: {"cpu_us": [], "ttft_p50": [], "cpu_vs_off": [], "ttft_vs_off": [], "writer_us": []} for name in LEDGERS}
     events = dict.fromkeys(LEDGERS, 0)
     with serve_process([*FAKE_ARGS, "--served-model-name", "fake", "--fake-token-delay", "0.002"], log_dir=folder, name="replica") as rep:
         gateways = {}
@@ -119,14 +122,15 @@ async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> 
             body = request_body("chat", "fake", args.tokens)
             names = list(gateways)
             for k in range(args.rounds):
-                this: dict[str, tuple[float, float]] = {}
+                this: dict[str, tuple[float, float, float]] = {}
                 if args.sequential:
                     for name in names[k % 3:] + names[:k % 3]:  # each ledger first in turn: no order effect
                         this[name] = (await measure({name: gateways[name]}, args, body, events))[name]
                 else:
                     this = await measure(gateways, args, body, events)
-                off_cpu, off_ttft = this["off"]
-                for name, (cpu_us, ttft) in this.items():
+                off_cpu, off_ttft, _ = this["off"]
+                for name, (cpu_us, ttft, writer_us) in this.items():
+                    per[name]["writer_us"].append(writer_us)
                     per[name]["cpu_us"].append(cpu_us)
                     per[name]["ttft_p50"].append(ttft)
                     per[name]["cpu_vs_off"].append((cpu_us / off_cpu - 1) * 100)
@@ -161,10 +165,15 @@ async def main_async(args: argparse.Namespace) -> None:
                   "'vs off': against the ledger-off gateway of the same round.\n")
             tick = 1e6 / os.sysconf("SC_CLK_TCK") / (events["off"] / args.rounds)
             print(f"CPU from /proc/PID/stat in clock ticks: one tick is {tick:.2f} µs per event in a round.\n")
-            print("| ledger | CPU µs/event | CPU vs off | TTFT p50 ms | added TTFT p50 ms | events |\n|---|---:|---:|---:|---:|---:|")
+            print("'writer thread': the ledger's store thread's own CPU (schedstat, ns) per event, and against the "
+                  "off gateway's CPU per event of the same round.\n")
+            print("| ledger | CPU µs/event | CPU vs off | writer thread µs/event | writer thread vs off | TTFT p50 ms | "
+                  "added TTFT p50 ms | events |\n|---|---:|---:|---:|---:|---:|---:|---:|")
             for name in LEDGERS:
                 v = per[name]
+                share = [w / off * 100 for w, off in zip(v["writer_us"], per["off"]["cpu_us"], strict=True)]
                 print(f"| {name} | {spread(v['cpu_us'], '{:.1f}')} | {spread(v['cpu_vs_off'], '{:+.1f}%')} | "
+                      f"{spread(v['writer_us'], '{:.2f}')} | {spread(share, '{:.1f}%')} | "
                       f"{spread(v['ttft_p50'], '{:.2f}')} | {spread(v['ttft_vs_off'], '{:+.2f}')} | {events[name]} |")
     finally:
         if server is not None:

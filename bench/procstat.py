@@ -32,6 +32,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def threads_cpu_seconds(pid: int, prefix: str) -> float:
+    """CPU time of the live threads of `pid` whose name (comm) starts with `prefix`, in ns resolution
+    (/proc/PID/task/TID/schedstat's time on the CPU, not clock ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(prefix):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
+
+
 def cpu_user_sys(pid: int) -> tuple[float, float]:
     """(utime, stime) in seconds: user-space vs kernel (syscalls, loopback TCP) time."""
     fields = _stat_fields(pid)

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import orjson
 from aiohttp import web
 
+from streamproxy.core.threadname import name_this_thread
 from streamproxy.http import tracing
 from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPONSES, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_TOKEN
 
@@ -356,6 +357,7 @@ class BatchWriter:
             self._wake.set()
 
     def _run(self) -> None:
+        name_this_thread("access-log")
         while not self._stopping:
             self._wake.wait()
             if not self._stopping:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from streamproxy.core.threadname import name_this_thread
 from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
@@ -49,7 +50,8 @@ _LOCK = 0x1ED6E2  # the advisory lock migrations hold
 class PostgresStore:
     def __init__(self, url: str) -> None:
         self.url = url
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-postgres")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-postgres",
+                                        initializer=name_this_thread, initargs=("ledger-postgres",))
         self._writer: psycopg.Connection[Any] | None = None  # used in the pool's thread only
         self._reader: psycopg.AsyncConnection[Any] | None = None
         self._closed = False

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from streamproxy.core.threadname import name_this_thread
 from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
@@ -32,7 +33,8 @@ BUSY_TIMEOUT_MS = 5000
 class SqliteStore:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite",
+                                        initializer=name_this_thread, initargs=("ledger-sqlite",))
         self._db: sqlite3.Connection | None = None
         self._closed = False
         self._insert = sql.insert("sqlite")
