@@ -112,8 +112,9 @@ RELAY_ERRORS = (
     ErrorStatus(413, "`request_too_large`: the body is over --max-body-bytes (said by Content-Length: before it is read)"),
     ErrorStatus(429, "`rate_limit_exceeded`: over the key's rpm or tpm; `insufficient_quota`: a key made through "
                      "POST /v1/keys whose token budget has no room for the request's worst case (its prompt's "
-                     "estimate + max_tokens) beside its spend and its requests running: until the day or month turns, "
-                     "or (Retry-After: 1) until those requests end (x-should-retry: false); or the replicas' own 429", retry_after=True),
+                     "estimate + max_tokens) beside its spend and its requests running: until the day or month turns "
+                     "(x-should-retry: false), or until those requests end (Retry-After: 1, x-should-retry: true); "
+                     "or the replicas' own 429", retry_after=True),
     ErrorStatus(503, "`upstream_unavailable`: no replica can take the request now; `deployment_waking`: a managed "
                      "deployment is starting (Retry-After: its last boot's seconds); `deployment_failed` "
                      "(x-should-retry: false); `max_resident`; " + _DRAINING, retry_after=True),

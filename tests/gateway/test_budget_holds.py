@@ -103,10 +103,10 @@ async def test_the_keyring_refuses_a_hold_that_does_not_fit_and_says_why() -> No
     # 60 held + 60 > 100, but 60 alone fits what is left: refused until the running request ends.
     with pytest.raises(QuotaExceeded) as held:
         ring.reserve(entry, WorstCase(10, 50, True), now)
-    assert (held.value.message, held.value.retry_after) == (
+    assert (held.value.message, held.value.retry_after, held.value.headers()["x-should-retry"]) == (
         "API key `k1` has 100 tokens left of its monthly budget of 100 tokens (0 used), 60 of them held by its "
         "requests running, and this request may use up to 60 tokens (about 10 prompt + 50 completion, its "
-        "max_tokens); retry when they end", 1)
+        "max_tokens); retry when they end", 1, "true")  # passes once they end: the SDKs may retry it
     # More than is left at all, with no cap of its own: the default was held, and the message says so.
     with pytest.raises(QuotaExceeded) as big:
         ring.reserve(entry, WorstCase(10, 4096, False), now)
@@ -115,6 +115,7 @@ async def test_the_keyring_refuses_a_hold_that_does_not_fit_and_says_why() -> No
         "up to 4106 tokens (about 10 prompt + 4096 completion, the gateway's default hold: send max_tokens); "
         f"it resets at {resets}")
     assert big.value.retry_after == max(1, int(end - now))
+    assert big.value.headers()["x-should-retry"] == "false"  # not before the period turns
     assert ring.reserve(entry, NOTHING, now) is None  # a route generating nothing holds nothing
     first.release()
     assert ring.held("k1") == 0
@@ -394,4 +395,4 @@ async def test_a_log_line_that_fails_to_write_still_books_the_request(replica, g
     assert await wait_until(lambda: len(store.rows) == 1, 10)
     record = store.rows[0][1]
     assert (record.status, record.completion_tokens) == (200, 3)  # the fake's default answer: 3 tokens
-    assert gw.state.keyring.spent("k") == (record.prompt_tokens or 0) + record.completion_tokens
+    assert gw.state.keyring.spent("k") == (record.prompt_tokens or 0) + (record.completion_tokens or 0)
