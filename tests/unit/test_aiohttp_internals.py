@@ -38,7 +38,7 @@ from aiohttp.web_server import Server
 
 from streamproxy.config import Settings
 from streamproxy.http.server import make_runner
-from streamproxy.http.writer import SSEResponse, can_write_direct
+from streamproxy.http.writer import can_write_direct
 
 VERSION = aiohttp.__version__
 
@@ -177,35 +177,10 @@ async def test_our_server_really_builds_our_connection_handler() -> None:
         await runner.cleanup()
 
 
-# -- http/writer.py: StreamResponse and its payload writer ------------------------------------
+# -- http/writer.py: public API, behaviour it relies on ----------------------------------------
 
 
-def test_send_headers_immediately_is_a_class_attribute_of_stream_response() -> None:
-    assert web.StreamResponse.__dict__.get("_send_headers_immediately") is True, (
-        f"aiohttp {VERSION}: StreamResponse._send_headers_immediately is gone (http/writer.py SSEResponse sets it False)"
-    )
-
-
-async def test_a_prepared_chunked_response_can_be_written_to_directly() -> None:
-    """`can_write_direct` reads `_payload_writer.{chunked, length, _compress, _on_chunk_sent,
-    _headers_written, _eof}` and calls `send_headers()` (all with safe defaults): on a plain
-    chunked response it must say True, or serve's push path and the gateway's direct writes
-    are off with no error. SSEResponse's headers must wait for the first write."""
-    seen: dict[str, Any] = {}
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        response = SSEResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        writer = getattr(response, "_payload_writer", None)
-        seen["writer"] = writer
-        seen["fields"] = {n: hasattr(writer, n) for n in ("chunked", "length", "_compress", "_on_chunk_sent", "_headers_written", "_eof")}
-        seen["held"] = getattr(writer, "_headers_written", None)
-        seen["direct"] = can_write_direct(response, request.transport)
-        assert request.transport is not None
-        request.transport.write(b"5\r\nhello\r\n")
-        await response.write_eof()
-        return response
-
+async def _serve_one(handler: Any, request: bytes) -> bytes:
     app = web.Application()
     app.router.add_get("/", handler)
     runner = make_runner(app, Settings())
@@ -215,16 +190,51 @@ async def test_a_prepared_chunked_response_can_be_written_to_directly() -> None:
     try:
         port = runner.addresses[0][1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        got = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+        writer.write(request)
+        got = await asyncio.wait_for(reader.read(), 10)
         writer.close()
     finally:
         await runner.cleanup()
-    assert seen["writer"] is not None, f"aiohttp {VERSION}: StreamResponse._payload_writer is gone (http/writer.py can_write_direct)"
-    missing = [name for name, present in seen["fields"].items() if not present]
-    assert missing == [], f"aiohttp {VERSION}: the payload writer lost {missing} (http/writer.py can_write_direct)"
-    assert params(method(type(seen["writer"]), "send_headers")) == ["self"], f"aiohttp {VERSION}: StreamWriter.send_headers changed"
-    assert seen["held"] is False, f"aiohttp {VERSION}: _send_headers_immediately = False no longer holds the headers back after prepare()"
-    assert seen["direct"] is True, f"aiohttp {VERSION}: can_write_direct says False for a plain chunked response (the push path is off)"
+    return got
+
+
+async def test_prepare_sends_the_headers_and_a_chunked_body_takes_frames_written_to_the_transport() -> None:
+    """`can_write_direct` relies on aiohttp sending a StreamResponse's headers in `prepare()`
+    (documented) and saying `Transfer-Encoding: chunked` in the headers it sent: then frames
+    written straight to `request.transport` sit between the headers and `write_eof`'s last chunk.
+    Were either to change, serve's push path and the gateway's direct writes would corrupt the body."""
+    seen: dict[str, Any] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        assert request.transport is not None
+        seen["direct"] = can_write_direct(response, request.transport)
+        request.transport.write(b"5\r\nhello\r\n")
+        await response.write_eof()
+        return response
+
+    got = await _serve_one(handler, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     head, _, body = got.partition(b"\r\n\r\n")
-    assert b"transfer-encoding: chunked" in head.lower() and body == b"5\r\nhello\r\n0\r\n\r\n", got
+    assert seen["direct"] is True, f"aiohttp {VERSION}: can_write_direct says False for a plain chunked response (the push path is off)"
+    assert b"transfer-encoding: chunked" in head.lower(), f"aiohttp {VERSION}: {head!r}"
+    assert body == b"5\r\nhello\r\n0\r\n\r\n", f"aiohttp {VERSION}: the headers did not leave in prepare(): {got!r}"
+
+
+async def test_an_http10_or_compressed_response_is_not_written_to_directly() -> None:
+    seen: list[bool] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if request.query.get("gzip"):
+            response.enable_compression()
+        await response.prepare(request)
+        seen.append(can_write_direct(response, request.transport))
+        await response.write(b"data: x\n\n")
+        await response.write_eof()
+        return response
+
+    got = await _serve_one(handler, b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+    assert got.endswith(b"\r\n\r\ndata: x\n\n"), got  # HTTP/1.0: close-delimited, no chunks
+    await _serve_one(handler, b"GET /?gzip=1 HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n")
+    assert seen == [False, False]
