@@ -114,7 +114,7 @@ class LiveGateway(_OnItsLoop):
 
     def __init__(self, *, keys: list[dict[str, Any]] | None = None, **settings: Any) -> None:
         super().__init__(uvloop.new_event_loop())
-        self.runners: list[web.AppRunner] = []
+        self.runners: list[web.BaseRunner] = []
         self.session: aiohttp.ClientSession
         self.base = self.loop.run_until_complete(self._start(keys or [], settings))
 
