@@ -48,7 +48,7 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-async def serve(app: web.Application, settings: Settings) -> tuple[web.AppRunner, int]:
+async def serve(app: web.Application, settings: Settings) -> tuple[web.BaseRunner, int]:
     runner = make_runner(app, settings)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -61,7 +61,7 @@ async def replica() -> tuple[int, Any]:
     return port, runner.cleanup
 
 
-async def gateway(section: dict[str, Any]) -> tuple[web.Application, web.AppRunner, str]:
+async def gateway(section: dict[str, Any]) -> tuple[web.Application, web.BaseRunner, str]:
     conf = msgspec.convert({"deployments": [{"name": "bench", "id": "dep-bench", "kubernetes": section}]}, GatewayConfig)
     check(conf)
     settings = Settings(host="127.0.0.1", port=0, access_log="off")

@@ -90,12 +90,12 @@ class GatewayState:
             self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
             # Deployments a reload removed, still serving requests that began before it (shared by every state).
             self.retiring: dict[Pool, ReplicaSource] = {}
-            self._tasks: set[asyncio.Task[None]] = set()
+            self.tasks: set[asyncio.Task[None]] = set()
         else:
             self.inflight, self.started, self.supervisor = previous.inflight, previous.started, previous.supervisor
             self.retries, self.upstreams = previous.retries, previous.upstreams
             self.ledger, self.keyring = previous.ledger, previous.keyring
-            self.retiring, self._tasks = previous.retiring, previous._tasks
+            self.retiring, self.tasks = previous.retiring, previous.tasks
         for d in config.deployments:
             kept = previous.unchanged(d, config) if previous is not None else None
             if kept is not None:
@@ -194,16 +194,16 @@ class GatewayState:
                 log.exception("deployment %s: stopping its old source failed", pool.deployment.name)
 
         task = asyncio.get_running_loop().create_task(stop(), name=f"gateway-retire-{pool.deployment.name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def stop_retired(self) -> None:
         """At shutdown: the retired deployments' sources still serving, and the stops under way."""
         for pool, source in list(self.retiring.items()):
             del self.retiring[pool]
             self._stop_retired(pool, source)
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
     def start_sources(self, upstreams: Upstreams) -> None:
         self.supervisor.start(upstreams)

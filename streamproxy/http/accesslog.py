@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import count
 from time import perf_counter
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import orjson
 from aiohttp import web
@@ -228,7 +228,20 @@ def _ms(seconds: float | None) -> float | None:
 PID: int | None = None
 
 
-def line(request: web.Request, rec: Record, status: int, duration: float) -> str:
+class RequestLine(Protocol):
+    """What a line says of the request: a `web.BaseRequest`, or (a request never read) a stand-in."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def remote(self) -> str | None: ...
+
+
+def line(request: RequestLine, rec: Record, status: int, duration: float) -> str:
     fields = {
         "ts": round(time.time(), 3),
         "request_id": rec.request_id,

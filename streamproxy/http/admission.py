@@ -28,27 +28,27 @@ from streamproxy.http.metrics import ADMISSION_REJECTIONS, REQUESTS_QUEUED, REQU
 
 
 class Ticket:
-    __slots__ = ("_admission", "granted", "_waiter", "released", "weight")
+    __slots__ = ("_admission", "granted", "waiter", "released", "weight")
 
     def __init__(self, admission: Admission, granted: bool, weight: int = 1) -> None:
         self._admission = admission
         self.granted = granted
         self.weight = weight
-        self._waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
         self.released = False
 
     async def wait(self) -> None:
         """Until the ticket holds a slot (returns at once if it already does)."""
         if self.granted:
             return
-        if self._waiter is None:
-            self._waiter = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._waiter)
+        if self.waiter is None:
+            self.waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self.waiter)
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._admission._release(self)
+            self._admission.ticket_released(self)
 
 
 class Admission:
@@ -80,7 +80,7 @@ class Admission:
         REQUESTS_QUEUED.inc(weight)
         return ticket
 
-    def _release(self, ticket: Ticket) -> None:
+    def ticket_released(self, ticket: Ticket) -> None:
         if not ticket.granted:
             # Left while waiting: give up the place in line.
             try:
@@ -105,8 +105,8 @@ class Admission:
             nxt.granted = True
             self.active += nxt.weight
             REQUESTS_RUNNING.inc(nxt.weight)
-            waiter = nxt._waiter
+            waiter = nxt.waiter
             if waiter is None:
-                nxt._waiter = waiter = asyncio.get_running_loop().create_future()
+                nxt.waiter = waiter = asyncio.get_running_loop().create_future()
             if not waiter.done():
                 waiter.set_result(None)

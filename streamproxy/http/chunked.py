@@ -1,6 +1,6 @@
 """HTTP/1.1 chunked framing for bytes written straight to the transport.
 
-Once aiohttp has sent a chunked response's headers (`writer.can_write_direct`),
+Once aiohttp has sent a chunked response's headers (`prepare()`; `writer.can_write_direct`),
 serve's push path, the gateway's relay and the keepalive ticker write frames to
 the transport themselves: each is `size-in-hex CRLF data CRLF`. The size lines of
 the usual sizes are made once (`SIZE_LINES`, indexed by the size below

@@ -1,34 +1,53 @@
 """One client connection: aiohttp's handler with nginx's client timeouts, and the connection cap.
 
+Only aiohttp's public server API: `Connections` is a `web.Server` (the
+low-level server, a protocol factory) whose `__call__` makes a `Protocol`, a
+`web.RequestHandler` that overrides its public methods (`connection_made`,
+`connection_lost`, `data_received`, `finish_response`, `handle_error`) and
+calls `force_close()`; the request factory it hands aiohttp (`request_factory`)
+tells each connection's `Clock` that a request's headers are in. The
+per-connection state is the `Clock`'s, not in aiohttp's objects.
+
 A connection is in one phase at a time, bounded by one loop timer:
 
   fresh   accepted, nothing received: `client_header_timeout` from the accept,
           then a close (there is no request to answer);
   header  part of a request's headers is in: the same timer (from the first
-          byte on a kept-alive connection), then a 408 queued the way aiohttp
-          queues its answer to an unparseable request (`handle_error`: OpenAI
-          error body, access log, metrics), then a close;
+          byte on a kept-alive connection), then a 408 with an OpenAI error
+          body written straight to the socket (HTTP/1.0, `Connection: close`,
+          as aiohttp answers a request it could not read; access log and
+          metrics too), then a close;
   body    the handler runs, the body is not all in: `client_body_timeout`
           between two reads from the socket. A read only stores the time; the
           timer, when due, re-arms at the last read plus the timeout, and
-          restarts the client's clock while reading is paused (it could not
-          send). When it fires, the handler's body read raises
-          `RequestTimeout`: the route answers 408 in its own shape with
-          `Connection: close`; once a response byte is out, only a close;
+          restarts the client's clock while the transport is not reading (the
+          client could not send). When it fires, the handler's body read raises
+          `RequestTimeout` (`StreamReader.set_exception`): the route answers 408
+          in its own shape with `Connection: close`; once a response byte is
+          out (`output_size`), only a close;
   busy    body complete: no timer and no work per chunk (streams cost nothing);
+  linger  the response is out, the body was not all read: aiohttp reads and
+          drops the rest (at most its `lingering_time`), no timer of ours;
   idle    between requests: `keepalive_timeout`, then a quiet close.
 
-Phases change where aiohttp's handler already passes: `data_received` and
-`_handle_request`. A partial request pipelined behind a complete one counts as
-idle until its next bytes. aiohttp's own keep-alive timer is left inert
-(`_process_keepalive`): it would close a connection mid-headers without a word.
+Phases change in `data_received`, when aiohttp makes a request (the headers
+are in: `Connections.make_request`) and when `finish_response` ends. A
+partial request pipelined behind a complete one counts as idle until its
+next bytes. A timer that fires acts one loop turn later (`call_soon`), so a
+request whose headers were parsed in the same turn is started first and not
+timed out; a timer re-armed or disarmed meanwhile does nothing (`_epoch`).
+aiohttp's own keep-alive timer gets a timeout nobody reaches (`NEVER`): it
+would close a connection mid-headers without a word.
 
 On Python 3.11 aiohttp starts each request's handler in a task of its own,
 one more loop turn after the connection's task wakes; under load a turn waits
-behind every other connection's I/O. `_HandlerInline` has the connection's
-task await the handler itself (3.12+ does the same with eager tasks).
+behind every other connection's I/O. `Connections` hands each connection's
+handler a `HandlerLoop` as its (public) `loop` argument: the loop itself,
+except that `create_task`, once the connection's task exists, gives the
+coroutine back, so aiohttp's `start()` awaits the request's handler in the
+connection's own task (3.12+ does the same with eager tasks; no HandlerLoop).
 
-`ConnectionServer` counts the connections it serves; one accepted past
+`Connections` counts the connections it serves; one accepted past
 `max_connections` is closed at once, unread, and the others are served. The
 default cap is half the soft RLIMIT_NOFILE (`ulimit -n`), which with the usual
 limit is nginx's default worker_connections; the other half is left for the
@@ -45,15 +64,14 @@ import resource
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, NamedTuple
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import LineTooLong
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from aiohttp.web_protocol import RequestHandler, _ErrInfo
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import StreamResponse
-from aiohttp.web_server import Server
+from aiohttp.streams import StreamReader
 
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest, RequestTimeout
@@ -69,10 +87,14 @@ from streamproxy.http.metrics import (
 
 log = logging.getLogger("streamproxy.server")
 
-# Phases of a connection.
-FRESH, HEADER, BODY, BUSY, IDLE, CLOSING = range(6)
+# Phases of a connection (CLOSING: a 408 is out, nothing more is read; GONE: closed, or refused).
+FRESH, HEADER, BODY, BUSY, LINGER, IDLE, CLOSING, GONE = range(8)
 
-Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
+# aiohttp's keep-alive timeout: `Clock` keeps the connection's timers, aiohttp's never fires.
+NEVER = 365 * 86400.0
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+RequestFactory = Callable[[Any, StreamReader, web.RequestHandler, AbstractStreamWriter, "asyncio.Task[None]"], web.BaseRequest]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +125,6 @@ def default_max_connections() -> int:
 
 def _parse_error(status: int, exc: BaseException | None, message: str | None) -> APIError:
     # aiohttp's messages quote the offending bytes (maybe a credential): never echo them.
-    if isinstance(exc, APIError):
-        return exc  # ours: the header timeout's 408
     text = str(message or exc or "")
     if isinstance(exc, LineTooLong):
         return HeaderTooLarge("the request line or a header field is longer than the server accepts (--max-header-bytes)")
@@ -115,125 +135,287 @@ def _parse_error(status: int, exc: BaseException | None, message: str | None) ->
     return InvalidRequest("malformed HTTP request", code="bad_request")
 
 
+def unread_answer(err: APIError) -> bytes:
+    """The whole response to a request that was never read: HTTP/1.0 (its version is unknown),
+    the OpenAI error body, `Connection: close`."""
+    body = err.to_json()
+    head = [
+        f"HTTP/1.0 {err.status} {HTTPStatus(err.status).phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        f"Date: {formatdate(usegmt=True)}",
+        *(f"{name}: {value}" for name, value in err.headers().items()),
+        "Connection: close",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Unread(NamedTuple):
+    """The access log's view of a request whose request line never arrived."""
+
+    method: str
+    path: str
+    remote: str | None
+
+
 # Python 3.12+ has eager tasks, and aiohttp starts each handler's task eagerly.
-_INLINE_HANDLERS = sys.version_info < (3, 12)
+INLINE_HANDLERS = sys.version_info < (3, 12)
 
 
-class _HandlerInline:
-    """The event loop as the connection's handler sees it, except that `create_task` hands the
-    coroutine back: aiohttp's `start()` then awaits the request's handler in the connection's
-    own task instead of a new one, and the handler runs in the loop turn that wakes it, not the
-    turn after (Python 3.11 has no eager tasks). Nothing here uses context variables, the one
-    thing aiohttp's separate task is for; cancelling the connection's task (the client gone)
-    reaches the handler the same way. Everything else is the loop's."""
+class HandlerLoop:
+    """The event loop as one connection's `RequestHandler` sees it, except that after `inline()`
+    (the connection's task exists) `create_task` hands the coroutine back: aiohttp's `start()` then
+    awaits the request's handler in the connection's own task instead of a new one, and the
+    handler runs in the loop turn that wakes it, not the turn after. Nothing here uses context
+    variables, the one thing aiohttp's separate task is for; cancelling the connection's task (the
+    client gone) reaches the handler the same way. Everything else is the loop's (the methods the
+    connection calls most are the loop's own bound methods, not looked up per call)."""
 
-    __slots__ = ("_loop",)
+    __slots__ = ("_loop", "_inline", "time", "create_future", "call_at", "call_later", "call_soon")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._inline = False
+        self.time = loop.time
+        self.create_future = loop.create_future
+        self.call_at = loop.call_at
+        self.call_later = loop.call_later
+        self.call_soon = loop.call_soon
 
-    def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> Coroutine[Any, Any, Any]:
-        return coro
+    def inline(self) -> None:
+        self._inline = True
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> Any:
+        return coro if self._inline else self._loop.create_task(coro, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loop, name)
 
 
-class Protocol(RequestHandler):
-    """aiohttp's connection handler, with the client timeouts and a JSON answer to unparseable requests."""
+class Clock:
+    """One connection's phase and its one timer (see the module's docstring)."""
 
-    __slots__ = ("_limits", "_phase", "_timer", "_body", "_last_read")
+    __slots__ = ("_protocol", "_limits", "_loop", "_phase", "_timer", "_epoch", "_body", "_writer", "_last_read")
 
-    def __init__(self, manager: ConnectionServer, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
-        super().__init__(manager, loop=loop, **kwargs)
-        self._limits = manager.limits
+    def __init__(self, protocol: Protocol, limits: Limits, loop: asyncio.AbstractEventLoop) -> None:
+        self._protocol: Protocol | None = protocol
+        self._limits = limits
+        self._loop = loop
         self._phase = FRESH
         self._timer: asyncio.TimerHandle | None = None
+        self._epoch = 0  # bumped by every arm and disarm: a due expiry of an older one does nothing
         self._body: StreamReader | None = None
+        self._writer: AbstractStreamWriter | None = None
         self._last_read = 0.0
 
-    # -- the connection ---------------------------------------------------------------
+    # -- what the connection tells it -------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        server = self._manager
-        if isinstance(server, ConnectionServer) and server.full():
-            CLOSED_OVER_LIMIT.inc()
-            self._manager = None  # connection_lost: nothing to undo
-            self._force_close = True  # data_received: nothing to read
-            transport.close()
-            return
-        super().connection_made(transport)
-        if _INLINE_HANDLERS:
-            self._loop = _HandlerInline(self._loop)  # type: ignore[assignment]  # after start()'s task exists
+    def made(self) -> None:
         self._arm(self._limits.header_timeout)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm()
-        self._body = None
-        super().connection_lost(exc)
+    def refused(self) -> None:
+        self._phase = GONE
+        self._protocol = None
 
-    def data_received(self, data: bytes) -> None:
+    def gone(self) -> bool:
+        return self._phase == GONE
+
+    def receiving(self, data: bytes) -> bool:
+        """Bytes from the socket, before aiohttp parses them; False: drop them."""
         phase = self._phase
-        if phase == BUSY:
-            super().data_received(data)
-        elif phase == BODY:
-            super().data_received(data)
-            body = self._body
-            if body is None or body.is_eof():
-                self._phase = BUSY
-                self._disarm()
-            else:
-                self._last_read = self._loop.time()
-        elif phase == CLOSING:
-            return
-        elif not data or (phase == IDLE and self._waiter is None):
-            # aiohttp re-feeding its own buffer, or the rest of a body nobody read (lingering).
-            super().data_received(data)
-        else:
+        if phase >= CLOSING:
+            return False
+        if data and (phase == FRESH or phase == IDLE):  # the first bytes of a request
             if phase == IDLE:
                 self._arm(self._limits.header_timeout)  # a kept-alive connection: from the first byte
             self._phase = HEADER
-            super().data_received(data)
-            if self._messages:  # the headers are in
+        return True
+
+    def received(self) -> None:
+        """aiohttp has taken the bytes: a body read, or the end of a body nobody read."""
+        phase = self._phase
+        if phase == BODY:
+            body = self._body
+            if body is None or body.is_eof():
                 self._phase = BUSY
+                self._body = self._writer = None
                 self._disarm()
-
-    # -- one request ------------------------------------------------------------------
-
-    async def _handle_request(
-        self, request: BaseRequest, start_time: float | None, request_handler: Handler
-    ) -> tuple[StreamResponse, bool]:
-        limits = self._limits
-        if self._phase != CLOSING:
-            body = request.content
-            if limits.body_timeout > 0 and not body.is_eof():
-                self._phase = BODY
-                self._body = body
+            else:
                 self._last_read = self._loop.time()
-                self._arm(limits.body_timeout)
-            else:
-                self._phase = BUSY
-                self._disarm()
-        try:
-            return await super()._handle_request(request, start_time, request_handler)
-        finally:
-            self._body = None
-            if self._phase == CLOSING:
-                self.force_close()  # after the 408: the rest of the request is not read
-            elif self._messages:
-                self._phase = BUSY  # the next one is parsed already
-                self._disarm()
-            else:
-                self._phase = IDLE
-                self._arm(limits.keepalive_timeout)  # 0: none, the response said `Connection: close`
+        elif phase == LINGER:
+            body = self._body
+            if body is None or body.is_eof():
+                self._idle()
 
-    def finish_response(
-        self, request: BaseRequest, resp: StreamResponse, start_time: float | None
-    ) -> Coroutine[Any, Any, tuple[StreamResponse, bool]]:
-        # Not a coroutine of its own: aiohttp's, with the response marked first where needed.
-        if self._phase == CLOSING or self._limits.keepalive_timeout <= 0:
+    def started(self, body: StreamReader, writer: AbstractStreamWriter) -> None:
+        """A request's headers are in and its handler starts."""
+        if self._phase >= CLOSING:
+            return
+        timeout = self._limits.body_timeout
+        if timeout > 0 and not body.is_eof():
+            self._phase = BODY
+            self._body, self._writer = body, writer
+            self._last_read = self._loop.time()
+            self._arm(timeout)
+        else:
+            self._phase = BUSY
+            self._disarm()
+
+    def keeps_alive(self) -> bool:
+        """The response may keep the connection (not after a 408, nor with keep-alive off)."""
+        return self._phase != CLOSING and self._limits.keepalive_timeout > 0
+
+    def ended(self, body: StreamReader) -> None:
+        """The response is out."""
+        self._writer = None
+        if self._phase == GONE:
+            return
+        if self._phase == CLOSING:
+            self._body = None
+            if self._protocol is not None:
+                self._protocol.force_close()  # after the 408: the rest of the request is not read
+        elif body.is_eof():
+            self._idle()
+        else:
+            self._phase = LINGER
+            self._body = body
+            self._disarm()
+
+    def lost(self) -> None:
+        self._disarm()
+        self._phase = GONE
+        self._protocol = None
+        self._body = self._writer = None
+
+    # -- the timer --------------------------------------------------------------------
+
+    def _idle(self) -> None:
+        self._phase = IDLE
+        self._body = None
+        self._arm(self._limits.keepalive_timeout)  # 0: none, the response said `Connection: close`
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._epoch += 1
+        live = delay > 0 and self._protocol is not None and self._protocol.transport is not None
+        self._timer = self._loop.call_later(delay, self._due, self._epoch) if live else None
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._epoch += 1
+
+    def _due(self, epoch: int) -> None:
+        # One loop turn later: a request parsed in this turn is started (`started`) first.
+        self._timer = None
+        self._loop.call_soon(self._expire, epoch)
+
+    def _expire(self, epoch: int) -> None:
+        protocol = self._protocol
+        if epoch != self._epoch or protocol is None or protocol.transport is None:
+            return
+        phase = self._phase
+        if phase == FRESH:
+            CLOSED_HEADER_TIMEOUT.inc()
+            protocol.force_close()
+        elif phase == HEADER:
+            self._header_timeout(protocol)
+        elif phase == BODY:
+            self._body_due(protocol)
+        elif phase == IDLE:
+            CLOSED_KEEPALIVE_TIMEOUT.inc()
+            protocol.force_close()
+
+    def _header_timeout(self, protocol: Protocol) -> None:
+        CLOSED_HEADER_TIMEOUT.inc()
+        self._phase = CLOSING
+        err = RequestTimeout(
+            f"the request headers did not arrive within {self._limits.header_timeout:g} s (--client-header-timeout)"
+        )
+        transport = protocol.transport
+        assert transport is not None
+        peer = transport.get_extra_info("peername")
+        remote = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+        log.debug("rejected a request from %s: %s", remote, err.message)
+        transport.write(unread_answer(err))
+        RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
+        if accesslog.enabled():
+            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
+            rec.error_code = err.code
+            accesslog.write(accesslog.line(_Unread("-", "-", remote), rec, err.status, 0.0))
+        protocol.force_close()  # the answer is flushed first
+
+    def _body_due(self, protocol: Protocol) -> None:
+        body = self._body
+        timeout = self._limits.body_timeout
+        if body is None or body.is_eof():
+            self._phase = BUSY
+            return
+        now = self._loop.time()
+        transport = protocol.transport
+        if transport is not None and not transport.is_reading():
+            self._last_read = now  # aiohttp paused reading: the client cannot send, its clock starts again
+        due = self._last_read + timeout
+        if now < due:
+            self._arm(due - now)
+            return
+        CLOSED_BODY_TIMEOUT.inc()
+        writer = self._writer
+        if writer is None or writer.output_size > 0:
+            protocol.force_close()  # a response has begun: closing is the only word left
+            return
+        self._phase = CLOSING
+        body.set_exception(
+            RequestTimeout(f"the request body stalled: no bytes for {timeout:g} s (--client-body-timeout)")
+        )
+
+
+class Protocol(web.RequestHandler):
+    """aiohttp's connection handler, with the client timeouts (`Clock`) and a JSON answer to unparseable requests."""
+
+    __slots__ = ("clock", "server", "handler_loop")
+
+    def __init__(self, server: Connections, **kwargs: Any) -> None:
+        self.handler_loop = HandlerLoop(server.event_loop) if INLINE_HANDLERS else None
+        super().__init__(server, loop=self.handler_loop or server.event_loop, **kwargs)  # type: ignore[arg-type]
+        self.server = server
+        self.clock = Clock(self, server.limits, server.event_loop)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.server.full():
+            CLOSED_OVER_LIMIT.inc()
+            self.clock.refused()
+            transport.close()  # unread; aiohttp never sees it
+            return
+        super().connection_made(transport)
+        if self.handler_loop is not None:
+            self.handler_loop.inline()  # start()'s task exists: the handlers run in it
+        self.clock.made()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        clock = self.clock
+        if not clock.gone():  # a refused connection: aiohttp never saw it
+            clock.lost()
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        clock = self.clock
+        if clock.receiving(data):
+            super().data_received(data)
+            clock.received()
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        clock = self.clock
+        if not clock.keeps_alive():
             resp.force_close()  # says `Connection: close` unless the handler has sent its headers already
-        return super().finish_response(request, resp, start_time)
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            clock.ended(request.content)
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -251,107 +433,59 @@ class Protocol(RequestHandler):
         resp.force_close()
         return resp
 
-    # -- the timer --------------------------------------------------------------------
 
-    def _arm(self, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        live = delay > 0 and self.transport is not None and not self._force_close
-        self._timer = self._loop.call_later(delay, self._expire) if live else None
+async def _not_set_up(request: web.BaseRequest) -> web.StreamResponse:
+    raise RuntimeError("Connections.serve() was not called")
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
-    def _process_keepalive(self) -> None:
-        """aiohttp's idle timer does nothing: `_expire` does its job. The spent handle stays
-        set, so aiohttp arms no other."""
+class Connections(web.Server):
+    """aiohttp's low-level server making `Protocol`s: it counts its connections and refuses those
+    past the cap. `serve` gives it the handler and request factory of the app's own server."""
 
-    def _expire(self) -> None:
-        self._timer = None
-        if self.transport is None or self._force_close:
-            return
-        phase = self._phase
-        if phase == FRESH:
-            CLOSED_HEADER_TIMEOUT.inc()
-            self.force_close()
-        elif phase == HEADER:
-            self._header_timeout()
-        elif phase == BODY:
-            self._body_due()
-        elif phase == IDLE:
-            if self._waiter is not None and not self._waiter.done():
-                CLOSED_KEEPALIVE_TIMEOUT.inc()
-                self.force_close()
-            else:
-                self._arm(self._limits.keepalive_timeout)  # still finishing the last request
-
-    def _header_timeout(self) -> None:
-        CLOSED_HEADER_TIMEOUT.inc()
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            self.force_close()
-            return
-        self._phase = CLOSING
-        err = RequestTimeout(
-            f"the request headers did not arrive within {self._limits.header_timeout:g} s (--client-header-timeout)"
+    def __init__(self, limits: Limits, *, handler_cancellation: bool = False, **handler_args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        handler_args["keepalive_timeout"] = NEVER  # the Clock's keepalive_timeout, not aiohttp's
+        super().__init__(
+            _not_set_up, request_factory=self.make_request, handler_cancellation=handler_cancellation, loop=loop,
+            **handler_args,
         )
-        self._messages.append((_ErrInfo(status=err.status, exc=err, message=err.message), EMPTY_PAYLOAD))
-        waiter.set_result(None)
+        self.limits = limits
+        self.open_connections = 0
+        self.event_loop = loop
+        self.handler_args = handler_args
+        self.app_request_factory: RequestFactory | None = None
 
-    def _body_due(self) -> None:
-        body = self._body
-        timeout = self._limits.body_timeout
-        if body is None or body.is_eof():
-            self._phase = BUSY
-            return
-        now = self._loop.time()
-        if self._reading_paused or self._buffer_paused:
-            self._last_read = now  # the client cannot send: its clock starts again
-        due = self._last_read + timeout
-        if now < due:
-            self._arm(due - now)
-            return
-        CLOSED_BODY_TIMEOUT.inc()
-        request = self._current_request
-        if request is None or request.writer.output_size > 0:
-            self.force_close()  # a response has begun: closing is the only word left
-            return
-        self._phase = CLOSING
-        body.set_exception(
-            RequestTimeout(f"the request body stalled: no bytes for {timeout:g} s (--client-body-timeout)")
-        )
+    def serve(self, handler: Handler, request_factory: RequestFactory) -> None:
+        """Answer with `handler`, making requests with `request_factory` (an app's: `web.AppRunner.server`'s)."""
+        self.request_handler = handler
+        self.app_request_factory = request_factory
 
+    def make_request(
+        self, message: Any, payload: StreamReader, protocol: web.RequestHandler, writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        """aiohttp's request factory, called once a request's headers are parsed (or it could not be)."""
+        factory = self.app_request_factory
+        if factory is None:
+            raise RuntimeError("Connections.serve() was not called")
+        request = factory(message, payload, protocol, writer, task)
+        if isinstance(protocol, Protocol):
+            protocol.clock.started(payload, writer)
+        return request
 
-class ConnectionServer(Server):
-    """aiohttp's server, counting its connections and refusing those past the cap."""
-
-    limits: Limits
-    open_connections: int
-
-    @classmethod
-    def adopt(cls, server: Server, limits: Limits) -> ConnectionServer:
-        """Make the server aiohttp built (`AppRunner._make_server`) one of these."""
-        server.__class__ = cls
-        assert isinstance(server, ConnectionServer)
-        server.limits = limits
-        server.open_connections = 0
-        return server
-
-    def __call__(self) -> RequestHandler:
-        return Protocol(self, loop=self._loop, **self._kwargs)
+    def __call__(self) -> Protocol:
+        return Protocol(self, **self.handler_args)
 
     def full(self) -> bool:
         cap = self.limits.max_connections
         return cap > 0 and self.open_connections >= cap
 
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         self.open_connections += 1
         OPEN_CONNECTIONS.inc()
 
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+    def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
         super().connection_lost(handler, exc)
         self.open_connections -= 1
         OPEN_CONNECTIONS.dec()

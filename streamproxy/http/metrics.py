@@ -30,12 +30,14 @@ import asyncio
 import os
 import time
 import weakref
+from typing import Any
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client import values as prometheus_values
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -60,11 +62,11 @@ class FastHistogram:
         self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
         self._sum = 0.0
         self._created = time.time()
-        # Multiprocess mode: a file-backed Histogram that `flush` brings up to date.
-        self._twin: Histogram | None = None
+        # Multiprocess mode: the file-backed values `flush` brings up to date.
+        self._twin: FileHistogram | None = None
         self._flushed = ([0] * len(self._counts), 0.0)
         if MULTIPROCESS:
-            self._twin = Histogram(name, documentation, buckets=self._bounds, registry=None)
+            self._twin = FileHistogram(name, documentation, self._bounds)
         elif registry is not None:
             registry.register(self)
 
@@ -77,9 +79,9 @@ class FastHistogram:
         before, before_sum = self._flushed
         for i, (now, then) in enumerate(zip(counts, before)):
             if now != then:
-                twin._buckets[i].inc(now - then)
+                twin.buckets[i].inc(now - then)
         if total != before_sum:
-            twin._sum.inc(total - before_sum)
+            twin.sum.inc(total - before_sum)
         self._flushed = (counts, total)
 
     def observe(self, amount: float) -> None:
@@ -100,6 +102,22 @@ class FastHistogram:
         family.add_metric([], buckets, self._sum)
         family.samples.append(Sample(self.name + "_created", {}, self._created, None, None))
         yield family
+
+class FileHistogram:
+    """A label-less histogram's values in prometheus_client's per-process files, made as its
+    `Histogram` makes them (`values.ValueClass`, one per bucket, not cumulative, and one for the
+    sum; `MultiProcessCollector` adds them up and derives `_count`), but taking counts in bulk: a
+    `Histogram` only takes one observation at a time."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self, name: str, documentation: str, bounds: Sequence[float]) -> None:
+        def value(suffix: str, labelnames: tuple[str, ...], labelvalues: tuple[str, ...]) -> Any:
+            return prometheus_values.ValueClass("histogram", name, name + suffix, labelnames, labelvalues, documentation)
+
+        self.buckets = [value("_bucket", ("le",), (floatToGoString(b),)) for b in (*bounds, float("inf"))]
+        self.sum = value("_sum", (), ())
+
 
 # Latency buckets in seconds: vLLM's own, plus finer steps at the fast end
 # (the front end itself adds well under a millisecond).

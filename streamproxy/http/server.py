@@ -1,9 +1,13 @@
 """Run the app on uvloop until SIGTERM/SIGINT, then drain and shut down in order.
 
-`make_runner`: `AppRunner(handler_cancellation=True)` (when a client goes
+`make_runner`: a `Runner`, aiohttp's public `web.ServerRunner` over
+`connection.Connections` (a `web.Server`) that serves the app (a
+`web.AppRunner` runs its start-up and hands over the app's handler and
+request factory), with `handler_cancellation=True` (when a client goes
 away, aiohttp cancels its handler and the route's `finally` aborts the engine
 request), header caps from `--max-header-bytes`, aiohttp's own access log off
-(accesslog.py writes ours). Requests aiohttp rejects while parsing (a header
+(accesslog.py writes ours). aiohttp's sites (`TCPSite`, `SockSite`,
+`UnixSite`) listen for it as for any runner. Requests aiohttp rejects while parsing (a header
 or request line over the cap, too many headers, malformed HTTP) never reach
 the app's middlewares; `connection.Protocol.handle_error` answers them with
 an OpenAI error body too (431 for header limits) and logs them at debug level
@@ -57,13 +61,12 @@ from typing import Any
 
 import uvloop
 from aiohttp import web
-from aiohttp.web_server import Server
 
 from engine_adapter.base import Engine
 from streamproxy.config import Settings
 from streamproxy.http import accesslog, tls, tracing
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
-from streamproxy.http.connection import ConnectionServer, Limits
+from streamproxy.http.connection import Connections, Limits
 from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.engine_watch import engine_lost
 from streamproxy.http.state import STATE_KEY
@@ -77,33 +80,57 @@ DRAIN_GRACE = 5.0
 FAILURE_EXIT_LIMIT = 20.0
 
 
-class Runner(web.AppRunner):
-    """aiohttp's runner, serving with `connection.ConnectionServer` (timeouts, the connection cap)."""
+class Runner(web.ServerRunner):
+    """aiohttp's runner for a low-level server, `connection.Connections` (timeouts, the connection
+    cap), serving an application: a `web.AppRunner` (never given a site) runs the app's start-up
+    and builds the app's own server, whose public `request_handler` and `request_factory` ours
+    serves with; the app's shutdown and clean-up run as `AppRunner.cleanup` would run them."""
 
-    def __init__(self, app: web.Application, *, limits: Limits, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self.limits = limits
+    def __init__(self, app: web.Application, *, limits: Limits, shutdown_timeout: float, **handler_args: Any) -> None:
+        self.app_runner = web.AppRunner(app)
+        self.connections = Connections(limits, **handler_args)
+        super().__init__(self.connections, shutdown_timeout=shutdown_timeout)
 
-    async def _make_server(self) -> Server:
-        return ConnectionServer.adopt(await super()._make_server(), self.limits)
+    @property
+    def app(self) -> web.Application:
+        return self.app_runner.app
+
+    @property
+    def limits(self) -> Limits:
+        return self.connections.limits
+
+    async def setup(self) -> None:
+        await self.app_runner.setup()  # on_startup, then the app's server
+        app_server = self.app_runner.server
+        assert app_server is not None
+        self.connections.serve(app_server.request_handler, app_server.request_factory)
+        await super().setup()
+
+    async def shutdown(self) -> None:
+        """Between closing the idle connections and waiting for the busy ones (`BaseRunner.cleanup`)."""
+        await self.app.shutdown()
+
+    async def cleanup(self) -> None:
+        try:
+            await super().cleanup()
+        finally:
+            await self.app.cleanup()
 
 
 def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> Runner:
-    return Runner(
-        app,
-        limits=Limits.from_settings(settings),
-        keepalive_timeout=settings.keepalive_timeout,
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=DRAIN_GRACE,
-        max_line_size=settings.max_header_bytes,
-        max_field_size=settings.max_header_bytes,
-        max_headers=settings.max_header_count,
-        **kwargs,
-    )
+    """The runner serve and the gateway use; `kwargs` (e.g. `shutdown_timeout`) override its defaults."""
+    args: dict[str, Any] = {
+        "handler_cancellation": True,
+        "access_log": None,
+        "shutdown_timeout": DRAIN_GRACE,
+        "max_line_size": settings.max_header_bytes,
+        "max_field_size": settings.max_header_bytes,
+        "max_headers": settings.max_header_count,
+    }
+    return Runner(app, limits=Limits.from_settings(settings), **{**args, **kwargs})
 
 
-async def drain(runner: web.AppRunner, app: web.Application, timeout: float) -> int:
+async def drain(runner: web.BaseRunner, app: web.Application, timeout: float) -> int:
     """Stop accepting, let in-flight requests finish for `timeout` s, end the rest; how many were ended."""
     inflight = app[INFLIGHT_KEY]
     loop = asyncio.get_running_loop()

@@ -1,7 +1,7 @@
 """The only code that writes a stream to the socket (and the write primitives `nonstream` shares).
 
 `pump_sse` owns the StreamResponse of a streaming request: headers go out
-before anything is asked of the engine's output, then one write per engine
+(`prepare()`) before anything is asked of the engine's output, then one write per engine
 step (everything pending is taken at once, so a slow socket coalesces steps
 instead of queueing them). Heartbeats are a deadline, not a task: the wait
 for the next step is bounded by `last write + heartbeat` (`keepalive.Keepalive`,
@@ -22,15 +22,17 @@ high-water mark) plus the engine output produced during `stall_timeout`.
 Push (the common path): while nothing is pending and the transport's
 buffer is small, the stream is armed with a sink (`_Pump.push`) and the engine's
 own step calls it synchronously: encode the step, one `transport.write` of
-the chunked-encoding frame (`chunked.py`; aiohttp sent the headers, chunked; the handler
-ends with `write_eof`, so aiohttp writes the last chunk). No task, future,
-timer or aiohttp call per token; the handler sleeps on one wait bounded by
-the heartbeat deadline, so it wakes once per heartbeat interval, not per
-token. It falls back to the pull loop above (coalescing, write-stall bound)
-when the sink refuses (buffer above `PUSH_BUFFER_LIMIT`: a slow reader;
-transport closing) or raises (logged; the stream ends with an in-band
-error), and re-arms once it has caught up. Every other exit (end, engine
-error, drain and timeout via the Lifetime, disconnect) goes through the
+the chunked-encoding frame (`chunked.py`). aiohttp sent the status line and
+headers in `prepare()`, saying `Transfer-Encoding: chunked` (`can_write_direct`
+reads that, with the response's public `prepared` and `compression`: no private
+aiohttp field); the handler ends with `write_eof`, so aiohttp writes the last
+chunk. No task, future, timer or aiohttp call per token; the handler sleeps on
+one wait bounded by the heartbeat deadline, so it wakes once per heartbeat
+interval, not per token. It falls back to the pull loop above (coalescing,
+write-stall bound) when the sink refuses (buffer above `PUSH_BUFFER_LIMIT`: a
+slow reader; transport closing) or raises (logged; the stream ends with an
+in-band error), and re-arms once it has caught up. Every other exit (end,
+engine error, drain and timeout via the Lifetime, disconnect) goes through the
 handler exactly as in pull mode, and the sink is disarmed first.
 
 The non-streaming answer is `nonstream.py`'s. Neither aborts the engine request: the route does that in a `finally`, so
@@ -45,7 +47,7 @@ from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
 from streamproxy.core import sse
@@ -86,19 +88,6 @@ class StreamOutcome:
         # The stream's last frames (usage, [DONE]): they go out with the
         # terminating chunk in one write (`finish_response`).
         self.tail = b""
-
-
-class SSEResponse(web.StreamResponse):
-    """A StreamResponse whose headers wait for the first write, so they leave
-    in one packet with the role chunk (one syscall fewer per request). Only
-    for a request whose first frame is written at once; see `flush_headers`."""
-
-    _send_headers_immediately = False
-
-
-async def flush_headers(response: web.StreamResponse) -> None:
-    """Send buffered headers now (an empty write sends just the headers)."""
-    await response.write(b"")
 
 
 async def finish_response(response: web.StreamResponse, tail: bytes, stall: float) -> None:
@@ -225,18 +214,13 @@ def writable(transport: Any) -> bool:
 
 
 def can_write_direct(response: web.StreamResponse, transport: Any) -> bool:
-    """Frames may go straight to the transport: plain chunked encoding, headers already out."""
-    writer = getattr(response, "_payload_writer", None)
-    if transport is None or writer is None or transport.is_closing():
+    """Frames may go straight to the transport: the response is prepared (aiohttp sends a
+    StreamResponse's status line and headers in `prepare()`), its body is chunked (the
+    `Transfer-Encoding` it sent says so: an HTTP/1.0 client gets a close-delimited body
+    instead) and not compressed. The caller has not ended it (`write_eof`)."""
+    if transport is None or transport.is_closing() or not response.prepared or response.compression:
         return False
-    if not getattr(writer, "chunked", False) or getattr(writer, "_compress", True) is not None:
-        return False
-    if getattr(writer, "length", 0) is not None or getattr(writer, "_on_chunk_sent", True) is not None:
-        return False
-    send_headers = getattr(writer, "send_headers", None)
-    if send_headers is not None:
-        send_headers()
-    return getattr(writer, "_headers_written", False) is True and not getattr(writer, "_eof", True)
+    return response.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
 
 
 async def pump_sse(
@@ -268,8 +252,6 @@ async def pump_sse(
     first = encoder.start()
     if first:
         await write(response, transport, first, stall_timeout)
-    elif isinstance(response, SSEResponse):
-        await flush_headers(response)  # headers go out before the first token
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
     # Push only onto a transport that takes our chunked frames as they are.

@@ -114,13 +114,12 @@ class LiveGateway(_OnItsLoop):
 
     def __init__(self, *, keys: list[dict[str, Any]] | None = None, **settings: Any) -> None:
         super().__init__(uvloop.new_event_loop())
-        self.runners: list[web.AppRunner] = []
+        self.runners: list[web.BaseRunner] = []
         self.session: aiohttp.ClientSession
         self.base = self.loop.run_until_complete(self._start(keys or [], settings))
 
     async def _serve(self, app: web.Application, settings: Settings) -> str:
-        runner = make_runner(app, settings)
-        runner._shutdown_timeout = 0.2
+        runner = make_runner(app, settings, shutdown_timeout=0.2)
         await runner.setup()
         self.runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -46,7 +46,7 @@ from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
 from streamproxy.http.accesslog import RECORD, REQUEST_ID
 from streamproxy.http.app import create_app
-from streamproxy.http.server import make_runner
+from streamproxy.http.server import Runner, make_runner
 from streamproxy.http.tls import server_context
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
@@ -77,7 +77,7 @@ class Replica:
         self.runner_kind = runner
         self.seen: list[Seen] = []
         self.port = 0
-        self.runner: web.AppRunner | None = None
+        self.runner: Runner | None = None
         self.engine: FakeEngine
 
     @property
@@ -96,8 +96,7 @@ class Replica:
         conf = Settings(engine="fake", host="127.0.0.1", port=self.port, served_model_name=[SERVED], **self.settings)
         app = create_app(conf, self.engine)
         app.on_response_prepare.append(self._saw)
-        self.runner = make_runner(app, conf)
-        self.runner._shutdown_timeout = SHUTDOWN
+        self.runner = make_runner(app, conf, shutdown_timeout=SHUTDOWN)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port, backlog=2048, ssl_context=server_context(conf)).start()
         self.port = self.runner.addresses[0][1]
@@ -126,7 +125,7 @@ class Replica:
 
 
 class Gateway:
-    def __init__(self, app: web.Application, runner: web.AppRunner, port: int) -> None:
+    def __init__(self, app: web.Application, runner: Runner, port: int) -> None:
         self.app = app
         self.runner = runner
         self.port = port
@@ -183,15 +182,14 @@ def config(upstreams: list[str], *, deployments: list[dict] | None = None, keys:
 @pytest.fixture
 async def gateway(replica: StartReplica) -> AsyncIterator[StartGateway]:
     """Depends on `replica` so that gateways stop before their replicas."""
-    started: list[web.AppRunner] = []
+    started: list[Runner] = []
 
     async def start(*upstreams: Replica | str, deployments: list[dict] | None = None, keys: list[dict] | None = None,
                     upstream: dict | None = None, ledger: Ledger | None = None, **settings: Any) -> Gateway:
         urls = [u if isinstance(u, str) else u.base for u in upstreams]
         conf = Settings(host="127.0.0.1", port=0, **settings)
         app = create_gateway_app(conf, config(urls, deployments=deployments, keys=keys, upstream=upstream), ledger)
-        runner = make_runner(app, conf)
-        runner._shutdown_timeout = SHUTDOWN
+        runner = make_runner(app, conf, shutdown_timeout=SHUTDOWN)
         await runner.setup()
         started.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()

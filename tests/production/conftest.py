@@ -25,7 +25,7 @@ from engine_adapter.fake import FakeEngine, FakeScript
 from streamproxy.config import Settings
 from streamproxy.http import accesslog
 from streamproxy.http.app import create_app
-from streamproxy.http.server import make_runner
+from streamproxy.http.server import Runner, make_runner
 from streamproxy.http.state import STATE_KEY, AppState
 from tests.support.waiting import wait_until
 
@@ -45,7 +45,7 @@ def _bounded() -> Any:
 
 
 class Running:
-    def __init__(self, app: web.Application, runner: web.AppRunner, engine: FakeEngine, port: int) -> None:
+    def __init__(self, app: web.Application, runner: Runner, engine: FakeEngine, port: int) -> None:
         self.app = app
         self.runner = runner
         self.engine = engine

@@ -1,4 +1,4 @@
-"""A request's handler runs in its connection's task (http/connection.py `_HandlerInline`).
+"""A request's handler runs in its connection's task (http/connection.py `HandlerLoop`).
 
 aiohttp on Python 3.11 starts each request's handler in a new task: one more
 turn of the event loop between a request's bytes and its handler, and under
@@ -24,7 +24,7 @@ from streamproxy.http.server import make_runner
 pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: aiohttp starts handlers eagerly itself")
 
 
-async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
+async def _serve(handler: Any) -> tuple[web.BaseRunner, int]:
     """`handler` at GET / on our server (its connection handler), on a free port."""
     app = web.Application()
     app.router.add_get("/", handler)

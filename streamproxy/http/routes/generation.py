@@ -50,7 +50,6 @@ from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import AppState, engine_dead
 from streamproxy.http.writer import (
     SSE_HEADERS,
-    SSEResponse,
     StreamOutcome,
     WriteStalled,
     client_gone,
@@ -326,8 +325,7 @@ async def _stream(
     settings = state.settings
     heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
     out = await gen.submit() if ticket.granted else None
-    # Admitted at once: the headers leave with the first frame. Queued: now.
-    response = SSEResponse(headers=SSE_HEADERS) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
+    response = web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
     outcome = StreamOutcome()
     life = state.inflight.lifetime()
