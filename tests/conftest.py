@@ -89,10 +89,19 @@ SLOW = ("compat/", "fuzz/", "gateway/test_managed.py", "gateway/test_storms.py",
         "production/test_api_servers.py")
 
 
+# Every test in engine/ is an `engine` test (marked here too, whatever its module says), so the runs
+# without the engine may leave the folder out (--ignore=tests/engine: not even imported, which saves
+# each xdist worker the SDKs' and lm-eval's imports).
+ENGINE = "engine/"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.relative_to(TESTS).as_posix().startswith(SLOW):
+        where = item.path.relative_to(TESTS).as_posix()
+        if where.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if where.startswith(ENGINE):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture
