@@ -66,14 +66,19 @@ typecheck: $(STAMP)
 # `make test-fast` also leaves out the `slow` tests (client processes, fuzzers, process storms).
 TEST_WORKERS ?= 2
 
+# (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
+# even imported by the run without the engine, which saves each worker its imports.)
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
-	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine
 	$(BIN)/pytest -q tests -m engine
 
-# (--ignore: not even imported, which saves each worker the clients' and fuzzers' imports.)
+# (--ignore: not even imported, which saves each worker the clients', fuzzers' and engine tests' imports;
+# -p no:...: the plugins of schemathesis and hypothesis serve only tests/fuzz, and cost each process
+# their import and a hook call per test.)
 test-fast: typecheck
-	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/compat --ignore=tests/fuzz
+	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal \
+		--ignore=tests/engine --ignore=tests/compat --ignore=tests/fuzz -p no:schemathesis -p no:hypothesispytest
 
 # docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
 docs: $(STAMP)

@@ -82,17 +82,26 @@ def model_name(engine_server: str) -> str:
 
 
 # `make test-fast` leaves these out (marker `slow`): the client libraries' processes (compat/), the
-# property-based fuzzers (fuzz/), and the modules that start and kill many processes. `make test`
-# runs them all.
+# property-based fuzzers (fuzz/), and the modules that start and kill many processes (test_ledger_process:
+# gateway processes SIGTERMed and SIGKILLed, two on one PostgreSQL). `make test` runs them all.
 TESTS = Path(__file__).resolve().parent
 SLOW = ("compat/", "fuzz/", "gateway/test_managed.py", "gateway/test_storms.py", "gateway/test_process.py",
-        "production/test_api_servers.py")
+        "gateway/test_ledger_process.py", "production/test_api_servers.py")
+
+
+# Every test in engine/ is an `engine` test (marked here too, whatever its module says), so the runs
+# without the engine may leave the folder out (--ignore=tests/engine: not even imported, which saves
+# each xdist worker the SDKs' and lm-eval's imports).
+ENGINE = "engine/"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.relative_to(TESTS).as_posix().startswith(SLOW):
+        where = item.path.relative_to(TESTS).as_posix()
+        if where.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if where.startswith(ENGINE):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Literal
 
 import datetime as dt
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -29,6 +29,7 @@ from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import Cursor, LedgerRecord, RequestQuery, UsageQuery, period_of
 from streamproxy.ledger.store import LedgerStore, open_store
 from streamproxy.ledger.writer import Ledger
+from tests.support.ledger_store import store  # noqa: F401  (the fixture: every kind of store)
 
 DAY_US = 86_400_000_000
 T0 = int(dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000  # an hour before December
@@ -43,21 +44,6 @@ def rec(i: int, *, ts_us: int | None = None, deployment: str = "bot", key: str |
         completion_tokens=completion, usage_source="billed" if prompt is not None else "counted", ttft_ms=12.5,
         duration_ms=40.25,
     )
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[LedgerStore]:
-    if request.param == "memory":
-        url = "memory:"
-    elif request.param == "sqlite":
-        url = f"sqlite://{tmp_path}/ledger.db"
-    else:
-        url = request.getfixturevalue("postgres_server").database()
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def all_pages(s: LedgerStore, query: RequestQuery) -> list[LedgerRecord]:

@@ -17,7 +17,6 @@ from typing import Literal
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -29,23 +28,11 @@ from streamproxy.ledger.writer import Ledger
 from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, post
 from tests.support import sse, wait_until
+from tests.support.ledger_store import store  # noqa: F401  (the fixture: every kind of store)
 
 KEY, ADMIN = "sk-ledger-team-a", "sk-ledger-admin"
 SLOW = FakeScript(text=" word", token_delay=0.05)
 BOUND = 10.0
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[LedgerStore]:
-    if request.param == "memory":
-        url = "memory:"
-    elif request.param == "sqlite":
-        url = f"sqlite://{tmp_path}/ledger.db"
-    else:
-        url = request.getfixturevalue("postgres_server").database()
-    s = await open_store(url)
-    yield s
-    await s.close()
 
 
 def auth(request_id: str, key: str = KEY) -> dict[str, str]:

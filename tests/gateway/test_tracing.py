@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import requests
@@ -118,10 +118,33 @@ def _traced(tmp_path: Path, receiver: Receiver, *, dead_first: bool = False) -> 
         replica.stop()
 
 
-@pytest.fixture
-def traced(tmp_path: Path, receiver: Receiver) -> Iterator[ServerProcess]:
-    with _traced(tmp_path, receiver) as gateway:
-        yield gateway
+class Traced(NamedTuple):
+    gateway: ServerProcess
+    receiver: Receiver
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
+    """One gateway and replica for the tests that each find their own trace in the receiver (by the
+    client's trace id, or the request's id): two processes started once, not once a test."""
+    receiver = Receiver()
+    try:
+        with _traced(tmp_path_factory.mktemp("traced"), receiver) as gateway:
+            yield Traced(gateway, receiver)
+    finally:
+        receiver.close()
+
+
+def _root(receiver: Receiver, request_id: str) -> Span:
+    """The gateway's span of the request `request_id` (it has no parent: the client sent no valid
+    `traceparent`), once it has arrived."""
+    def roots() -> list[Span]:
+        return [s for s in list(receiver.spans) if s.service == "streamproxy-gateway" and s.parent is None
+                and s.attrs.get("streamproxy.request_id") == request_id]
+
+    assert wait_until_sync(lambda: roots() != [], 20.0), [vars(s) for s in receiver.spans]
+    (root,) = roots()
+    return root
 
 
 def _stream(gateway: ServerProcess, headers: dict[str, str]) -> dict[str, Any]:
@@ -153,10 +176,10 @@ def _shape(spans: list[Span]) -> tuple[Span, Span, Span]:
     return gw, attempt, serve
 
 
-def test_one_trace_through_gateway_and_replica(traced: ServerProcess, receiver: Receiver) -> None:
-    got = _stream(traced, {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "vendor=x"})
+def test_one_trace_through_gateway_and_replica(traced: Traced) -> None:
+    got = _stream(traced.gateway, {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "vendor=x"})
     usage = got["usage"]
-    gw, attempt, serve = _one_trace(receiver, CLIENT_TRACE)
+    gw, attempt, serve = _one_trace(traced.receiver, CLIENT_TRACE)
     assert gw.parent == CLIENT_SPAN  # the client's traceparent honoured
 
     assert gw.name == f"chat {DEPLOYMENT}"
@@ -189,17 +212,16 @@ def test_one_trace_through_gateway_and_replica(traced: ServerProcess, receiver: 
     assert serve.attrs["streamproxy.request_id"] == got["request_id"]  # the gateway passes its id on
 
 
-def test_a_trace_is_made_without_traceparent(traced: ServerProcess, receiver: Receiver) -> None:
-    _stream(traced, {})
-    assert wait_until_sync(lambda: any(s.service == "streamproxy-gateway" and s.parent is None for s in receiver.spans), 20.0)
-    (root,) = [s for s in receiver.spans if s.service == "streamproxy-gateway" and s.parent is None]
+def test_a_trace_is_made_without_traceparent(traced: Traced) -> None:
+    got = _stream(traced.gateway, {})
+    root = _root(traced.receiver, got["request_id"])
     assert root.trace_id != "0" * 32
-    _one_trace(receiver, root.trace_id)
+    _one_trace(traced.receiver, root.trace_id)
 
 
-def test_a_malformed_traceparent_starts_a_new_trace(traced: ServerProcess, receiver: Receiver) -> None:
-    _stream(traced, {"traceparent": "00-zz-nothex-01"})
-    assert wait_until_sync(lambda: any(s.service == "streamproxy-gateway" and s.parent is None for s in receiver.spans), 20.0)
+def test_a_malformed_traceparent_starts_a_new_trace(traced: Traced) -> None:
+    got = _stream(traced.gateway, {"traceparent": "00-zz-nothex-01"})
+    _root(traced.receiver, got["request_id"])
 
 
 def test_a_failed_attempt_and_its_retry(tmp_path: Path, receiver: Receiver) -> None:

@@ -13,6 +13,8 @@ adds and `streamproxy/frontend_flags.py` has not decided about fails
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import tempfile
 import typing
 from pathlib import Path
@@ -20,19 +22,34 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from engine_adapter import vllm_cli
+from streamproxy import cli, frontend_flags
+from streamproxy.config import Settings
+from tests.support.tls import make_certs
 
-from engine_adapter import vllm_cli  # noqa: E402
-from streamproxy import cli, frontend_flags  # noqa: E402
-from streamproxy.config import Settings  # noqa: E402
-from tests.support.tls import make_certs  # noqa: E402
-
-from vllm.entrypoints.launchers.cli_args import FrontendArgs  # noqa: E402
+# vLLM is imported when the tests run, not when they are collected: its import is most of a
+# collection's time, and pytest-xdist's workers each collect every module (tests/README.md).
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed", allow_module_level=True)
 
 CERTS = make_certs(Path(tempfile.mkdtemp(prefix="sp-flags-")))
-ACTIONS = {a.dest: a for a in vllm_cli.frontend_actions() if a.dest != "help"}
-# The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it).
-HINTS = typing.get_type_hints(FrontendArgs)
+# The flags `test_flag` walks: every decision, which `test_every_flag_is_decided` holds equal to vLLM's own.
+DECIDED = sorted(d for d in frontend_flags.FLAGS if d != "model_tag")
+
+
+@functools.cache
+def actions() -> dict[str, argparse.Action]:
+    """vLLM's `vllm serve` front-end options by dest."""
+    return {a.dest: a for a in vllm_cli.frontend_actions() if a.dest != "help"}
+
+
+@functools.cache
+def hints() -> dict[str, Any]:
+    """The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it)."""
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+    return typing.get_type_hints(FrontendArgs)
+
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 
 # Values a flag's type cannot make up.
@@ -125,7 +142,7 @@ def flag_args(action: argparse.Action) -> list[str]:
         value = VALUES[dest]
     elif action.choices:
         value = next(c for c in action.choices if c != action.default)
-    elif action.type in (int, float) or {int, float} & set(typing.get_args(HINTS.get(dest)) or (HINTS.get(dest),)):
+    elif action.type in (int, float) or {int, float} & set(typing.get_args(hints().get(dest)) or (hints().get(dest),)):
         value = "7"
     else:
         value = "x"
@@ -138,17 +155,18 @@ def parse(words: list[str]) -> Settings:
 
 
 def test_every_flag_is_decided():
-    undecided = sorted(set(ACTIONS) - set(frontend_flags.FLAGS))
+    undecided = sorted(set(actions()) - set(frontend_flags.FLAGS))
     assert undecided == [], f"vLLM front-end flags nobody decided about (streamproxy/frontend_flags.py): {undecided}"
-    stale = sorted(set(frontend_flags.FLAGS) - set(ACTIONS) - {"model_tag"})
+    stale = sorted(set(frontend_flags.FLAGS) - set(actions()) - {"model_tag"})
     assert stale == [], f"decisions about flags vLLM no longer has: {stale}"
 
 
-@pytest.mark.parametrize("dest", sorted(ACTIONS))
+@pytest.mark.parametrize("dest", DECIDED)
 def test_flag(dest: str) -> None:
     if dest == "config":  # --config FILE: the file's keys are flags (test_config_file)
         return
-    action = ACTIONS[dest]
+    action = actions().get(dest)
+    assert action is not None, f"decided about in streamproxy/frontend_flags.py, but not a flag of this vLLM: {dest}"
     words = flag_args(action)
     words += COMPANIONS.get(dest, [])
     decision = frontend_flags.FLAGS[dest]
