@@ -95,6 +95,13 @@ SLOW = ("compat/", "fuzz/", "gateway/test_managed.py", "gateway/test_storms.py",
 ENGINE = "engine/"
 
 
+def pytest_report_header() -> str:
+    """Which aiohttp the run is on (pyproject pins a range; the suite runs on its lowest and highest)."""
+    import aiohttp
+
+    return f"aiohttp {aiohttp.__version__}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         where = item.path.relative_to(TESTS).as_posix()
