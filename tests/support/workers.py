@@ -79,8 +79,8 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
 
     `retry_unanswered_start`: a start whose shared vLLM engine core came up but did not answer the
     workers' first call (engine_adapter/vllm_engine.py FIRST_CALL_TIMEOUT: the workers exit 1, and
-    the parent) is tried once more, with a fresh engine; seen once in CI (not in 35 starts here), inside vLLM's
-    multi-client start-up. Any other failure fails at once."""
+    the parent) is tried once more, with a fresh engine; seen once in CI (not in 35 starts here),
+    its cause not found. Any other failure fails at once."""
     with tempfile.TemporaryDirectory(prefix="streamproxy-workers-") as tmp:
         folder = log_dir or Path(tmp)
         access = folder / "access.log"
