@@ -32,10 +32,11 @@ from streamproxy.errors import NotFound, ServiceUnavailable
 from streamproxy.gateway.routes import ROUTES, relayed_paths
 from streamproxy.gateway.state import HOLD, Current, GatewayState, gateway_state
 from streamproxy.http.accesslog import Finished, Record
+from streamproxy.http.books import ledger_record
 from streamproxy.ledger import params
 from streamproxy.ledger.deployments import DeploymentExists
 from streamproxy.ledger.keys import KeyExists
-from streamproxy.ledger.records import LedgerRecord, UsageReport
+from streamproxy.ledger.records import UsageReport
 from streamproxy.ledger.writer import Ledger
 
 log = logging.getLogger("streamproxy.ledger")
@@ -55,22 +56,8 @@ def recorder(current: Current, ledger: Ledger) -> Finished:
         route = _LEDGERED.get(resource.canonical) if resource is not None else None
         if route is None or (rec.key_id is None and (state.keys or state.keyring)):
             return
-        record = LedgerRecord(
-            ts_us=int((time.time() - duration) * 1_000_000),
-            request_id=rec.request_id,
-            deployment=rec.deployment,
-            replica=rec.upstream,
-            key_id=rec.key_id,
-            route=route,
-            status=status,
-            error_code=code or None,
-            prompt_tokens=rec.prompt_tokens,
-            cached_prompt_tokens=rec.cached_tokens,
-            completion_tokens=rec.completion_tokens,
-            usage_source=rec.usage_source,
-            ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
-            duration_ms=round(duration * 1000.0, 3),
-        )
+        record = ledger_record(rec, deployment=rec.deployment, replica=rec.upstream, route=route, status=status, code=code,
+                               duration=duration, usage_source=rec.usage_source)
         if ledger.add(record) and state.keyring and rec.key_id is not None:
             state.keyring.queued(record)  # its key's budget counts it from now
 

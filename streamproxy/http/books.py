@@ -49,6 +49,27 @@ def address(settings: Settings) -> str:
     return settings.uds if settings.uds else f"{settings.host}:{settings.port}"
 
 
+def ledger_record(rec: Record, *, deployment: str | None, replica: str | None, route: str, status: int, code: str,
+                  duration: float, usage_source: str | None) -> LedgerRecord:
+    """The ledger's record of a request that ended, from its access-log `Record` (serve's and the gateway's)."""
+    return LedgerRecord(
+        ts_us=int((time.time() - duration) * 1_000_000),
+        request_id=rec.request_id,
+        deployment=deployment,
+        replica=replica,
+        key_id=rec.key_id,
+        route=route,
+        status=status,
+        error_code=code or None,
+        prompt_tokens=rec.prompt_tokens,
+        cached_prompt_tokens=rec.cached_tokens,
+        completion_tokens=rec.completion_tokens,
+        usage_source=usage_source,
+        ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
+        duration_ms=round(duration * 1000.0, 3),
+    )
+
+
 def recorder(state: AppState, ledger: Ledger) -> Finished:
     settings = state.settings
     root = settings.root_path or ""
@@ -66,22 +87,9 @@ def recorder(state: AppState, ledger: Ledger) -> Finished:
         served = state.engine.info.served_names
         if model is None or not (model in served or model in state.adapters):
             model = served[0] if served else model
-        ledger.add(LedgerRecord(
-            ts_us=int((time.time() - duration) * 1_000_000),
-            request_id=rec.request_id,
-            deployment=model,
-            replica=replica,
-            key_id=rec.key_id,
-            route=path,
-            status=status,
-            error_code=code or None,
-            prompt_tokens=rec.prompt_tokens,
-            cached_prompt_tokens=rec.cached_tokens,
-            completion_tokens=rec.completion_tokens,
-            usage_source="billed" if rec.prompt_tokens is not None or rec.completion_tokens is not None else None,
-            ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
-            duration_ms=round(duration * 1000.0, 3),
-        ))
+        usage_source = "billed" if rec.prompt_tokens is not None or rec.completion_tokens is not None else None
+        ledger.add(ledger_record(rec, deployment=model, replica=replica, route=path, status=status, code=code,
+                                 duration=duration, usage_source=usage_source))
 
     return finished
 
