@@ -29,7 +29,7 @@ from streamproxy.config import Settings
 from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.http.app import create_app
-from streamproxy.http.server import make_runner
+from tests.support.served import serve_app
 
 # Reasoning, then an answer with a hermes tool call: the filters run on every chat-like route.
 SCRIPT = FakeScript(tokens=["<think>", "hm", "</think>", "Hel", "lo ", "<tool_call>", '{"name": "f", "arguments": {"city": "P"}}', "</tool_call>"])
@@ -119,11 +119,9 @@ class LiveGateway(_OnItsLoop):
         self.base = self.loop.run_until_complete(self._start(keys or [], settings))
 
     async def _serve(self, app: web.Application, settings: Settings) -> str:
-        runner = make_runner(app, settings, shutdown_timeout=0.2)
-        await runner.setup()
+        runner, port = await serve_app(app, settings, shutdown_timeout=0.2)
         self.runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+        return f"http://127.0.0.1:{port}"
 
     async def _replica(self, runner: str) -> str:
         engine = FakeEngine(SCRIPT, record=False, runner=runner, served_names=[SERVED])  # type: ignore[arg-type]

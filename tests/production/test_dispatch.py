@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from streamproxy.config import Settings
-from streamproxy.http.server import make_runner
+from tests.support.served import serve_app
 
 pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: aiohttp starts handlers eagerly itself")
 
@@ -28,11 +27,7 @@ async def _serve(handler: Any) -> tuple[web.BaseRunner, int]:
     """`handler` at GET / on our server (its connection handler), on a free port."""
     app = web.Application()
     app.router.add_get("/", handler)
-    runner = make_runner(app, Settings())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    return await serve_app(app)
 
 
 async def test_handler_runs_in_the_connections_task_for_each_request_on_the_connection():

@@ -41,6 +41,7 @@ from aiohttp import web
 from streamproxy.config import Settings
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
+from tests.support.served import serve_app
 from streamproxy.http.writer import can_write_direct
 from tests.support import wait_until
 
@@ -178,13 +179,10 @@ async def test_the_app_is_served_through_our_connections_and_request_factory() -
 
     app = web.Application()
     app.router.add_get("/", handler)
-    runner = make_runner(app, Settings())
-    await runner.setup()
+    runner, port = await serve_app(app)
     assert isinstance(runner, web.ServerRunner) and isinstance(runner.server, Connections)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -238,12 +236,9 @@ async def test_reading_paused_by_aiohttp_shows_in_the_transport_and_set_exceptio
 
     app = web.Application()
     app.router.add_post("/", handler)
-    runner = make_runner(app, Settings(client_body_timeout=0))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, port = await serve_app(app, Settings(client_body_timeout=0))
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (8 << 20))
         writer.write(b"x" * (1 << 20))  # more than aiohttp buffers before it pauses reading; the rest never comes
         await wait_until(lambda: "raised" in seen, 20)
@@ -260,12 +255,8 @@ async def test_reading_paused_by_aiohttp_shows_in_the_transport_and_set_exceptio
 async def _serve_one(handler: Any, request: bytes) -> bytes:
     app = web.Application()
     app.router.add_get("/", handler)
-    runner = make_runner(app, Settings())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, port = await serve_app(app)
     try:
-        port = runner.addresses[0][1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request)
         got = await asyncio.wait_for(reader.read(), 10)
