@@ -46,6 +46,7 @@ class APIError(Exception):
         code: str | None = None,
         status: int | None = None,
         retry_after: int | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -56,6 +57,8 @@ class APIError(Exception):
             self.status = status
         if retry_after is not None:
             self.retry_after = retry_after
+        if should_retry is not None:
+            self.should_retry = should_retry
 
     def body(self) -> ErrorBody:
         return ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)

@@ -168,11 +168,10 @@ class Keyring:
         if tokens > left:
             raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
                                 f"({used} used) and {asks}; it resets at {resets}", retry_after=until_reset)
-        busy = QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
-                             f"({used} used), {held} of them held by its requests running, and {asks}; "
-                             "retry when they end", retry_after=1)
-        busy.should_retry = True  # passes once they end: the SDKs may retry it after Retry-After
-        raise busy
+        raise QuotaExceeded(f"API key `{k.id}` has {left} tokens left of its {word} budget of {budget} tokens "
+                            f"({used} used), {held} of them held by its requests running, and {asks}; "
+                            "retry when they end", retry_after=1,
+                            should_retry=True)  # passes once they end: the SDKs may retry it after Retry-After
 
     async def refresh(self) -> None:
         every = await self.store.list_keys()

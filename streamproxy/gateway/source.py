@@ -120,9 +120,8 @@ def wake_or_refuse(name: str, lifecycle: Lifecycle, failed: str, wake: Callable[
     503 `deployment_failed` (no retry: `failed` says why); otherwise the wake starts and the request is held
     (`hold`: wait_for_wake) or refused with 503 `deployment_waking` and the lifecycle's Retry-After."""
     if lifecycle.phase is Phase.FAILED:
-        exc = ServiceUnavailable(f"deployment `{name}` {failed}; an operator must wake it", code="deployment_failed")
-        exc.should_retry = False
-        raise exc
+        raise ServiceUnavailable(f"deployment `{name}` {failed}; an operator must wake it", code="deployment_failed",
+                                 should_retry=False)
     wake()
     if hold:
         return
