@@ -298,7 +298,9 @@ def test_sighup_swaps_managed_deployments_the_removed_one_drains_after_its_strea
         assert rest[-1] == b"data: [DONE]"
         assert not any(b'"error"' in line for line in rest)
         assert wait_until_sync(lambda: not alive(pid), 30), gw.log()[-3000:]
-        assert "deployment smol (dep-smol): stopped, as the reload removed or changed it" in gw.log()
+        # Logged once the source's stop returns, a moment after the replica's process is gone.
+        stopped = "deployment smol (dep-smol): stopped, as the reload removed or changed it"
+        assert wait_until_sync(lambda: stopped in gw.log(), 10), gw.log()[-3000:]
         wait_state(gw, "dep-smol2", "ready")
         assert chat(gw, "smol2").status_code == 200
         (tmp_path / "gateway.yaml").write_text("deployments: [\n")
