@@ -270,12 +270,12 @@ class IdleProxy:
                 w.close()
 
 
-@pytest.mark.parametrize("heartbeat", [0.1, 0.0], ids=["heartbeat", "no-heartbeat"])
+@pytest.mark.parametrize("heartbeat", [0.06, 0.0], ids=["heartbeat", "no-heartbeat"])
 async def test_idle_dropping_proxy_keeps_slow_stream_alive(server, session, heartbeat):
     # Long time to first token and long gaps between tokens, both > the proxy's idle limit,
     # which is 10 heartbeats long.
-    srv = await server(FakeScript(text=" slow", ttft=1.3, token_delay=1.2), sse_heartbeat=heartbeat)
-    proxy = IdleProxy(srv.port, idle=1.0)
+    srv = await server(FakeScript(text=" slow", ttft=0.8, token_delay=0.7), sse_heartbeat=heartbeat)
+    proxy = IdleProxy(srv.port, idle=0.6)
     port = await proxy.start()
     try:
         body = b""
