@@ -64,10 +64,9 @@ typecheck: $(STAMP)
 # each with its own session servers on free ports), then the real-engine tests (marker `engine`)
 # in one process, so they share one engine server per session (tests/conftest.py).
 # `make test-fast` also leaves out the `slow` tests (client processes, fuzzers, process storms).
-TEST_WORKERS ?= 2
-# test-fast runs twice as many workers as cores: its slowest tests wait on timers (heartbeats, idle and
+# Twice as many workers as the two cores: the slowest tests wait on timers (heartbeats, idle and
 # request timeouts, a fake engine's delays), not on a core, and overlap there.
-TEST_FAST_WORKERS ?= 4
+TEST_WORKERS ?= 4
 
 # (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
 # even imported by the run without the engine, which saves each worker its imports.)
@@ -80,7 +79,7 @@ test: typecheck $(COMPAT)
 # -p no:...: the plugins of schemathesis and hypothesis serve only tests/fuzz, and cost each process
 # their import and a hook call per test.)
 test-fast: typecheck
-	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_FAST_WORKERS) --dist worksteal \
+	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal \
 		--ignore=tests/engine --ignore=tests/compat --ignore=tests/fuzz -p no:schemathesis -p no:hypothesispytest
 
 # docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
