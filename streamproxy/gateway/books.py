@@ -58,8 +58,13 @@ def recorder(current: Current, ledger: Ledger) -> Finished:
             return
         record = ledger_record(rec, deployment=rec.deployment, replica=rec.upstream, route=route, status=status, code=code,
                                duration=duration, usage_source=rec.usage_source)
-        if ledger.add(record) and state.keyring and rec.key_id is not None:
-            state.keyring.queued(record)  # its key's budget counts it from now
+        if state.keyring and rec.key_id is not None:  # its key's budget counts it from now, kept or not
+            if ledger.add(record):
+                state.keyring.queued(record)
+            else:
+                state.keyring.dropped(record)
+        else:
+            ledger.add(record)
 
     return finished
 

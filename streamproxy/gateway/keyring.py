@@ -13,9 +13,11 @@ down: the last keys and sums stay, with a warning.
 A key's spend is exact up to requests still running: the store's sum when
 last read, plus this process's records the store took since that read began
 (`written`, the ledger's `on_written`), plus those still in the ledger's
-buffer (`queued`, at each record's end). A batch written while the sum is
-being read may be counted twice until the next read: a key is stopped a
-little early, never late.
+buffer (`queued`, at each record's end), plus those the buffer was too
+full to take (`dropped`: the store will never sum them, so they count here,
+and in what this process publishes, until the key's period ends). A batch
+written while the sum is being read may be counted twice until the next
+read: a key is stopped a little early, never late.
 
 Requests running are counted too: `reserve` (at admission) holds a
 request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
@@ -81,6 +83,7 @@ class Keyring:
         self._stored_spent: dict[str, int] = {}  # key id -> tokens in its current period, from the store
         self._unsaved: dict[str, int] = defaultdict(int)  # in this process's ledger buffer
         self._saved: dict[str, int] = defaultdict(int)  # written by this process since the last read began
+        self._lost: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (arrival s, tokens) never to be written
         self.holds = Holds()  # the worst cases of this process's requests running, per key
         self.process = f"{os.getpid()}-{os.urandom(6).hex()}"  # this process's rows of holds in the store
         self._others: dict[str, int] = {}  # key id -> what other processes hold for it, as last read
@@ -115,6 +118,13 @@ class Keyring:
         if tokens and record.key_id is not None and record.key_id in self._ids:
             self._unsaved[record.key_id] += tokens
 
+    def dropped(self, record: LedgerRecord) -> None:
+        """A record of a key's request that the ledger's buffer was too full to take (the store down
+        for long): its tokens were billed all the same, and count until the key's period ends."""
+        tokens = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+        if tokens and record.key_id is not None and record.key_id in self._ids:
+            self._lost[record.key_id].append((record.ts_us / 1_000_000, tokens))
+
     def written(self, batch: list[LedgerRecord]) -> None:
         """The store has these records (the ledger's `on_written`)."""
         for record in batch:
@@ -129,7 +139,12 @@ class Keyring:
                 self._saved[key_id] += tokens
 
     def spent(self, key_id: str) -> int:
-        return self._stored_spent.get(key_id, 0) + self._saved.get(key_id, 0) + self._unsaved.get(key_id, 0)
+        return self._stored_spent.get(key_id, 0) + self._saved.get(key_id, 0) + self._not_in_store(key_id)
+
+    def _not_in_store(self, key_id: str) -> int:
+        """This process's tokens for the key that no sum of the store has: buffered, or dropped."""
+        lost = self._lost.get(key_id)
+        return self._unsaved.get(key_id, 0) + (sum(tokens for _, tokens in lost) if lost else 0)
 
     def held(self, key_id: str) -> int:
         """Tokens held by this key's requests running in this process."""
@@ -177,6 +192,7 @@ class Keyring:
         every = await self.store.list_keys()
         keys = [k for k in every if k.revoked is None]
         now = time.time()
+        self._forget_lost_before_their_period(keys, now)
         others = await self._share_holds({k.id for k in keys if k.budget_tokens is not None}, now)  # before the sums
         saved, self._saved = self._saved, defaultdict(int)  # in the sums read now (or written during the read)
         spent: dict[str, int] = {}
@@ -206,6 +222,18 @@ class Keyring:
         self._stored_spent = spent
         self._others = others
 
+    def _forget_lost_before_their_period(self, keys: list[StoredKey], now: float) -> None:
+        """A dropped record counts until its key's budget period ends (or the key has no budget)."""
+        periods = {k.id: k.budget_period for k in keys}
+        for key_id, lost in list(self._lost.items()):
+            period = periods.get(key_id)
+            start = period_start(now, period)[0] if period is not None else None
+            still = [(at, tokens) for at, tokens in lost if start is not None and at >= start]
+            if still:
+                self._lost[key_id] = still
+            else:
+                del self._lost[key_id]
+
     async def _share_holds(self, budgeted: set[str], now: float) -> dict[str, int]:
         """Publish what this process holds and has not written per budgeted key; the others' sums."""
         if not budgeted and not self._published:
@@ -214,7 +242,7 @@ class Keyring:
         stale_us = now_us - int(STALE * 1_000_000)
         mine: dict[str, int] = {}
         for key_id in budgeted:
-            tokens = self.holds.held(key_id) + self._unsaved.get(key_id, 0)
+            tokens = self.holds.held(key_id) + self._not_in_store(key_id)
             if tokens > 0:
                 mine[key_id] = tokens
         if mine or self._published:

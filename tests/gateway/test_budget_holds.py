@@ -165,6 +165,47 @@ async def test_keyrings_sharing_a_store_count_each_others_holds_and_unwritten_re
     assert other.held_elsewhere("k1") == 0
 
 
+async def test_a_record_the_ledger_dropped_still_counts_until_its_period_ends() -> None:
+    """The ledger's buffer full (its store down for long) drops a record: the tokens were billed, so
+    the key's spend counts them here and in what this process publishes, though no sum ever will."""
+    store = MemoryStore()
+    await store.put_key(StoredKey(id="k1", hash="h", deployments=["*"], budget_tokens=100, budget_period="day", created=1))
+    one, other = Keyring(store), Keyring(store)
+    await one.refresh()
+    now = time.time()
+
+    def record(ts: float, request_id: str) -> LedgerRecord:
+        return LedgerRecord(ts_us=int(ts * 1e6), request_id=request_id, deployment="d", replica=None, key_id="k1",
+                            route="/v1/chat/completions", status=200, prompt_tokens=20, completion_tokens=15)
+
+    one.dropped(record(now, "today"))
+    one.dropped(record(period_start(now, "day")[0] - 60, "yesterday"))  # arrived in the period before
+    assert one.spent("k1") == 70
+    await one.refresh()  # the store's sums have neither; the one from yesterday's period no longer counts
+    assert one.spent("k1") == 35
+    entry = one.by_id("k1")
+    assert entry is not None
+    with pytest.raises(QuotaExceeded, match=r"65 tokens left .* \(35 used\)"):
+        one.reserve(entry, WorstCase(10, 60, True), now)
+    await other.refresh()
+    assert other.held_elsewhere("k1") == 35  # published as this process's, to every process sharing the store
+
+
+async def test_a_full_ledger_buffer_drops_the_record_not_the_keys_spend(replica, gateway, session):
+    store = MemoryStore()
+    r = await replica()
+    gw = await gateway(deployments=[{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [r.base]}],
+                       ledger=Ledger(store, max_buffered=0))  # every record dropped, as by a long outage
+    gw.state.admin_key = ADMIN.encode()
+    secret = await make_key(session, gw, "k", 10**6)
+    async with session.post(gw.url("/v1/chat/completions"), json=chat(max_tokens=5), headers={"Authorization": f"Bearer {secret}"}) as resp:
+        assert resp.status == 200
+        usage = (await resp.json())["usage"]
+    assert await wait_until(lambda: gw.state.ledger.dropped == 1, 5)
+    assert store.rows == []
+    assert gw.state.keyring.spent("k") == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+
+
 # -- through the gateway ------------------------------------------------------------------------
 
 
