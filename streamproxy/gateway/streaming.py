@@ -11,7 +11,8 @@ no task wake-up per event); when the client falls behind, reading from the
 replica pauses and the handler writes what is held, bounded by the stall
 timeout, then resumes. The replica's last read (its stream complete) is held,
 not written: it goes out with the terminating chunk in one write
-(`writer.finish_response`), as a broken stream's error event does. So a
+(`writer.finish_response`), as a broken stream's error event does (the
+chunks are the same as when each was written on its own). So a
 stream costs the client's socket one write per replica read, no more. The
 gateway's heartbeat fills the replica's silences (`keepalive.Ticker`: one
 timer per stream; the frames are `http/chunked.py`'s); a replica that breaks
@@ -152,7 +153,7 @@ class _Warmer:
 async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float,
                 loop: asyncio.AbstractEventLoop) -> tuple[bool, bytes]:
     """Relay until the replica's stream ends: (False, ...) when it broke off; and the bytes
-    the response ends with (`finish_response`): the last events (after a break, and the error event).
+    the response ends with (`finish_response`): the last events, or after a break the error event.
 
     What came with the replica's head is written first, with the headers (one write). Then,
     while the client keeps up, `_Sink` writes each read's whole events from the replica
@@ -212,7 +213,9 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
         reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off: {exc}"
         error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
         call.rec.error_code = error.code
-        return False, tail + error_event(api, error, relay_.events)
+        if tail:  # the events that came before the break, in their own chunk as they came
+            await write(response, transport, tail, stall)
+        return False, error_event(api, error, relay_.events)
     finally:
         if beat is not None:
             beat.stop()
