@@ -33,7 +33,7 @@ import asyncio
 import inspect
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import prometheus_client
@@ -301,7 +301,8 @@ async def test_a_responses_headers_wait_for_its_first_write_and_leave_with_it() 
     seen: dict[str, Any] = {}
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        recorder = request.protocol.transport = WriteRecorder(request.protocol.transport)
+        recorder = WriteRecorder(request.protocol.transport)
+        request.protocol.transport = cast(asyncio.Transport, recorder)
         response = sse_response(request)
         writer = await response.prepare(request)
         assert writer is not None
