@@ -1,7 +1,8 @@
 """The only code that writes a stream to the socket (and the write primitives `nonstream` shares).
 
 `pump_sse` owns the StreamResponse of a streaming request: headers go out
-(`prepare()`) before anything is asked of the engine's output, then one write per engine
+before anything is asked of the engine's output (in `prepare()`, or with the encoder's
+first frame when the response is `sse_response`'s `SSEResponse`), then one write per engine
 step (everything pending is taken at once, so a slow socket coalesces steps
 instead of queueing them). Heartbeats are a deadline, not a task: the wait
 for the next step is bounded by `last write + heartbeat` (`keepalive.Keepalive`,
@@ -23,10 +24,10 @@ Push (the common path): while nothing is pending and the transport's
 buffer is small, the stream is armed with a sink (`_Pump.push`) and the engine's
 own step calls it synchronously: encode the step, one `transport.write` of
 the chunked-encoding frame (`chunked.py`). aiohttp sent the status line and
-headers in `prepare()`, saying `Transfer-Encoding: chunked` (`can_write_direct`
-reads that, with the response's public `prepared` and `compression`: no private
-aiohttp field); the handler ends with `write_eof`, so aiohttp writes the last
-chunk. No task, future, timer or aiohttp call per token; the handler sleeps on
+headers (in `prepare()`, or an SSEResponse's with the first write), saying
+`Transfer-Encoding: chunked` (`can_write_direct` reads that, with the response's
+public `prepared` and `compression`: no private aiohttp field); the handler ends
+with `write_eof`, so aiohttp writes the last chunk. No task, future, timer or aiohttp call per token; the handler sleeps on
 one wait bounded by the heartbeat deadline, so it wakes once per heartbeat
 interval, not per token. It falls back to the pull loop above (coalescing,
 write-stall bound) when the sink refuses (buffer above `PUSH_BUFFER_LIMIT`: a
@@ -279,8 +280,9 @@ async def pump_sse(
     alive = Keepalive(encoder.keepalive, heartbeat, SSE_HEARTBEATS)
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
-    if first:
-        await write(response, transport, first, stall_timeout)
+    # The headers leave now (an `SSEResponse` holds them for its first write): with the first
+    # frame, or alone (an empty write; nothing at all once they are out).
+    await write(response, transport, first, stall_timeout)
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
     # Push only onto a transport that takes our chunked frames as they are.
