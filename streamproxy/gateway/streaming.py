@@ -215,6 +215,7 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
         call.rec.error_code = error.code
         if tail:  # the events that came before the break, in their own chunk as they came
             await write(response, transport, tail, stall)
+            sink.wrote()
         return False, error_event(api, error, relay_.events)
     finally:
         if beat is not None:
