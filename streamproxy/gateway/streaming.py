@@ -2,14 +2,21 @@
 
 Nothing is sent before a replica answered 200 (failover stays possible) unless
 that takes longer than a heartbeat interval (`_Warmer`). Then `SSERelay` passes
-whole events: written to the client from the replica connection's own data
+whole events. The response is `writer.sse_response`'s, whose status line and
+headers wait for its first write: they leave in one write with the events that
+came with the replica's head (`Exchange.take`), or alone when none did. After
+that, events are written to the client from the replica connection's own data
 callback while the client keeps up (`_Sink`, given to `wire.Exchange.stream`:
 no task wake-up per event); when the client falls behind, reading from the
 replica pauses and the handler writes what is held, bounded by the stall
-timeout, then resumes. The gateway's heartbeat fills the replica's silences
-(`keepalive.Ticker`: one timer per stream; the frames are `http/chunked.py`'s);
-a replica that breaks off ends the client's stream
-with an in-band `upstream_unavailable` event.
+timeout, then resumes. The replica's last read (its stream complete) is held,
+not written: it goes out with the terminating chunk in one write
+(`writer.finish_response`), as a broken stream's error event does (the
+chunks are the same as when each was written on its own). So a
+stream costs the client's socket one write per replica read, no more. The
+gateway's heartbeat fills the replica's silences (`keepalive.Ticker`: one
+timer per stream; the frames are `http/chunked.py`'s); a replica that breaks
+off ends the client's stream with an in-band `upstream_unavailable` event.
 """
 
 from __future__ import annotations
@@ -24,17 +31,18 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, done, open_call
 from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
 from streamproxy.gateway.upstream import Attempt, UpstreamError
-from streamproxy.gateway.wire import UpstreamClosed
+from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http import keepalive as keepalives
 from streamproxy.http.chunked import SIZE_LINES, SIZE_LINES_N, chunk_frame
 from streamproxy.http.keepalive import Keepalive, Ticker
 from streamproxy.http.metrics import SSE_HEARTBEATS
 from streamproxy.http.writer import (
     PUSH_BUFFER_LIMIT,
-    SSE_HEADERS,
     WriteStalled,
     can_write_direct,
     client_gone,
+    finish_response,
+    sse_response,
     writable,
     write,
 )
@@ -47,7 +55,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     api = call.route.api
     heartbeat = settings.sse_heartbeat if settings.sse_heartbeat > 0 else None
     stall = settings.write_stall_timeout
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = sse_response(request)
     transport = request.transport
     loop = asyncio.get_running_loop()  # once per request: each call costs a getpid() system call
     alive = Keepalive(keepalive(api), heartbeat, SSE_HEARTBEATS)
@@ -76,10 +84,11 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 await _end_with(response, transport, api, refused, stall)
                 return response
             if not response.prepared:
-                await response.prepare(request)
-            if not await _pump(call, attempt, response, transport, alive, stall, loop):
+                await response.prepare(request)  # the headers wait for the first write
+            ended, tail = await _pump(call, attempt, response, transport, alive, stall, loop)
+            if not ended:
                 outcome = BROKEN
-        await response.write_eof()
+        await finish_response(response, tail, stall, transport)
     except (WriteStalled, ConnectionResetError) as exc:
         client_gone(request, exc, call.rec)
     except TimeoutError:  # the drain deadline (the Lifetime)
@@ -142,10 +151,12 @@ class _Warmer:
 
 
 async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float,
-                loop: asyncio.AbstractEventLoop) -> bool:
-    """Relay until the replica's stream ends; False when it broke off (an error event is sent).
+                loop: asyncio.AbstractEventLoop) -> tuple[bool, bytes]:
+    """Relay until the replica's stream ends: (False, ...) when it broke off; and the bytes
+    the response ends with (`finish_response`): the last events, or after a break the error event.
 
-    While the client keeps up, `_Sink` writes each read's whole events from the replica
+    What came with the replica's head is written first, with the headers (one write). Then,
+    while the client keeps up, `_Sink` writes each read's whole events from the replica
     connection's data callback. When it cannot (the client is behind, or the response is
     not plain chunked), reading from the replica pauses, and this loop writes what is held
     with a bounded write and resumes. The heartbeat is one timer per stream (`keepalive.Ticker`);
@@ -154,39 +165,58 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
     relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
     exchange = attempt.exchange
-    direct = can_write_direct(response, transport)
-    beat = Ticker(transport, alive, loop, writable) if alive.interval is not None and direct else None
-    slow_beat = alive.interval if beat is None else None  # no direct writes: a timer around each wait
-    sink = _Sink(relay_, transport if direct else None, call, attempt, beat, loop)
+    sink = _Sink(relay_, exchange, call, attempt, loop)
+    beat: Ticker | None = None
+    tail = b""
     try:
-        exchange.stream(sink)
-        while True:
-            if slow_beat is None:
-                await exchange.wait()
-            else:
-                try:
-                    async with asyncio.timeout(slow_beat):
-                        await exchange.wait()
-                except TimeoutError:
-                    await write(response, transport, alive.beat(), stall)
-                    continue
-            if sink.held:
-                held = b"".join(sink.held)
-                sink.held.clear()
-                await write(response, transport, held, stall)
+        came = exchange.take()
+        tail = relay_.feed(came) if came else b""
+        if not exchange.complete:  # (complete: the whole answer came at once; it is all the tail)
+            await write(response, transport, tail, stall)  # the headers, with the first events if they came
+            if tail:
                 sink.wrote()
-            if exchange.complete:
-                break
-            exchange.resume()
+                tail = b""
+            direct = can_write_direct(response, transport)
+            if direct:
+                sink.transport = transport
+                if alive.interval is not None:
+                    beat = sink.beat = Ticker(transport, alive, loop, writable)
+            slow_beat = alive.interval if beat is None else None  # no direct writes: a timer around each wait
+            exchange.stream(sink)
+            while True:
+                if slow_beat is None:
+                    await exchange.wait()
+                else:
+                    try:
+                        async with asyncio.timeout(slow_beat):
+                            await exchange.wait()
+                    except TimeoutError:
+                        await write(response, transport, alive.beat(), stall)
+                        continue
+                if sink.held:
+                    held = b"".join(sink.held)
+                    sink.held.clear()
+                    if exchange.complete:
+                        tail = held  # goes out with the terminating chunk
+                        break
+                    await write(response, transport, held, stall)
+                    sink.wrote()
+                if exchange.complete:
+                    break
+                exchange.resume()
+        if tail:
+            sink.wrote()
         if relay_.done:
-            return True
+            return True, tail
         raise _Broken("the replica ended the stream before its end")
     except (_Broken, UpstreamClosed) as exc:
         reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off: {exc}"
         error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
         call.rec.error_code = error.code
-        await write(response, transport, error_event(api, error, relay_.events), stall)
-        return False
+        if tail:  # the events that came before the break, in their own chunk as they came
+            await write(response, transport, tail, stall)
+            sink.wrote()
+        return False, error_event(api, error, relay_.events)
     finally:
         if beat is not None:
             beat.stop()
@@ -196,14 +226,18 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
 
 class _Sink:
     """The replica's body pieces, from its connection's data callback: whole events out, written
-    straight to the client's transport while it keeps up; else held (and False: pause reading).
-    After each write: the heartbeat's deadline, and the first event's times."""
+    straight to the client's transport while it keeps up (`transport` set: the headers are out);
+    else held (and False: pause reading). The last read (the replica's answer complete) is held
+    too: it ends the response with the terminating chunk. After each write: the heartbeat's
+    deadline, and the first event's times."""
 
-    __slots__ = ("relay", "transport", "held", "beat", "loop", "first", "call", "attempt")
+    __slots__ = ("relay", "transport", "parser", "held", "beat", "loop", "first", "call", "attempt")
 
-    def __init__(self, relay: SSERelay, transport: Any, call: Call, attempt: Attempt, beat: Ticker | None,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.relay, self.transport, self.call, self.attempt, self.beat = relay, transport, call, attempt, beat
+    def __init__(self, relay: SSERelay, exchange: Exchange, call: Call, attempt: Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        self.relay, self.call, self.attempt = relay, call, attempt
+        self.transport: Any = None
+        self.beat: Ticker | None = None
+        self.parser = exchange.parser  # its `complete`, read per piece
         self.held: list[bytes] = []
         self.loop = loop
         self.first = True
@@ -213,7 +247,8 @@ class _Sink:
         if not out:
             return True
         transport = self.transport
-        if transport is not None and not self.held and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT and not transport.is_closing():
+        if (transport is not None and not self.held and not self.parser.complete
+                and transport.get_write_buffer_size() <= PUSH_BUFFER_LIMIT and not transport.is_closing()):
             size = len(out)  # chunk_frame, inlined (once per read) as the writer's push does
             transport.write(b"".join((SIZE_LINES[size], out, b"\r\n")) if size < SIZE_LINES_N else chunk_frame(out))
             if self.beat is not None:
@@ -246,5 +281,4 @@ class _Broken(Exception):
 
 
 async def _end_with(response: web.StreamResponse, transport: Any, api: Api, exc: APIError, stall: float) -> None:
-    await write(response, transport, error_event(api, exc), stall)
-    await response.write_eof()
+    await finish_response(response, error_event(api, exc), stall, transport)

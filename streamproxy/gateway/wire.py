@@ -4,8 +4,8 @@
 one, within the connect timeout) and writes the request in the caller's own
 turn of the loop: no task, no request-writer coroutine in between. The reply
 is an `Exchange`, fed from the connection's `data_received`: `await
-exchange.head()` for the status and headers; then either `await read()` for a
-whole body, or `stream(sink)`: each piece of the body goes to `sink(bytes)`
+exchange.head()` for the status and headers; `take()` for the body bytes that came
+with them; then either `await read()` for a whole body, or `stream(sink)`: each piece of the body goes to `sink(bytes)`
 from within `data_received` itself, so a relayed event costs one callback and
 no task wake-up. A sink that returns False (the client cannot take more now)
 pauses reading from the replica until `resume()`; `wait()` returns when the
@@ -312,6 +312,13 @@ class Exchange:
         """The whole body; raises UpstreamClosed."""
         while not self.parser.complete:
             await self._wait()
+        body = b"".join(self._body)
+        self._body.clear()
+        return body
+
+    def take(self) -> bytes:
+        """The body bytes that came already (with the head, typically the first events), taken:
+        b"" if none. What comes later goes to `stream`'s sink, or to `read`."""
         body = b"".join(self._body)
         self._body.clear()
         return body

@@ -1,7 +1,8 @@
 """The only code that writes a stream to the socket (and the write primitives `nonstream` shares).
 
 `pump_sse` owns the StreamResponse of a streaming request: headers go out
-(`prepare()`) before anything is asked of the engine's output, then one write per engine
+before anything is asked of the engine's output (in `prepare()`, or with the encoder's
+first frame when the response is `sse_response`'s `SSEResponse`), then one write per engine
 step (everything pending is taken at once, so a slow socket coalesces steps
 instead of queueing them). Heartbeats are a deadline, not a task: the wait
 for the next step is bounded by `last write + heartbeat` (`keepalive.Keepalive`,
@@ -23,10 +24,10 @@ Push (the common path): while nothing is pending and the transport's
 buffer is small, the stream is armed with a sink (`_Pump.push`) and the engine's
 own step calls it synchronously: encode the step, one `transport.write` of
 the chunked-encoding frame (`chunked.py`). aiohttp sent the status line and
-headers in `prepare()`, saying `Transfer-Encoding: chunked` (`can_write_direct`
-reads that, with the response's public `prepared` and `compression`: no private
-aiohttp field); the handler ends with `write_eof`, so aiohttp writes the last
-chunk. No task, future, timer or aiohttp call per token; the handler sleeps on
+headers (in `prepare()`, or an SSEResponse's with the first write), saying
+`Transfer-Encoding: chunked` (`can_write_direct` reads that, with the response's
+public `prepared` and `compression`: no private aiohttp field); the handler ends
+with `write_eof`, so aiohttp writes the last chunk. No task, future, timer or aiohttp call per token; the handler sleeps on
 one wait bounded by the heartbeat deadline, so it wakes once per heartbeat
 interval, not per token. It falls back to the pull loop above (coalescing,
 write-stall bound) when the sink refuses (buffer above `PUSH_BUFFER_LIMIT`: a
@@ -90,8 +91,36 @@ class StreamOutcome:
         self.tail = b""
 
 
-async def finish_response(response: web.StreamResponse, tail: bytes, stall: float) -> None:
-    """The last frames and the terminating chunk in one write, bounded like any write."""
+class SSEResponse(web.Response):
+    """A stream's response whose status line and headers wait for its first write (or its end),
+    so they leave in one `transport.write` with the first frames: one system call fewer per stream.
+    A `web.Response` holds its headers for its body (aiohttp's behaviour, named in
+    tests/unit/test_aiohttp_behaviour.py); `enable_chunked_encoding()` (by `sse_response`) makes
+    it a stream. It never has a `body`: `write_eof(data)` takes the last frames as a
+    StreamResponse's does, so they go out with the terminating chunk in one write."""
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await web.StreamResponse.write_eof(self, data)
+
+
+def sse_response(request: web.BaseRequest) -> web.StreamResponse:
+    """The response of a stream: an `SSEResponse` (chunked, headers with the first write) on
+    HTTP/1.1; on HTTP/1.0, which has no chunked encoding (the body ends with the connection), a
+    StreamResponse, whose headers go out in `prepare()`. The caller writes (`write`, or an empty
+    one to send the headers alone) before any frame goes straight to the transport (`can_write_direct`)."""
+    if request.version >= (1, 1):
+        response = SSEResponse(headers=SSE_HEADERS)
+        response.enable_chunked_encoding()
+        return response
+    return web.StreamResponse(headers=SSE_HEADERS)
+
+
+async def finish_response(response: web.StreamResponse, tail: bytes, stall: float, transport: Any = None) -> None:
+    """The last frames and the terminating chunk in one write (`write_eof(tail)`), bounded by
+    `stall` when it could block (as `write`; without `transport`, always)."""
+    if transport is not None and transport.get_write_buffer_size() == 0 and len(tail) <= _UNBOUNDED_WRITE:
+        await response.write_eof(tail)  # cannot block: no timer
+        return
     try:
         async with asyncio.timeout(stall):
             await response.write_eof(tail)
@@ -215,9 +244,10 @@ def writable(transport: Any) -> bool:
 
 def can_write_direct(response: web.StreamResponse, transport: Any) -> bool:
     """Frames may go straight to the transport: the response is prepared (aiohttp sends a
-    StreamResponse's status line and headers in `prepare()`), its body is chunked (the
-    `Transfer-Encoding` it sent says so: an HTTP/1.0 client gets a close-delimited body
-    instead) and not compressed. The caller has not ended it (`write_eof`)."""
+    StreamResponse's status line and headers in `prepare()`; an `SSEResponse`'s with its first
+    `write`, which the caller has made), its body is chunked (the `Transfer-Encoding` it sent
+    says so: an HTTP/1.0 client gets a close-delimited body instead) and not compressed. The
+    caller has not ended it (`write_eof`)."""
     if transport is None or transport.is_closing() or not response.prepared or response.compression:
         return False
     return response.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
@@ -250,8 +280,9 @@ async def pump_sse(
     alive = Keepalive(encoder.keepalive, heartbeat, SSE_HEARTBEATS)
     encoder.prompt_tokens = out.prompt_tokens
     first = encoder.start()
-    if first:
-        await write(response, transport, first, stall_timeout)
+    # The headers leave now (an `SSEResponse` holds them for its first write): with the first
+    # frame, or alone (an empty write; nothing at all once they are out).
+    await write(response, transport, first, stall_timeout)
     del first  # sent: not kept while the stream waits
     pump = _Pump(out, encoder, transport, record)
     # Push only onto a transport that takes our chunked frames as they are.

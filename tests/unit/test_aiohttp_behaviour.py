@@ -22,7 +22,8 @@ to the range this file and the suite have passed on. Who relies on what:
   `output_size` is 0 until a response byte is out; `keepalive_timeout` is aiohttp's only idle timer.
 - http/writer.py: `prepare()` sends a StreamResponse's headers, `Transfer-Encoding: chunked` among
   them on HTTP/1.1; frames written to `request.transport` between `prepare()` and `write_eof()` are
-  the body.
+  the body; a `web.Response` (`SSEResponse`, made chunked by `enable_chunked_encoding()`) holds its
+  headers until its first `write()` and sends them with that chunk in one transport write.
 """
 
 from __future__ import annotations
@@ -32,17 +33,18 @@ import asyncio
 import inspect
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import prometheus_client
+import pytest
 from aiohttp import web
 
 from streamproxy.config import Settings
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
-from tests.support.served import serve_app
-from streamproxy.http.writer import can_write_direct
+from tests.support.served import WriteRecorder, serve_app
+from streamproxy.http.writer import SSE_HEADERS, can_write_direct, sse_response
 from tests.support import wait_until
 
 VERSION = aiohttp.__version__
@@ -287,6 +289,67 @@ async def test_prepare_sends_the_headers_and_a_chunked_body_takes_frames_written
     assert seen["direct"] is True, f"aiohttp {VERSION}: can_write_direct says False for a plain chunked response (the push path is off)"
     assert b"transfer-encoding: chunked" in head.lower(), f"aiohttp {VERSION}: {head!r}"
     assert body == b"5\r\nhello\r\n0\r\n\r\n", f"aiohttp {VERSION}: the headers did not leave in prepare(): {got!r}"
+
+
+async def test_a_responses_headers_wait_for_its_first_write_and_leave_with_it() -> None:
+    """`writer.SSEResponse` relies on a `web.Response` holding its status line and headers after
+    `prepare()` until its first `write()`, which sends them with that chunk in one transport
+    write, and on `enable_chunked_encoding()` making it a chunked stream (the same headers a
+    StreamResponse sends). Were the headers to leave in `prepare()`, a stream would cost a write
+    more; were they to stay after the first write, the frames written straight to the transport
+    would go out before them."""
+    seen: dict[str, Any] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        recorder = WriteRecorder(request.protocol.transport)
+        request.protocol.transport = cast(asyncio.Transport, recorder)
+        response = sse_response(request)
+        writer = await response.prepare(request)
+        assert writer is not None
+        seen["after prepare"] = (writer.output_size, list(recorder.writes))
+        await response.write(b"data: x\n\n")
+        seen["direct"] = can_write_direct(response, request.transport)
+        assert request.transport is not None
+        request.transport.write(b"5\r\nhello\r\n")
+        await response.write_eof(b"bye")
+        seen["writes"] = recorder.writes
+        return response
+
+    got = await _serve_one(handler, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert seen["after prepare"] == (0, []), f"aiohttp {VERSION}: a Response sent its headers in prepare(): {seen}"
+    assert seen["writes"] == [head + b"\r\n\r\n9\r\ndata: x\n\n\r\n", b"5\r\nhello\r\n", b"3\r\nbye\r\n0\r\n\r\n"], (
+        f"aiohttp {VERSION}: a Response's headers did not leave with its first write: {seen['writes']}")
+    assert seen["direct"] is True
+    lines = head.lower().split(b"\r\n")
+    assert lines[0] == b"http/1.1 200 ok" and b"transfer-encoding: chunked" in lines and not any(x.startswith(b"content-length") for x in lines)
+    assert body == b"9\r\ndata: x\n\n\r\n5\r\nhello\r\n3\r\nbye\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_a_streams_response_sends_the_headers_a_stream_response_sends(version: str) -> None:
+    """`sse_response` changes when the headers leave, not what they say: the same bytes as a
+    StreamResponse with the SSE headers (the Date aside), on HTTP/1.1 and on HTTP/1.0 (a
+    StreamResponse there: no chunks, the body ends with the connection)."""
+
+    async def plain(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(b"data: x\n\n")
+        await response.write_eof()
+        return response
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        response = sse_response(request)
+        await response.prepare(request)
+        await response.write(b"data: x\n\n")
+        await response.write_eof()
+        return response
+
+    request = f"GET / HTTP/{version}\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    got = [re.sub(rb"\r\nDate: [^\r]*", b"", await _serve_one(h, request)) for h in (plain, held)]
+    assert got[0] == got[1], got
+    assert got[0].endswith(b"\r\n\r\n9\r\ndata: x\n\n\r\n0\r\n\r\n" if version == "1.1" else b"\r\n\r\ndata: x\n\n")
 
 
 async def test_an_http10_or_compressed_response_is_not_written_to_directly() -> None:

@@ -55,6 +55,7 @@ from streamproxy.http.writer import (
     client_gone,
     finish_response,
     pump_sse,
+    sse_response,
     wait_with_heartbeat,
     write,
 )
@@ -325,7 +326,8 @@ async def _stream(
     settings = state.settings
     heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
     out = await gen.submit() if ticket.granted else None
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    # Admitted at once: the headers leave with the first frame (`sse_response`). Queued: now.
+    response = sse_response(request) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
     outcome = StreamOutcome()
     life = state.inflight.lifetime()
@@ -356,7 +358,7 @@ async def _stream(
             # After the headers (a queued request's submit, or its wait timed out).
             outcome.error = exc
             await write(response, transport, encoder.error(exc), stall)
-        await finish_response(response, outcome.tail, stall)
+        await finish_response(response, outcome.tail, stall, transport)
     except (WriteStalled, ConnectionResetError) as exc:
         client_gone(request, exc, rec)
     finally:
