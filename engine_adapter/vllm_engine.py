@@ -48,9 +48,13 @@ look at the abort between them (the config: seconds, no process yet; then
 the AsyncLLM, which starts the engine core), and the abort kills every
 process started since `start()` began until that thread has ended (vLLM's
 start-up barrier sees its engine core gone and raises), within
-`ABORT_BOUND` s. An engine core that is up but does not answer the start's
-first call within `FIRST_CALL_TIMEOUT` s fails the start (seen once with
-`--api-server-count 2`: both API servers waited on it for 10 minutes). """
+`ABORT_BOUND` s. The start's first call to an engine core that is up is
+asked again, as a fresh call, every `FIRST_CALL_REASK` s while none has
+been answered (the first answer wins; a warning says how many asks it took),
+and fails the start after `FIRST_CALL_TIMEOUT` s (seen twice with
+`--api-server-count 2` in full test runs: both API servers waited on the
+first ask for 10 minutes; the cause is not known: a lost message is
+answered by the next ask, an engine core that answers nothing fails). """
 
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import cpu_placement, spawned
@@ -85,17 +89,41 @@ ABORT_BOUND = 15.0
 # Seconds the engine core has to answer the start's first call once it is up: past it, the start
 # fails (a worker of --api-server-count N exits 1, and the parent with it) instead of hanging.
 FIRST_CALL_TIMEOUT = 120.0
+# Seconds before the first call is asked again (a fresh call), while no ask has been answered.
+FIRST_CALL_REASK = 15.0
 
 T = TypeVar("T")
 
 
-async def first_call(call: Awaitable[T], name: str, timeout: float | None = None) -> T:
-    """The start's first call to the engine core, bounded: `EngineFailure` when it does not answer in time."""
+async def first_call(ask: Callable[[], Awaitable[T]], name: str, timeout: float | None = None,
+                     reask: float | None = None) -> T:
+    """The start's first call to the engine core (`ask()` makes one), bounded: asked again every
+    `reask` s while no ask has been answered (the first answer wins, the other asks are cancelled),
+    `EngineFailure` when none is answered within `timeout` s."""
     limit = FIRST_CALL_TIMEOUT if timeout is None else timeout
+    every = FIRST_CALL_REASK if reask is None else reask
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    asks: set[asyncio.Future[T]] = set()
     try:
-        return await asyncio.wait_for(call, limit)
-    except TimeoutError:
-        raise EngineFailure(f"the engine core did not answer its first call ({name}) within {limit:g} s of its start") from None
+        while True:
+            if asks:
+                log.warning("the engine core has not answered %s after %.0f s; asking again (ask %d)",
+                            name, limit - (deadline - loop.time()), len(asks) + 1)
+            asks.add(asyncio.ensure_future(ask()))
+            left = deadline - loop.time()
+            answered, _ = await asyncio.wait(asks, timeout=min(every, left), return_when=asyncio.FIRST_COMPLETED)
+            if answered:
+                result = next(iter(answered)).result()  # (a call that failed raises its error)
+                if len(asks) > 1:
+                    log.warning("the engine core answered %s after %d asks", name, len(asks))
+                return result
+            if left <= every:
+                raise EngineFailure(f"the engine core did not answer its first call ({name}) within {limit:g} s "
+                                    f"of its start ({len(asks)} asks)")
+    finally:
+        for pending in asks:
+            pending.cancel()
 
 
 class VllmEngine:
@@ -156,7 +184,7 @@ class VllmEngine:
             if reason is None and not uses_fast_detokenizer(self._tokenizer):
                 reason = "the tokenizer has no fast incremental decoder"
             if reason is None:
-                self._supported_tasks = await first_call(self._llm.get_supported_tasks(), "get_supported_tasks")
+                self._supported_tasks = await first_call(self._llm.get_supported_tasks, "get_supported_tasks")
                 self._direct = DirectRoute(self._llm.output_processor, self._tokenizer, lambda tid: self.token_bytes()(tid),
                                            outputs_waiting(self._llm.engine_core))
                 log.info("direct outputs on: generation requests skip vLLM's OutputProcessor")
