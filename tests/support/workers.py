@@ -99,6 +99,9 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
                 said = [line for line in exc.log.splitlines() if not line.lstrip().startswith(("nanobind:", "- leaked", "See https://nanobind"))]
                 warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]))
                 continue
+            reasked = [line for line in server.log().splitlines() if "the engine core has not answered" in line or "the engine core answered" in line]
+            if reasked:  # a first call answered only when asked again (vllm_engine.first_call): say so in the run's output
+                warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked))
             try:
                 yield srv
             finally:
