@@ -13,7 +13,7 @@ import pytest
 
 from tests.gateway.gateway_support import SSE_HEAD, chat, chunked, raw_request, renamed
 from tests.support import wait_until
-from tests.support.served import WriteRecorder
+from tests.support.served import WriteRecorder, recorded_answer
 
 E1 = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
 E2 = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
@@ -36,23 +36,15 @@ async def _relay(stub, gateway, pieces: list[bytes], *, close: bool = False) -> 
         if not close:
             await reader.read()
 
+    def recording(r: WriteRecorder) -> None:
+        nonlocal recorder
+        recorder = r
+
     upstream = await stub(replica)
     gw = await gateway(upstream.base)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    try:
-        assert await wait_until(lambda: len(gw.runner.server.connections) == 1, timeout=10.0)
-        (connection,) = gw.runner.server.connections
-        recorder = connection.transport = WriteRecorder(connection.transport)
-        body = b'{"model":"support-bot","stream":true,"messages":[{"role":"user","content":"hi"}]}'
-        writer.write(raw_request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json", "Content-Length": str(len(body))}))
-        got = b""
-        while not got.endswith(b"\r\n0\r\n\r\n"):
-            more = await asyncio.wait_for(reader.read(65536), 10)
-            assert more, got
-            got += more
-    finally:
-        writer.close()
-    return recorder.writes, got
+    body = b'{"model":"support-bot","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    request = raw_request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json", "Content-Length": str(len(body))})
+    return await recorded_answer(lambda: gw.runner.server.connections, gw.port, request, recording)
 
 
 async def test_the_headers_leave_with_the_first_events_and_the_last_events_with_the_end(stub, gateway):

@@ -1,16 +1,20 @@
 """An aiohttp app on our server (`make_runner`: serve's connection handler, timeouts and caps) on a
 free loopback port, for tests that talk to it over a raw socket; the caller cleans the runner up.
 `WriteRecorder`: a connection's transport that records each write (put in place through the
-handler's public `transport`), for tests that count the writes of a response."""
+handler's public `transport`), for tests that count the writes of a response; `recorded_answer`
+sends one request on a new connection and gives the server's writes on it and the bytes read."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from streamproxy.config import Settings
 from streamproxy.http.server import make_runner
+from tests.support import wait_until
 
 
 async def serve_app(app: web.Application, settings: Settings | None = None, **runner_args: Any) -> tuple[web.BaseRunner, int]:
@@ -39,3 +43,27 @@ class WriteRecorder:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+async def recorded_answer(connections: Callable[[], list[Any]], port: int, request: bytes,
+                          recording: Callable[[WriteRecorder], None] | None = None) -> tuple[list[bytes], bytes]:
+    """Send `request` on a new connection to the server at `port` (whose handlers `connections()`
+    lists: its runner's `server.connections`) and read its chunked answer to the terminating chunk:
+    (the server's writes on that connection, from when it was accepted; the bytes read).
+    `recording` gets the recorder as soon as it is in place."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        assert await wait_until(lambda: len(connections()) == 1, timeout=10.0)
+        (connection,) = connections()
+        recorder = connection.transport = WriteRecorder(connection.transport)
+        if recording is not None:
+            recording(recorder)
+        writer.write(request)
+        got = b""
+        while not got.endswith(b"\r\n0\r\n\r\n"):
+            more = await asyncio.wait_for(reader.read(65536), 10)
+            assert more, got
+            got += more
+    finally:
+        writer.close()
+    return recorder.writes, got
