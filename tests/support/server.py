@@ -11,7 +11,10 @@
 A real process also runs the CLI and the start-up path, and it is what a
 sync client (which blocks) or a spawned vLLM engine core (which re-imports
 the main module) needs. The server listens on a free 127.0.0.1 port;
-`wait_ready` polls /health until it answers 200, and a server that exits
+`wait_ready` polls /health until it answers 200 while this server's own
+process (or one it started) listens on the port (so an answer from another
+server that took the same free port first, as xdist's workers starting
+servers at once can, is not taken for this one's), and a server that exits
 first, or is not ready by the deadline, raises `ServerFailed` with the end
 of its output (a port taken in the meantime by someone else is retried on
 another, unless the port was asked for). On the way out the process gets
@@ -45,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 import yaml
 
@@ -108,11 +112,28 @@ class ServerProcess:
             raise ServerFailed(f"server exited with {self.proc.returncode}", self.log())
         try:
             if self.tls is None:
-                return requests.get(self.base + "/health", timeout=2).status_code == 200
-            ca, cert = self.tls
-            return requests.get(self.base + "/health", timeout=2, verify=ca, cert=cert).status_code == 200
+                healthy = requests.get(self.base + "/health", timeout=2).status_code == 200
+            else:
+                ca, cert = self.tls
+                healthy = requests.get(self.base + "/health", timeout=2, verify=ca, cert=cert).status_code == 200
         except requests.RequestException:
             return False
+        return healthy and self._listens()
+
+    def _listens(self) -> bool:
+        """This server's process, or one it started (API-server workers), listens on its port."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return False
+        for proc in family:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in proc.net_connections("tcp")):
+                    return True
+            except psutil.Error:
+                continue
+        return False
 
     def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> None:
         if not wait_until_sync(self._healthy, timeout, interval):
