@@ -3,7 +3,9 @@
 pgserver's wheel carries PostgreSQL's own `initdb` and `postgres`; its Python
 API listens on a unix socket only, so `PostgresServer` runs the binaries
 itself: `initdb` into a temporary folder, then `postgres` on 127.0.0.1 at a
-free port, no unix socket, fsync off (a test server). PostgreSQL refuses to
+free port (up when it accepts a connection and is the one listening there: a
+port taken by another server before postgres bound it is tried again on
+another), no unix socket, fsync off (a test server). PostgreSQL refuses to
 run as root, so under root it runs as the user `pgserver` (made once with
 useradd, as pgserver itself does). `stop()` is a fast shutdown (SIGINT) and
 `start()` brings it back on the same port and data: the store "down for a
@@ -25,6 +27,8 @@ import tempfile
 import time
 from itertools import count
 from pathlib import Path
+
+from tests.support.procs import listens
 
 USER = "pgserver"
 _databases = count(1)
@@ -68,9 +72,15 @@ class PostgresServer:
             [str(self.bin / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres", "-E", "UTF8", "--no-sync"],
             check=True, user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60,
         )
-        self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        for attempt in range(3):  # a port picked free may be taken before postgres binds it: another one
+            self.port = _free_port()
+            try:
+                self.start()
+                break
+            except RuntimeError as exc:
+                if attempt == 2 or "already in use" not in str(exc):
+                    raise
 
     @property
     def url(self) -> str:
@@ -91,7 +101,7 @@ class PostgresServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited with {self.proc.returncode}: {self.log_tail()}")
-            if self._accepts():
+            if self._accepts() and listens(self.proc.pid, self.port):  # (not another worker's server on a reused port)
                 return
             time.sleep(0.05)
         raise RuntimeError(f"postgres did not come up in {timeout:g} s: {self.log_tail()}")

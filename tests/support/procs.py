@@ -4,6 +4,7 @@
     seen.record(); ...; seen.alive()  # those still running (a zombie has exited: not counted)
     in_session(proc.pid)              # every running process in the session `proc` leads
     end_session(proc.pid)             # kill them (the resource tracker last: it removes leaked shared memory)
+    listens(proc.pid, port)           # it, or a process it started, listens on 127.0.0.1:port
 
 A process whose parent died is re-parented to init and leaves the tree, so
 the tree alone cannot show an orphan: start the server as the leader of a
@@ -26,6 +27,23 @@ def running(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def listens(pid: int, port: int) -> bool:
+    """The process `pid`, or one it started, listens on TCP `port`: an answer on a port picked free
+    before the server bound it is this server's, not another's that took the same port first."""
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in family:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in proc.net_connections("tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def describe(procs: Iterable[psutil.Process]) -> list[str]:

@@ -48,10 +48,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import requests
 import yaml
 
+from tests.support.procs import listens
 from tests.support.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,22 +118,7 @@ class ServerProcess:
                 healthy = requests.get(self.base + "/health", timeout=2, verify=ca, cert=cert).status_code == 200
         except requests.RequestException:
             return False
-        return healthy and self._listens()
-
-    def _listens(self) -> bool:
-        """This server's process, or one it started (API-server workers), listens on its port."""
-        try:
-            root = psutil.Process(self.proc.pid)
-            family = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return False
-        for proc in family:
-            try:
-                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in proc.net_connections("tcp")):
-                    return True
-            except psutil.Error:
-                continue
-        return False
+        return healthy and listens(self.proc.pid, self.port)
 
     def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> None:
         if not wait_until_sync(self._healthy, timeout, interval):
