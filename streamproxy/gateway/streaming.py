@@ -175,35 +175,13 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
             await write(response, transport, tail, stall)  # the headers, with the first events if they came
             if tail:
                 sink.wrote()
-                tail = b""
-            direct = can_write_direct(response, transport)
-            if direct:
+            if can_write_direct(response, transport):
                 sink.transport = transport
                 if alive.interval is not None:
                     beat = sink.beat = Ticker(transport, alive, loop, writable)
-            slow_beat = alive.interval if beat is None else None  # no direct writes: a timer around each wait
-            exchange.stream(sink)
-            while True:
-                if slow_beat is None:
-                    await exchange.wait()
-                else:
-                    try:
-                        async with asyncio.timeout(slow_beat):
-                            await exchange.wait()
-                    except TimeoutError:
-                        await write(response, transport, alive.beat(), stall)
-                        continue
-                if sink.held:
-                    held = b"".join(sink.held)
-                    sink.held.clear()
-                    if exchange.complete:
-                        tail = held  # goes out with the terminating chunk
-                        break
-                    await write(response, transport, held, stall)
-                    sink.wrote()
-                if exchange.complete:
-                    break
-                exchange.resume()
+            tail = b""  # written: should `_follow` raise, the break's handler has nothing left to send
+            tail = await _follow(exchange, sink, response, transport, alive, stall,
+                                 alive.interval if beat is None else None)  # no direct writes: a timer around each wait
         if tail:
             sink.wrote()
         if relay_.done:
@@ -222,6 +200,34 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
             beat.stop()
         if not relay_.usage.billed:
             relay_.counted()
+
+
+async def _follow(exchange: Exchange, sink: _Sink, response: web.StreamResponse, transport: Any, alive: Keepalive,
+                  stall: float, slow_beat: float | None) -> bytes:
+    """Until the replica's answer is complete: what the sink held (the client behind) is written,
+    bounded, and reading resumes; with `slow_beat`, a heartbeat per silent interval. The replica's
+    last read, held, is returned: it goes out with the terminating chunk."""
+    exchange.stream(sink)
+    while True:
+        if slow_beat is None:
+            await exchange.wait()
+        else:
+            try:
+                async with asyncio.timeout(slow_beat):
+                    await exchange.wait()
+            except TimeoutError:
+                await write(response, transport, alive.beat(), stall)
+                continue
+        if sink.held:
+            held = b"".join(sink.held)
+            sink.held.clear()
+            if exchange.complete:
+                return held
+            await write(response, transport, held, stall)
+            sink.wrote()
+        if exchange.complete:
+            return b""
+        exchange.resume()
 
 
 class _Sink:

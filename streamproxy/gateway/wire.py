@@ -312,9 +312,7 @@ class Exchange:
         """The whole body; raises UpstreamClosed."""
         while not self.parser.complete:
             await self._wait()
-        body = b"".join(self._body)
-        self._body.clear()
-        return body
+        return self.take()
 
     def take(self) -> bytes:
         """The body bytes that came already (with the head, typically the first events), taken:

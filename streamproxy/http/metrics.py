@@ -30,9 +30,9 @@ import asyncio
 import os
 import time
 import weakref
-from typing import Any
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -102,6 +102,7 @@ class FastHistogram:
         family.add_metric([], buckets, self._sum)
         family.samples.append(Sample(self.name + "_created", {}, self._created, None, None))
         yield family
+
 
 class FileHistogram:
     """A label-less histogram's values in prometheus_client's per-process files, made as its
