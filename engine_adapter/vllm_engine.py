@@ -49,12 +49,7 @@ the AsyncLLM, which starts the engine core), and the abort kills every
 process started since `start()` began until that thread has ended (vLLM's
 start-up barrier sees its engine core gone and raises), within
 `ABORT_BOUND` s. The start's first call to an engine core that is up is
-asked again, as a fresh call, every `FIRST_CALL_REASK` s while none has
-been answered (the first answer wins; a warning says how many asks it took),
-and fails the start after `FIRST_CALL_TIMEOUT` s (seen twice with
-`--api-server-count 2` in full test runs: both API servers waited on the
-first ask for 10 minutes; the cause is not known: a lost message is
-answered by the next ask, an engine core that answers nothing fails). """
+bounded and asked again while unanswered (`first_call.py`). """
 
 from __future__ import annotations
 
@@ -62,10 +57,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import cpu_placement, spawned
+from .first_call import first_call
 from .base import (
     Adapter,
     DeltaQueue,
@@ -86,45 +82,6 @@ log = logging.getLogger("streamproxy.engine.vllm")
 
 # Seconds `close()` keeps killing what an aborted start starts, waiting for its thread to end.
 ABORT_BOUND = 15.0
-# Seconds the engine core has to answer the start's first call once it is up: past it, the start
-# fails (a worker of --api-server-count N exits 1, and the parent with it) instead of hanging.
-FIRST_CALL_TIMEOUT = 120.0
-# Seconds before the first call is asked again (a fresh call), while no ask has been answered.
-FIRST_CALL_REASK = 15.0
-
-T = TypeVar("T")
-
-
-async def first_call(ask: Callable[[], Awaitable[T]], name: str, timeout: float | None = None,
-                     reask: float | None = None) -> T:
-    """The start's first call to the engine core (`ask()` makes one), bounded: asked again every
-    `reask` s while no ask has been answered (the first answer wins, the other asks are cancelled),
-    `EngineFailure` when none is answered within `timeout` s."""
-    limit = FIRST_CALL_TIMEOUT if timeout is None else timeout
-    every = FIRST_CALL_REASK if reask is None else reask
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    asks: set[asyncio.Future[T]] = set()
-    try:
-        while True:
-            if asks:
-                log.warning("the engine core has not answered %s after %.0f s; asking again (ask %d)",
-                            name, limit - (deadline - loop.time()), len(asks) + 1)
-            asks.add(asyncio.ensure_future(ask()))
-            left = deadline - loop.time()
-            answered, _ = await asyncio.wait(asks, timeout=min(every, left), return_when=asyncio.FIRST_COMPLETED)
-            if answered:
-                result = next(iter(answered)).result()  # (a call that failed raises its error)
-                if len(asks) > 1:
-                    log.warning("the engine core answered %s after %d asks", name, len(asks))
-                return result
-            if left <= every:
-                raise EngineFailure(f"the engine core did not answer its first call ({name}) within {limit:g} s "
-                                    f"of its start ({len(asks)} asks)")
-    finally:
-        for pending in asks:
-            pending.cancel()
-
 
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,

@@ -100,7 +100,7 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
                 warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]))
                 continue
             reasked = [line for line in server.log().splitlines() if "the engine core has not answered" in line or "the engine core answered" in line]
-            if reasked:  # a first call answered only when asked again (vllm_engine.first_call): say so in the run's output
+            if reasked:  # a first call answered only when asked again (engine_adapter/first_call.py): say so in the run's output
                 warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked))
             try:
                 yield srv

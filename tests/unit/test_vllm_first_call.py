@@ -1,4 +1,4 @@
-"""The start's first call to a vLLM engine core is bounded (engine_adapter/vllm_engine.py `first_call`):
+"""The start's first call to a vLLM engine core is bounded (engine_adapter/first_call.py):
 asked again, as a fresh call, while no ask has been answered; the first answer wins and the other
 asks are cancelled; an engine core that answers none fails the start with a message naming the
 call, instead of leaving the server unready forever."""
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from engine_adapter.base import EngineFailure
-from engine_adapter.vllm_engine import first_call
+from engine_adapter.first_call import first_call
 
 
 class Core:
