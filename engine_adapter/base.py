@@ -178,7 +178,13 @@ class Delta(msgspec.Struct, gc=False, repr_omit_defaults=True):
 
 
 class EngineFailure(Exception):
-    """The engine failed a request (or died) after it was accepted."""
+    """The engine failed a request (or died) after it was accepted. `retryable`: the engine asks the
+    client to try again (vLLM's RetryableRequestError, e.g. a paused engine); `code` names why."""
+
+    def __init__(self, message: str = "", *, code: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
 
 
 class EngineRejected(Exception):

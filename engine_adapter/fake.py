@@ -72,9 +72,19 @@ class FakeScript(msgspec.Struct, kw_only=True):
     fail_after: int | None = None
     # Only requests whose prompt contains this text fail after `fail_after` tokens (None: every request).
     fail_on: str | None = None
+    # How the injected failure ends the stream: the engine's failure, its refusal of the request
+    # (as vLLM's validation errors, EngineRejected), or a failure it asks to retry (a paused engine).
+    fail_as: Literal["failure", "rejected", "retryable"] = "failure"
     # A step serving a request whose prompt contains this text raises: the engine dies.
     crash_on: str | None = None
     logprobs: list[float] | None = None
+
+
+def _injected(kind: str, after: int) -> Exception:
+    message = f"injected failure after {after} tokens"
+    if kind == "rejected":
+        return EngineRejected(message)
+    return EngineFailure(message, code="engine_paused" if kind == "retryable" else None, retryable=kind == "retryable")
 
 
 class _Choice:
@@ -344,7 +354,7 @@ class FakeEngine:
             if fail_after is not None and choice.emitted >= fail_after:
                 if deltas:
                     run.stream.put(deltas)
-                run.stream.close(EngineFailure(f"injected failure after {fail_after} tokens"))
+                run.stream.close(_injected(self.script.fail_as, fail_after))
                 return True
             position = choice.emitted
             if not run.repeat and position >= len(run.tokens):

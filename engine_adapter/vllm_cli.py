@@ -16,6 +16,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from engine_adapter import vllm_compat
 from engine_adapter.vllm_engine import VllmEngine
 
 log = logging.getLogger("streamproxy.engine.vllm")
@@ -28,7 +29,16 @@ DEFAULT_CPU_KV_CACHE_GIB = 4
 
 def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
     """vLLM's engine flags, the server's own (added by `add_own_flags`), then every other front-end
-    flag of `vllm serve` as vLLM's own parser defines it (what each means here: streamproxy/frontend_flags.py)."""
+    flag of `vllm serve` as vLLM's own parser defines it (what each means here: streamproxy/frontend_flags.py).
+    A vLLM whose parser cannot be built so stops the start with one line naming its release."""
+    try:
+        return _parser(add_own_flags)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise SystemExit(f"vLLM {vllm_compat.release()} does not fit streamproxy's use of its flags "
+                         f"({type(exc).__name__}: {exc}); supported releases: {', '.join(vllm_compat.SUPPORTED)}") from None
+
+
+def _parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -38,24 +48,31 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     add_own_flags(p)
     group = p.add_argument_group("vLLM front end", "vllm serve's other front-end flags (see docs/flags-and-routes.md)")
     taken = p._option_string_actions
-    for action in frontend_actions():
-        if not any(o in taken for o in action.option_strings):
+    for action, strings in _frontend_options():
+        ours = next((taken[o] for o in strings if o in taken), None)
+        if ours is None:
             group._add_action(action)
+        for other in strings:  # the aliases vLLM keeps out of help (vllm_compat.option_strings), and on a
+            taken.setdefault(other, ours or action)  # flag we define, vLLM's other spellings (-asc)
     p.set_defaults(model=None)
     return p
 
 
 @cache
-def frontend_actions() -> tuple[argparse.Action, ...]:
+def _frontend_options() -> tuple[tuple[argparse.Action, tuple[str, ...]], ...]:
     """The options of `vllm serve`'s parser (vLLM's `make_arg_parser`) that are not engine flags:
-    the front end's, with vLLM's own types, defaults and choices."""
+    the front end's, with vLLM's own types, defaults and choices, and every string that selects each."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     engine_options = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False))._option_string_actions
-    serve = make_arg_parser(FlexibleArgumentParser(add_help=False))
-    return tuple(a for a in serve._actions if a.option_strings and not any(o in engine_options for o in a.option_strings))
+    serve = vllm_compat.cli_args().make_arg_parser(FlexibleArgumentParser(add_help=False))
+    return tuple((a, tuple(strings)) for a, strings in vllm_compat.option_strings(serve)
+                 if not any(o in engine_options for o in strings))
+
+
+def frontend_actions() -> tuple[argparse.Action, ...]:
+    return tuple(a for a, _ in _frontend_options())
 
 
 def frontend_defaults(ns: argparse.Namespace) -> dict[str, Any]:
@@ -96,6 +113,9 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool 
 
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
+    warning = vllm_compat.release_warning()
+    if warning is not None and client is None:  # (API servers of --api-server-count: their parent said it)
+        log.warning(warning)
     if ns.reasoning_parser == "auto":
         # Chosen from the chat template once the model has loaded (streamproxy.filters.detect): the
         # engine, started before that, does not get it, so structured outputs do not wait for the
@@ -113,9 +133,8 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool 
     ns.served_model_name = ns.served_model_name or [model]
     _default_cpu_kv_cache(ns)
     engine_args = AsyncEngineArgs.from_cli_args(ns)
-    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
-
-    propagate_flash_late_interaction(ns, engine_args)  # --no-enable-flash-late-interaction, as vllm serve
+    # --no-enable-flash-late-interaction (0.33: --disable-...), as vllm serve
+    vllm_compat.cli_args().propagate_flash_late_interaction(ns, engine_args)
     return VllmEngine(engine_args, ns.served_model_name, root=model, direct_outputs=direct_outputs,
                       cpu_placement=cpu_placement, client=client)
 

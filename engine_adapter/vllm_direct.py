@@ -58,6 +58,7 @@ from prometheus_client import Counter
 
 from .base import Delta, DeltaQueue, EngineFailure, GenerationParams
 from .token_bytes import TokenBytes
+from .vllm_compat import direct_route_gate, output_error
 from .vllm_logprobs import LogprobTokens, prompt_logprobs, sample_logprobs
 
 log = logging.getLogger("streamproxy.engine.vllm")
@@ -68,12 +69,6 @@ DIRECT_REQUESTS = Counter(
     "Requests whose outputs took the direct route from vLLM's engine core; the rest took vLLM's OutputProcessor",
 )
 
-# The vLLM releases whose AsyncLLM internals this module was checked against
-# (tests/engine/test_direct_vllm.py and the end-to-end test in test_real_engine.py).
-# On any other release the route stays off: were vLLM's output handler to stop
-# calling `process_outputs`, a direct request would wait forever.
-CHECKED_VLLM = ("0.32.",)
-
 # FinishReason (an IntEnum) -> its API string, by value.
 _FINISH = ("stop", "length", "abort", "error", "repetition")
 _STOP = 0
@@ -83,10 +78,12 @@ def unsupported(llm: Any) -> str | None:
     """Why the direct route cannot be used with this engine (None: it can)."""
     import inspect
 
-    import vllm
-
-    if not vllm.__version__.startswith(CHECKED_VLLM):
-        return f"vLLM {vllm.__version__} is not a release it was checked against ({', '.join(CHECKED_VLLM)}x)"
+    # Only on the releases whose AsyncLLM internals it was checked against (tests/engine/test_direct_vllm.py,
+    # test_real_engine.py, and `make check-vllm` for those without a CPU build): were vLLM's output handler to
+    # stop calling `process_outputs`, a direct request would wait forever.
+    gate = direct_route_gate()
+    if gate is not None:
+        return gate
     needed = {
         "AsyncLLM": (llm, ("_run_output_handler", "check_admission", "output_processor", "input_processor", "engine_core")),
         "OutputProcessor": (getattr(llm, "output_processor", None), ("process_outputs", "propagate_error")),
@@ -296,6 +293,9 @@ class DirectRoute:
             if req is None:
                 rest.append(output)
                 continue
+            if output.finish_reason is not None and (error := output_error(output)) is not None:
+                self._reject(req, output.request_id, error, aborts)
+                continue
             try:
                 if stats is not None:
                     self._count(req, output, timestamp, stats)
@@ -331,6 +331,14 @@ class DirectRoute:
             result.reqs_to_abort.extend(aborts)
             return result
         return self._result(request_outputs=[], reqs_to_abort=aborts)
+
+    def _reject(self, req: DirectRequest, internal_id: str, error: Exception, aborts: list[str]) -> None:
+        """The engine core refused the request on arrival (its output's `error`; nothing ran): the
+        stream ends with that error, and the request's other choices are aborted (as vLLM's
+        processor puts the error in the request's queue and forgets it, without stats)."""
+        req.stream.close(error)
+        running = self.discard(req.external_id) or []
+        aborts.extend(i for i in running if i != internal_id)
 
     def _forget(self, internal_id: str, req: DirectRequest) -> bool:
         """A finished request (or child) leaves; True when it was its request's last."""

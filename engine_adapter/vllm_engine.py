@@ -73,6 +73,7 @@ from .base import (
     OutputStream,
 )
 from .token_bytes import TokenBytes
+from .vllm_compat import engine_exception
 from .vllm_direct import DirectRoute, eligible, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
 from .vllm_params import lora_request, rejected, sampling_params
@@ -274,7 +275,7 @@ class VllmEngine:
         llm = self._llm
         if llm is None or llm.errored:
             raise EngineFailure("the engine is not running")
-        from vllm.exceptions import VLLMClientError, VLLMValidationError
+        from vllm.exceptions import VLLMValidationError
 
         try:
             sampling = sampling_params(params)
@@ -297,7 +298,10 @@ class VllmEngine:
         except Exception as exc:
             if llm.errored:  # the engine died meanwhile (EngineDeadError, a closed socket): not the request's fault
                 raise EngineFailure(f"the engine died: {type(exc).__name__}: {exc}") from exc
-            if isinstance(exc, (VLLMClientError, ValueError, TypeError, RuntimeError)):
+            error = engine_exception(exc)
+            if isinstance(error, EngineFailure) and error.retryable:  # e.g. --max-num-queued-reqs reached: a 503
+                raise error from exc
+            if isinstance(error, EngineRejected) or isinstance(exc, (ValueError, TypeError, RuntimeError)):
                 raise rejected(str(exc), None, params) from exc
             raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)

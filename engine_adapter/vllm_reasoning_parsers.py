@@ -5,7 +5,11 @@
 `ReasoningParserManager` (imported on first use, only in this module)
 supplies the parser class, built per choice with the engine's tokenizer and
 the request's chat template kwargs (some parsers read `enable_thinking`),
-and `VllmReasoningFilter` drives it. Each CONTENT part goes through the
+and `VllmReasoningFilter` drives it. Before the first token it sees the
+rendered prompt as vLLM's streaming `Parser.parse_delta` shows it: given to the
+parser (`set_prompt_token_ids`, from 0.33), and a prompt that already closes
+the thinking (`is_reasoning_end`) makes the whole answer content; else the
+parser may adjust its initial state (`adjust_initial_state_from_prompt`). Each CONTENT part goes through the
 parser's streaming method; what it calls reasoning becomes REASONING parts,
 what it calls content goes on as CONTENT (to the tool parser after it). At
 the end, parsers built on vLLM's parser engine flush what they held back
@@ -20,6 +24,7 @@ from typing import Any
 
 from streamproxy.filters.base import CONTENT, Part, reasoning
 
+from .vllm_compat import set_prompt_token_ids
 from .vllm_parser_filter import VllmParserFilter
 
 # name -> whether the parser needs special tokens kept in the text (one probe per name).
@@ -35,7 +40,7 @@ def registered(name: str) -> bool:
 class VllmReasoningSpec:
     """One request's vLLM reasoning parser class and template kwargs; calling it makes a filter."""
 
-    def __init__(self, name: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> None:
+    def __init__(self, name: str, tokenizer: Any, template_kwargs: dict[str, Any], prompt_ids: list[int] | None = None) -> None:
         from vllm.reasoning import ReasoningParserManager
 
         if tokenizer is None:
@@ -43,6 +48,7 @@ class VllmReasoningSpec:
         self.cls = ReasoningParserManager.get_reasoning_parser(name)
         self.tokenizer = tokenizer
         self.template_kwargs = template_kwargs
+        self.prompt_ids = prompt_ids
         keeps = _KEEPS_SPECIAL.get(name)
         if keeps is None:
             keeps = _KEEPS_SPECIAL[name] = self._probe_special_tokens()
@@ -61,17 +67,31 @@ class VllmReasoningSpec:
             return self.cls(self.tokenizer)
 
     def __call__(self) -> VllmReasoningFilter:
-        return VllmReasoningFilter(self.new_parser())
+        return VllmReasoningFilter(self.new_parser(), self.prompt_ids)
 
 
 class VllmReasoningFilter(VllmParserFilter):
-    def __init__(self, parser: Any) -> None:
+    def __init__(self, parser: Any, prompt_ids: list[int] | None = None) -> None:
         super().__init__()
         self.parser = parser
         self.broken = False
+        self.answering = prompt_ids is not None and self._prompt_closes_reasoning(prompt_ids)
+
+    def _prompt_closes_reasoning(self, prompt_ids: list[int]) -> bool:
+        parser = self.parser
+        try:
+            set_prompt_token_ids(parser, prompt_ids)
+            if parser.is_reasoning_end(prompt_ids):
+                return True
+            adjust = getattr(parser, "adjust_initial_state_from_prompt", None)
+            if adjust is not None:
+                adjust(prompt_ids)
+        except Exception:  # a parser that cannot read the prompt parses as if it had not seen it
+            pass
+        return False
 
     def content(self, part: Part, out: list[Part]) -> None:
-        if self.broken:
+        if self.broken or self.answering:
             out.append(part)
             return
         prev_text, prev_ids, new_ids = self.advance(part)

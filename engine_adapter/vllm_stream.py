@@ -20,8 +20,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Delta, EngineFailure, PushFailed, Sink, TokenLogprob, token_text
+from .base import Delta, PushFailed, Sink, TokenLogprob, token_text
 from .token_bytes import TokenBytes
+from .vllm_compat import engine_exception
 
 
 class VllmOutputStream:
@@ -60,7 +61,7 @@ class VllmOutputStream:
         self._sink: Sink | None = None
         self._held: list[Delta] = []
         self._sink_error: BaseException | None = None
-        self._error: EngineFailure | None = None  # raised on every take once the engine failed
+        self._error: Exception | None = None  # raised on every take once the engine failed
         self._hook()
 
     @property
@@ -143,9 +144,9 @@ class VllmOutputStream:
     def _take(self) -> list[Delta] | None:
         try:
             out = self._collector.get_nowait()
-        except Exception as exc:  # EngineDeadError, EngineGenerateError, ...
+        except Exception as exc:  # EngineDeadError, EngineGenerateError, a request's own error (0.33), ...
             self._done = True
-            self._error = EngineFailure(f"{type(exc).__name__}: {exc}")
+            self._error = engine_exception(exc)
             raise self._error from exc
         if out is None:
             return None

@@ -99,6 +99,7 @@ def _check_front_end(settings: Settings) -> None:
 
     if settings.chat_template_content_format not in CONTENT_FORMATS:
         raise SystemExit(f"--chat-template-content-format must be one of {', '.join(CONTENT_FORMATS)}")
+    _check_effort_map(settings.reasoning_effort_map)
     if settings.chat_template is not None:
         try:
             settings.chat_template = load(settings.chat_template)
@@ -116,6 +117,19 @@ def _check_front_end(settings: Settings) -> None:
         settings.root_path = "/" + settings.root_path.strip("/")
         if settings.root_path == "/":
             settings.root_path = None
+
+
+def _check_effort_map(effort_map: dict[str, Any] | None) -> None:
+    """--reasoning-effort-map: keys are efforts, values strings (as vLLM's validate_reasoning_effort_map)."""
+    from streamproxy.core.params import REASONING_EFFORTS
+
+    if effort_map is None:
+        return
+    if not all(isinstance(v, str) for v in effort_map.values()):
+        raise SystemExit("--reasoning-effort-map must be a JSON object mapping reasoning efforts to strings")
+    unknown = sorted(set(effort_map) - set(REASONING_EFFORTS))
+    if unknown:
+        raise SystemExit(f"--reasoning-effort-map has unknown efforts {unknown}; keys must be one of {list(REASONING_EFFORTS)}")
 
 
 def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
@@ -226,7 +240,7 @@ SERVE_ONLY = (
     "root_path", "chat_template", "chat_template_content_format", "trust_request_chat_template", "response_role",
     "return_tokens_as_token_ids", "enable_force_include_usage", "exclude_tools_when_tool_choice_none",
     "enable_server_load_tracking", "enable_tokenizer_info_endpoint", "responses_store", "enable_log_outputs",
-    "max_log_len", "disable_fastapi_docs", "log_error_stack",
+    "max_log_len", "disable_fastapi_docs", "log_error_stack", "reasoning_effort_map",
 )
 
 

@@ -93,6 +93,8 @@ class Settings(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None
     reasoning_content_field: bool = True
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's --reasoning-effort-map: a request's reasoning_effort rewritten before the chat template sees it.
+    reasoning_effort_map: dict[str, str] | None = None
     # Chat templates and answers, as vLLM's flags of the same names (streamproxy/core/chat_template.py).
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
@@ -197,6 +199,9 @@ _FLAG_HELP: dict[str, str] = {
     "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
     "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "
     "'{\"enable_thinking\": false}'); a request's own chat_template_kwargs win",
+    "reasoning_effort_map": "JSON object rewriting a request's reasoning_effort to one the chat template knows, "
+    "before the template sees it, on chat, Responses and Messages (e.g. '{\"medium\": \"low\", \"xhigh\": \"max\"}'; "
+    "efforts not listed pass unchanged; as vLLM's flag)",
     "chat_template": "the chat template: a file, or the template itself (as vLLM's flag); default: the model's",
     "chat_template_content_format": "how message content reaches the template: string, openai (a list of parts) "
     "or auto (read from the template), as vLLM's flag",
@@ -299,6 +304,7 @@ _FLAG_TYPE: dict[str, Any] = {
     "disable_access_log_for_endpoints": str,
     "ledger": str,
     "default_chat_template_kwargs": _json_object,
+    "reasoning_effort_map": _json_object,
 }
 
 

@@ -12,6 +12,10 @@ decided in `FLAGS`, one entry per option's `dest`, of one kind:
   same     our server already behaves as the flag asks (the note says how), whatever its value
   refused  a value other than vLLM's default stops the start with a one-line reason
 
+A decision may say from which vLLM release its flag exists (`since`) or
+from which it no longer does (`until`), so one table serves every supported
+release (engine_adapter/vllm_compat.py); `neutral` lists values that mean what
+vLLM's default means here (a refused flag spelled out at its old default).
 `tests/unit/test_frontend_flags.py` walks vLLM's parser: a flag a newer vLLM
 adds that has no entry here fails it until someone decides. Nothing here
 imports vLLM.
@@ -33,14 +37,17 @@ Kind = Literal["ours", "alias", "engine", "same", "refused"]
 class Flag:
     kind: Kind
     note: str  # what it means here (ours/alias/engine/same) or why it is refused
+    since: str | None = None  # the first vLLM release ("0.33") whose `vllm serve` has the flag (None: every supported one)
+    until: str | None = None  # the first release that no longer has it
+    neutral: tuple[Any, ...] = ()  # values other than vLLM's default that mean the same here
 
 
-def _ours(note: str = "as in vllm serve") -> Flag:
-    return Flag("ours", note)
+def _ours(note: str = "as in vllm serve", **release: Any) -> Flag:
+    return Flag("ours", note, **release)
 
 
-def _refused(why: str) -> Flag:
-    return Flag("refused", why)
+def _refused(why: str, **release: Any) -> Flag:
+    return Flag("refused", why, **release)
 
 
 FLAGS: dict[str, Flag] = {
@@ -93,6 +100,8 @@ FLAGS: dict[str, Flag] = {
     "chat_template": _ours("a file, or the template itself inline"),
     "chat_template_content_format": _ours(), "trust_request_chat_template": _ours(),
     "default_chat_template_kwargs": _ours(),
+    "reasoning_effort_map": _ours("a request's reasoning_effort is rewritten before the chat template sees it, "
+                                  "on chat, Responses and Messages", since="0.33"),
     "cohere_format": Flag("alias", "added to --default-chat-template-kwargs as cohere_format, as vLLM does"),
     "response_role": _ours(),
     "trust_request_mm_kwargs": _refused("multimodal inputs are not served (text-only)"),
@@ -108,7 +117,8 @@ FLAGS: dict[str, Flag] = {
     "enable_auto_tool_choice": _ours(), "tool_call_parser": _ours(), "exclude_tools_when_tool_choice_none": _ours(),
     "tool_parser_plugin": Flag("engine", "the plugin file is imported into vLLM's tool-parser registry"),
     "tool_strict_level": _refused("vLLM's structural-tag tool calling; streamproxy constrains required and "
-                                  "named tool calls with its own emitters"),
+                                  "named tool calls with its own emitters",
+                                  neutral=("auto",)),  # 0.32's default; from 0.33 unset means the parser's own (auto)
     "tool_server": _refused("built-in and MCP tool servers of the Responses API are not supported"),
     # Routes.
     "lora_modules": _ours(),
@@ -176,6 +186,8 @@ def apply(ns: argparse.Namespace, defaults: Mapping[str, Any], settings: Setting
         if value == default:
             continue
         flag = FLAGS.get(dest)
+        if flag is not None and value in flag.neutral:
+            continue
         if flag is None:
             raise SystemExit(f"{option(dest)}: a vLLM front-end flag streamproxy has not decided about (newer vLLM?)")
         if flag.kind == "refused":

@@ -136,13 +136,15 @@ def choices(req: ChatCompletionRequest | CompletionRequest) -> int:
     return 1 if req.n is None else req.n
 
 
-def template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any] | None) -> dict[str, Any]:
+def template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any] | None,
+                    effort_map: dict[str, str] | None = None) -> dict[str, Any]:
     """The chat template's kwargs: the server's defaults < what `reasoning_effort` implies < the request's own.
 
     An effort goes to the template as `reasoning_effort` and turns thinking on
     (`enable_thinking`, off for "none") unless the request sets it itself, as
     vLLM does; so a server started with thinking off thinks for a request that
-    asks for an effort.
+    asks for an effort. `effort_map` (--reasoning-effort-map) rewrites a valid
+    effort first, as vLLM's `map_reasoning_effort`: the template sees the mapped one.
     """
     out = dict(defaults) if defaults else {}
     effort = req.reasoning_effort
@@ -152,6 +154,8 @@ def template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any] | None)
             raise InvalidRequest(
                 f"invalid 'reasoning_effort' value '{effort}': expected one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
             )
+        if effort_map:
+            effort = effort_map.get(effort, effort)
         out["reasoning_effort"] = effort
         if "enable_thinking" not in own:
             out["enable_thinking"] = effort != "none"

@@ -111,7 +111,7 @@ def prompt(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, co
     `counting`: tokens are only counted (count_tokens), so "auto" needs no parser."""
     auto_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
     plan = S.tool_plan(req, auto_parser=auto_parser or (_COUNTING if counting else None), no_parser=_NO_PARSER if settings.enable_auto_tool_choice else None)
-    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs, settings.reasoning_effort_map)
     tools = plan.tools if plan is not None else None
     if tools and settings.exclude_tools_when_tool_choice_none and req.tool_choice == "none":
         tools = None  # --exclude-tools-when-tool-choice-none: the template does not see them (as vLLM)
@@ -142,14 +142,14 @@ def prepare(settings: Settings, engine: Engine, req: ChatCompletionRequest, *, c
     )
     params.structured = constraint
     params.prompt_logprobs = P.prompt_logprobs(req)
-    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs)
+    kwargs = P.template_kwargs(req, settings.default_chat_template_kwargs, settings.reasoning_effort_map)
     params.template_kwargs = kwargs
     parser = None
     if plan is not None and plan.mode == "auto" and settings.tool_call_parser:
         parser = parser_spec(settings.tool_call_parser, tokenizer=engine.tokenizer, tools=plan.tools)
         if parser.keep_special_tokens:
             params.skip_special_tokens = False  # the parser reads its tags from the text
-    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=engine.tokenizer, template_kwargs=kwargs)
+    reasoning = reasoning_spec(settings.reasoning_parser, tokenizer=engine.tokenizer, template_kwargs=kwargs, prompt_ids=prompt_ids)
     if reasoning is not None and reasoning.keep_special_tokens:
         params.skip_special_tokens = False
     forced = plan is not None and plan.mode in ("required", "named")

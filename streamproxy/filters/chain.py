@@ -92,8 +92,10 @@ class _OwnReasoning:
         return self.make()
 
 
-def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[str, Any]) -> Any:
-    """A factory of one reasoning filter per choice, with `.keep_special_tokens`; None: no splitting."""
+def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[str, Any],
+                   prompt_ids: list[int] | None = None) -> Any:
+    """A factory of one reasoning filter per choice, with `.keep_special_tokens`; None: no splitting.
+    vLLM's parsers see the rendered prompt (`prompt_ids`) before the answer, as in `vllm serve`."""
     if not name:
         return None
     own = OWN_REASONING.get(name)
@@ -102,7 +104,7 @@ def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[st
         return None if make is None else _OwnReasoning(make)
     from engine_adapter.vllm_reasoning_parsers import VllmReasoningSpec
 
-    return VllmReasoningSpec(name.removeprefix(VLLM_PREFIX), tokenizer, template_kwargs)
+    return VllmReasoningSpec(name.removeprefix(VLLM_PREFIX), tokenizer, template_kwargs, prompt_ids)
 
 
 def chat_filters(plan: Any, parser: Any = None, reasoning: Any = None) -> FilterFactory | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from engine_adapter.base import EngineFailure, OutputStream
+from engine_adapter.base import EngineFailure, EngineRejected, OutputStream
 from streamproxy.config import Settings
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.errors import APIError, InternalError
@@ -49,7 +49,7 @@ async def collect(out: OutputStream, sink: Accumulator, record: Record | None = 
     except StopAsyncIteration:
         sink.prompt_tokens = out.prompt_tokens
         sink.cached_tokens = out.cached_tokens
-    except EngineFailure as exc:
+    except (EngineFailure, EngineRejected) as exc:
         raise engine_error(exc) from exc
 
 

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
 
-from engine_adapter.base import Delta, EngineFailure, OutputStream, PushFailed
+from engine_adapter.base import Delta, EngineFailure, EngineRejected, OutputStream, PushFailed
 from streamproxy.core import sse
 from streamproxy.core.stream import StreamEncoder
-from streamproxy.errors import APIError, EngineError, InternalError
+from streamproxy.errors import APIError, EngineError, InternalError, InvalidRequest, ServiceUnavailable
 from streamproxy.http import keepalive as keepalives
 from streamproxy.http.chunked import SIZE_LINES, SIZE_LINES_N, chunk_frame
 from streamproxy.http.keepalive import Keepalive
@@ -133,9 +133,17 @@ class WriteStalled(Exception):
 
 
 def engine_error(exc: BaseException) -> APIError:
+    """What the client is told of an engine's error for one request (as vLLM's error handler maps
+    its exceptions): its refusal of the request a 400, a failure it asks to retry a 503, else a 500."""
     if isinstance(exc, APIError):
         return exc
-    return EngineError(f"generation failed: {exc}" if isinstance(exc, EngineFailure) else "generation failed")
+    if isinstance(exc, EngineRejected):
+        return InvalidRequest(str(exc), param=exc.param)
+    if isinstance(exc, EngineFailure):
+        if exc.retryable:
+            return ServiceUnavailable(f"generation failed: {exc}", code=exc.code or "engine_unavailable", should_retry=True)
+        return EngineError(f"generation failed: {exc}")
+    return EngineError("generation failed")
 
 
 async def write(response: web.StreamResponse, transport: asyncio.Transport | None, data: bytes, stall: float) -> None:
@@ -318,7 +326,7 @@ async def pump_sse(
         encoder.cached_tokens = out.cached_tokens
         outcome.finished = True
         outcome.tail = encoder.finish()
-    except (EngineFailure, APIError) as exc:
+    except (EngineFailure, EngineRejected, APIError) as exc:
         outcome.error = engine_error(exc)
         await write(response, transport, encoder.error(outcome.error), stall_timeout)
     except PushFailed as exc:

@@ -28,7 +28,7 @@ SOON = 10.0
 NEVER = 3600.0  # a deadline no test reaches
 
 
-@pytest.fixture(params=["base", "vllm-standin", pytest.param("vllm", marks=pytest.mark.engine)])
+@pytest.fixture(params=["base", "vllm-standin", pytest.param("vllm", marks=[pytest.mark.engine, pytest.mark.vllm_sources])])
 def producer(request: pytest.FixtureRequest) -> BaseProducer | VllmProducer:
     if request.param == "base":
         return BaseProducer()
@@ -382,7 +382,7 @@ def test_each_choice_is_pushed_as_it_comes(producer):
 # -- what only one implementation does ---------------------------------------------------------
 
 
-@pytest.fixture(params=["vllm-standin", pytest.param("vllm", marks=pytest.mark.engine)])
+@pytest.fixture(params=["vllm-standin", pytest.param("vllm", marks=[pytest.mark.engine, pytest.mark.vllm_sources])])
 def vllm_producer(request: pytest.FixtureRequest) -> VllmProducer:
     return VllmProducer(real=request.param == "vllm")
 

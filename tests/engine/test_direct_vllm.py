@@ -7,7 +7,8 @@ model's real tokenizer. The text must equal what vLLM's own
 split across tokens and for a stop token), other requests' outputs must reach
 vLLM's processor untouched, and errors must end direct streams, never the
 output handler. tests/engine/test_real_engine.py checks the same route end to
-end against vLLM's path on the running engine.
+end against vLLM's path on the running engine. Engine-free, so `make
+check-vllm` runs it over each supported release's sources too (`vllm_sources`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from engine_adapter.base import Delta, DeltaQueue, EngineFailure, GenerationParams
+from engine_adapter import vllm_compat
+from engine_adapter.base import Delta, DeltaQueue, EngineFailure, EngineRejected, GenerationParams
 from engine_adapter.vllm_direct import DirectRoute, eligible
 from tests.support.push import keep
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_sources]
 
 TEXT = "Héllo, wörld! 日本語のテキスト 🎉🎉 done."
 
@@ -219,11 +221,60 @@ def test_unsupported_names_what_is_missing(monkeypatch):
     llm.output_processor = Processor()
     llm.input_processor = Part("process_inputs", "assign_request_id")
     llm.engine_core = Part("add_request_async", "abort_requests_async")
-    assert vllm_direct.unsupported(llm) is None
-    delattr(llm.engine_core, "abort_requests_async")
-    assert vllm_direct.unsupported(llm) == "EngineCoreClient has no abort_requests_async"
-    monkeypatch.setattr(vllm_direct, "CHECKED_VLLM", ("0.1.",))
-    assert "is not a release it was checked against" in (vllm_direct.unsupported(llm) or "")
+    gate = vllm_compat.direct_route_gate()  # this release's own: None on a supported one
+    assert vllm_direct.unsupported(llm) == gate
+    if gate is None:
+        delattr(llm.engine_core, "abort_requests_async")
+        assert vllm_direct.unsupported(llm) == "EngineCoreClient has no abort_requests_async"
+    monkeypatch.setattr(vllm_compat, "release", lambda: "0.1.0")
+    assert vllm_direct.unsupported(llm) == "vLLM 0.1.0 is not a release it was checked against (0.32.x, 0.33.x)"
+
+
+def test_the_supported_releases_and_what_is_said_outside_them():
+    assert [vllm_compat.supported(v) for v in ("0.32.0", "0.33.1", "0.33.0.dev5+gabc", "0.31.2", "0.34.0")] == [
+        True, True, True, False, False]
+    assert vllm_compat.release_warning("0.33.0") is None and vllm_compat.direct_route_gate("0.32.0") is None
+    warning = vllm_compat.release_warning("0.34.0")
+    assert warning is not None and "vLLM 0.34.0" in warning and "0.32.x, 0.33.x" in warning and "\n" not in warning
+    assert vllm_compat.in_release("0.33", None, "0.33.0") and not vllm_compat.in_release("0.33", None, "0.32.0")
+    assert vllm_compat.in_release(None, "0.33", "0.32.0") and not vllm_compat.in_release(None, "0.33", "0.33.0")
+
+
+def _error_output(request_id: str, code: str, message: str, retryable: bool = False):
+    """0.33's EngineCoreOutput for a request the engine core rejected on arrival (FinishReason.ERROR with `error`)."""
+    from vllm.outputs import RequestError
+    from vllm.v1.engine import EngineCoreOutput, FinishReason
+
+    return EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
+                            error=RequestError(code=code, message=message, retryable=retryable))
+
+
+@pytest.mark.parametrize(("code", "retryable", "raised"), [
+    ("validation_error", False, EngineRejected), ("engine_paused", True, EngineFailure), ("multimodal_cache_miss", True, EngineFailure),
+])
+def test_a_request_the_engine_core_rejects_ends_with_vllms_message(tokenizer, code, retryable, raised):
+    from vllm.v1.engine import EngineCoreOutput
+
+    if "error" not in EngineCoreOutput.__struct_fields__:  # (a msgspec Struct)
+        pytest.skip(f"vLLM {vllm_compat.release()}'s EngineCoreOutput carries no error (from 0.33)")
+    vllm_side = StandInProcessor()
+    route = DirectRoute(vllm_side, tokenizer)
+    rejected = add(route, _request("r-1", [5]), "r", GenerationParams(max_tokens=4))
+    both = route.add(_request("n-1", [5], "n", n=2), "n", GenerationParams(max_tokens=4, n=2))[0]
+    going = add(route, _request("g-1", [5]), "g", GenerationParams(max_tokens=4))
+    message = "Generation is paused. Please retry after it resumes." if code == "engine_paused" else "Invalid structured outputs: bad"
+    result = route.process_outputs([_error_output("r-1", code, message, retryable), _error_output("0_n-1", code, message, retryable),
+                                    _output("g-1", tokenizer.encode(" ok", add_special_tokens=False))])
+    with pytest.raises(raised) as err:
+        rejected.get_nowait()
+    assert str(err.value) == message
+    if raised is EngineFailure:
+        assert isinstance(err.value, EngineFailure) and (err.value.retryable, err.value.code) == (retryable, code)
+    with pytest.raises(raised):  # n = 2: one child rejected ends the request, and its other child is aborted
+        both.get_nowait()
+    assert result.reqs_to_abort == ["1_n-1"]
+    assert [d.text for d in _drain_pending(going)] == [" ok"]  # the others go on
+    assert set(route.requests) == {"g-1"} and vllm_side.seen == []
 
 
 # Stop strings: the route against vLLM's own OutputProcessor, fed the same engine-core outputs.

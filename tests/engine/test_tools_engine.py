@@ -190,6 +190,7 @@ def test_openai_sdk_tools_and_parse(engine_server, model_name):
 # -- vLLM's own parsers through the adapter filter ---------------------------------------------------
 
 
+@pytest.mark.vllm_sources  # (no engine: vLLM's hermes parser on the default model's tokenizer)
 def test_vllm_registry_parser_through_the_adapter():
     from vllm.tokenizers import get_tokenizer
 

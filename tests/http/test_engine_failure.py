@@ -80,3 +80,34 @@ async def test_engine_dead_is_503(serve):
     assert resp.headers.get("Retry-After")
     resp = await client.get("/health")
     assert resp.status == 503
+
+
+# The engine's refusal of a request after it was accepted (vLLM 0.33's `EngineCoreOutput.error`, e.g. a
+# grammar the engine core cannot compile: validation_error) and a failure it asks to retry (a paused
+# engine: engine_paused), as vLLM's error handler answers them: 400 and 503, in-band once streaming.
+async def test_an_engine_refusal_after_acceptance_is_a_400(serve):
+    client, engine = await serve(FakeScript(fail_after=0, fail_as="rejected"))
+    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
+    raw = await resp.read()
+    assert_openai_error(resp.status, resp.headers, raw, expect_status=400, type="invalid_request_error", param=None, code=None)
+    assert json.loads(raw)["error"]["message"] == "injected failure after 0 tokens"
+    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI, "stream": True})
+    assert resp.status == 200
+    frames = sse.frames(await resp.read())
+    assert frames[-2:] == [b'data: {"error":{"message":"injected failure after 0 tokens","type":"invalid_request_error",'
+                           b'"param":null,"code":null}}', b"data: [DONE]"]
+    assert engine.num_running == 0
+
+
+async def test_an_engine_failure_it_asks_to_retry_is_a_503(serve):
+    client, engine = await serve(FakeScript(fail_after=0, fail_as="retryable"))
+    resp = await client.post("/v1/chat/completions", json={"messages": USER_HI})
+    raw = await resp.read()
+    assert_openai_error(resp.status, resp.headers, raw, expect_status=503, type="service_unavailable", param=None, code="engine_paused")
+    assert resp.headers["x-should-retry"] == "true"
+    assert json.loads(raw)["error"]["message"] == "generation failed: injected failure after 0 tokens"
+    resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True})
+    frames = sse.frames(await resp.read())
+    assert frames[-2:] == [b'data: {"error":{"message":"generation failed: injected failure after 0 tokens",'
+                           b'"type":"service_unavailable","param":null,"code":"engine_paused"}}', b"data: [DONE]"]
+    assert engine.num_running == 0

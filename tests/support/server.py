@@ -32,13 +32,17 @@ compare streamproxy's answers with, on the same machine.
 
 The child inherits the environment, so a PYTHONPATH naming the tree under
 test reaches it too, with PYTHONUNBUFFERED=1, and VLLM_CPU_KVCACHE_SPACE=2
-(GiB) unless set: a CPU engine would otherwise reserve far more.
+(GiB) unless set: a CPU engine would otherwise reserve far more. Every real
+engine a test starts (serve without `--engine fake`, and vLLM's own server)
+gets the words of $STREAMPROXY_TEST_ENGINE_ARGS after its own: `make
+gpu-check` gives a GPU's engines a share of its memory each that way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -63,6 +67,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _real_engine(module: str, command: str | None, args: Sequence[str]) -> bool:
+    if module == VLLM_SERVER:
+        return True
+    words = list(args)
+    engine = words[words.index("--engine") + 1] if "--engine" in words[:-1] else "vllm"
+    return module == "streamproxy" and command == "serve" and engine != "fake"
 
 
 class ServerFailed(RuntimeError):
@@ -90,8 +102,9 @@ class ServerProcess:
         self.stderr_path = log_dir / f"{name}.err"
         environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        engine_args = shlex.split(environ.get("STREAMPROXY_TEST_ENGINE_ARGS", "")) if _real_engine(module, command, self.args) else []
         cmd = [sys.executable, "-m", module, *([command] if command else []), "--host", "127.0.0.1", "--port", str(self.port),
-               *self.args]
+               *self.args, *engine_args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=environ, start_new_session=new_session)
 

@@ -7,7 +7,10 @@ alone (or as `--no-...` where vLLM's default is on), a flag with choices gets
 one that is not the default, a number 7; only values a flag cannot take from
 its type (a file, a JSON list) are written here. A flag that a newer vLLM
 adds and `streamproxy/frontend_flags.py` has not decided about fails
-`test_every_flag_is_decided`.
+`test_every_flag_is_decided`. A decision names the releases its flag exists
+in (`since`/`until`): on the others it is skipped here, and it is no stale
+decision. `make check-vllm` runs this module over each supported release's
+own sources (marker `vllm_sources`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapter import vllm_cli
+from engine_adapter import vllm_cli, vllm_compat
 from streamproxy import cli, frontend_flags
 from streamproxy.config import Settings
 from tests.support.tls import make_certs
@@ -31,6 +34,8 @@ from tests.support.tls import make_certs
 # collection's time, and pytest-xdist's workers each collect every module (tests/README.md).
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.vllm_sources
 
 CERTS = make_certs(Path(tempfile.mkdtemp(prefix="sp-flags-")))
 # The flags `test_flag` walks: every decision, which `test_every_flag_is_decided` holds equal to vLLM's own.
@@ -46,9 +51,12 @@ def actions() -> dict[str, argparse.Action]:
 @functools.cache
 def hints() -> dict[str, Any]:
     """The type vLLM declares for each (its parser wraps `int | None` in a converter that does not say it)."""
-    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+    return typing.get_type_hints(vllm_compat.cli_args().FrontendArgs)
 
-    return typing.get_type_hints(FrontendArgs)
+
+def in_this_release(dest: str) -> bool:
+    flag = frontend_flags.FLAGS[dest]
+    return vllm_compat.in_release(flag.since, flag.until)
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 
@@ -72,6 +80,7 @@ VALUES: dict[str, Any] = {
     "ssl_cert_reqs": "2",
     "ssl_ciphers": "ECDHE+AESGCM",
     "uds": "/tmp/sp-flags.sock",
+    "reasoning_effort_map": '{"low": "high"}',
 }
 # What a TLS flag needs beside it to mean anything.
 _TLS = ["--ssl-certfile", str(CERTS.cert), "--ssl-keyfile", str(CERTS.key)]
@@ -128,6 +137,7 @@ EXPECT: dict[str, tuple[str, Any]] = {
     "enable_tokenizer_info_endpoint": ("enable_tokenizer_info_endpoint", True),
     "enable_log_outputs": ("enable_log_outputs", True),
     "max_log_len": ("max_log_len", 7),
+    "reasoning_effort_map": ("reasoning_effort_map", {"low": "high"}),
 }
 
 
@@ -141,7 +151,7 @@ def flag_args(action: argparse.Action) -> list[str]:
     if dest in VALUES:
         value = VALUES[dest]
     elif action.choices:
-        value = next(c for c in action.choices if c != action.default)
+        value = next(c for c in action.choices if c != action.default and c not in frontend_flags.FLAGS[dest].neutral)
     elif action.type in (int, float) or {int, float} & set(typing.get_args(hints().get(dest)) or (hints().get(dest),)):
         value = "7"
     else:
@@ -157,14 +167,19 @@ def parse(words: list[str]) -> Settings:
 def test_every_flag_is_decided():
     undecided = sorted(set(actions()) - set(frontend_flags.FLAGS))
     assert undecided == [], f"vLLM front-end flags nobody decided about (streamproxy/frontend_flags.py): {undecided}"
-    stale = sorted(set(frontend_flags.FLAGS) - set(actions()) - {"model_tag"})
-    assert stale == [], f"decisions about flags vLLM no longer has: {stale}"
+    release = vllm_compat.release()
+    stale = sorted(d for d in set(frontend_flags.FLAGS) - set(actions()) - {"model_tag"} if in_this_release(d))
+    assert stale == [], f"decisions about flags vLLM {release} does not have (or give them since/until): {stale}"
+    misdated = sorted(d for d in set(actions()) & set(frontend_flags.FLAGS) if not in_this_release(d))
+    assert misdated == [], f"flags vLLM {release} has that their decision dates out of it (since/until): {misdated}"
 
 
 @pytest.mark.parametrize("dest", DECIDED)
 def test_flag(dest: str) -> None:
     if dest == "config":  # --config FILE: the file's keys are flags (test_config_file)
         return
+    if not in_this_release(dest):
+        pytest.skip(f"{frontend_flags.option(dest)} is not a flag of vLLM {vllm_compat.release()}")
     action = actions().get(dest)
     assert action is not None, f"decided about in streamproxy/frontend_flags.py, but not a flag of this vLLM: {dest}"
     words = flag_args(action)
@@ -186,6 +201,64 @@ def test_flag(dest: str) -> None:
         assert getattr(settings, name) == expected
     else:  # engine / same: parsed, nothing of ours changes but what the note says
         assert decision.note
+
+
+def test_every_spelling_of_every_flag_parses() -> None:
+    """Each string vLLM's `vllm serve` parser takes for a front-end option, its hidden aliases too
+    (0.33 pairs `--enable-x` with `--disable-x` and keeps `--no-enable-x` out of help), selects the
+    same option in ours."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    ours = vllm_cli.parser(lambda p: cli.add_arguments(p, with_model_flags=False))._option_string_actions
+    serve = vllm_compat.cli_args().make_arg_parser(FlexibleArgumentParser(add_help=False))
+    missing = [s for a, strings in vllm_compat.option_strings(serve) if a.dest in actions() for s in strings if s not in ours]
+    assert missing == []
+    booleans = [a for a in actions().values() if isinstance(a, argparse.BooleanOptionalAction) and a.dest in frontend_flags.FLAGS]
+    for action in booleans:
+        strings = {s for a, ss in vllm_compat.option_strings(serve) if a is action for s in ss}
+        for spelling in strings:  # each spelling sets the dest as vLLM's parser does
+            expected = getattr(serve.parse_args([spelling]), action.dest)
+            ns = vllm_cli.parser(lambda p: cli.add_arguments(p, with_model_flags=False)).parse_args(["--model", "m", spelling])
+            assert getattr(ns, action.dest) == expected, spelling
+
+
+def test_a_refused_flag_at_a_value_that_means_its_default_starts() -> None:
+    # 0.32's default --tool-strict-level, spelled out: the same on 0.33, whose default is unset
+    assert parse(["--tool-strict-level", "auto"]).tool_call_parser is None
+    with pytest.raises(SystemExit, match="^--tool-strict-level is not supported"):
+        parse(["--tool-strict-level", next(c for c in actions()["tool_strict_level"].choices or () if c not in ("auto", None))])
+
+
+def test_reasoning_effort_map_is_checked_as_vllm_checks_it() -> None:
+    assert parse(["--reasoning-effort-map", '{"medium": "low", "xhigh": "max"}']).reasoning_effort_map == {"medium": "low", "xhigh": "max"}
+    with pytest.raises(SystemExit, match=r"^--reasoning-effort-map has unknown efforts \['huge'\]; keys must be one of"):
+        parse(["--reasoning-effort-map", '{"huge": "max"}'])
+    with pytest.raises(SystemExit, match="^--reasoning-effort-map must be a JSON object mapping reasoning efforts to strings"):
+        parse(["--reasoning-effort-map", '{"low": 3}'])
+
+
+def test_serve_help_names_every_front_end_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.parse(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert [a.option_strings[0] for a in actions().values() if a.option_strings[0] not in shown] == []
+
+
+def test_a_vllm_whose_parser_no_longer_fits_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def moved() -> Any:
+        raise ModuleNotFoundError("No module named 'vllm.entrypoints.somewhere'", name="vllm.entrypoints.somewhere")
+
+    vllm_cli._frontend_options.cache_clear()
+    monkeypatch.setattr(vllm_compat, "cli_args", moved)
+    try:
+        with pytest.raises(SystemExit) as err:
+            parse([])
+    finally:
+        vllm_cli._frontend_options.cache_clear()
+    message = str(err.value)
+    assert message.startswith(f"vLLM {vllm_compat.release()} does not fit streamproxy's use of its flags (ModuleNotFoundError: ")
+    assert message.endswith("supported releases: 0.32, 0.33") and "\n" not in message
 
 
 def test_config_file(tmp_path: Path) -> None:

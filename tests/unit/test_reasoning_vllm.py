@@ -16,7 +16,7 @@ from streamproxy.filters.chain import chat_filters, known_reasoning_parser, reas
 from streamproxy.filters.hermes import HermesParser
 from tests.unit.filter_support import TOOLS, outcome
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_sources]
 
 VOCAB = {"<think>": 1, "</think>": 2, "<tool_call>": 3, "</tool_call>": 4, "<|im_start|>": 5, "<|im_end|>": 6}
 
@@ -60,6 +60,10 @@ def run_tokens(make, tokens: list[str]):
     return thought, parts, reason, pipe
 
 
+def content(parts) -> str:
+    return "".join(p.text for p in parts if p.kind == CONTENT)
+
+
 def own_and_vllm(name: str, **kwargs):
     ours = reasoning_spec(name, tokenizer=TOK, template_kwargs=kwargs)
     theirs = reasoning_spec("vllm:" + name, tokenizer=TOK, template_kwargs=kwargs)
@@ -76,7 +80,6 @@ def test_vllm_parsers_split_like_ours(name, tokens):
     ours, theirs = own_and_vllm(name)
     mine = run_tokens(lambda: [ours()], tokens)
     vllm = run_tokens(lambda: [theirs()], tokens)
-    content = lambda parts: "".join(p.text for p in parts if p.kind == CONTENT)  # noqa: E731
     assert (vllm[0], content(vllm[1])) == (mine[0], content(mine[1]))
     assert vllm[0] and "<think>" not in content(vllm[1])
     assert mine[3].reasoning_tokens > 0
@@ -106,3 +109,19 @@ def test_vllm_splitter_then_our_tool_parser():
     thought, parts, reason, _ = run_tokens(make, THEN_CALL)
     assert thought == "need weather" and reason == "tool_calls"
     assert outcome(parts) == ("", [("get_weather", '{"city": "Paris"}')])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+def test_a_prompt_that_closes_the_thinking_starts_in_content(name):
+    """As vLLM's streaming path: the parser sees the rendered prompt first (`set_prompt_token_ids`
+    from 0.33), and when the prompt already closes the thinking (thinking switched off by the
+    template, or continue_final_message) the whole answer is content."""
+    prompt = [TOK.token_id(p) for p in ["<|im_start|>", "user", "<|im_end|>", "<think>", "\n\n", "</think>", "\n\n"]]
+    spec = reasoning_spec("vllm:" + name, tokenizer=TOK, template_kwargs={}, prompt_ids=prompt)
+    thought, parts, _, _ = run_tokens(lambda: [spec()], ["Hello", " there", "!"])
+    assert (thought, content(parts)) == ("", "Hello there!")
+    # the same prompt without the closing tag: the answer is read as before (here: thinking, then content)
+    open_prompt = prompt[:-3]
+    spec = reasoning_spec("vllm:" + name, tokenizer=TOK, template_kwargs={}, prompt_ids=open_prompt)
+    thought, parts, _, _ = run_tokens(lambda: [spec()], ["Hmm", "</think>", "Hello", "!"])
+    assert (thought, content(parts)) == ("Hmm", "Hello!")

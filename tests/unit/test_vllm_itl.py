@@ -7,7 +7,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -44,6 +44,8 @@ values = st.one_of(
 )
 
 
+# (no health check on generation speed or deadline: four xdist workers share two cores)
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.lists(st.lists(values, max_size=70), max_size=5))
 def test_batches_match_observe_value_by_value(steps: list[list[float]]) -> None:
     batched_registry, batched = _histogram()

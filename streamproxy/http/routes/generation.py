@@ -117,7 +117,7 @@ class Generation:
         except EngineFailure as exc:
             if self.engine.state == "dead":
                 raise engine_dead() from exc
-            raise ServiceUnavailable(str(exc)) from exc
+            raise ServiceUnavailable(str(exc), code=exc.code) from exc
         except EngineRejected as exc:
             # The engine's own validation of sampling parameters.
             raise InvalidRequest(str(exc), param=exc.param) from exc
