@@ -276,3 +276,24 @@ async def test_reasoning_parser_auto_leaves_a_template_that_does_not_think_alone
     r, body = await chat(client)
     message = json.loads(body)["choices"][0]["message"]
     assert (r.status, message["content"]) == (200, "".join(QWEN)) and "reasoning" not in message
+
+
+async def test_reasoning_effort_map_rewrites_the_effort_the_template_sees_on_every_api(serve):
+    """--reasoning-effort-map (vLLM 0.33): the template sees the mapped effort, on chat, Responses and
+    Messages; thinking follows the mapped one ("none": off); efforts not listed pass unchanged; the
+    request's own effort is still checked first."""
+    client, engine = await serve(FakeScript(tokens=[*QWEN]), reasoning_parser="qwen3",
+                                 reasoning_effort_map={"medium": "low", "xhigh": "max", "minimal": "none"})
+    await chat(client, reasoning_effort="xhigh")
+    assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "max"}
+    await chat(client, reasoning_effort="high")
+    assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "high"}
+    await chat(client, reasoning_effort="minimal")
+    assert engine.template_kwargs[-1] == {"enable_thinking": False, "reasoning_effort": "none"}
+    await client.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "medium"}})
+    assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "low"}
+    await client.post("/v1/messages", json={"model": "fake", "max_tokens": 50, "messages": HI,
+                                            "thinking": {"type": "enabled", "budget_tokens": 1024}})  # effort medium
+    assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "low"}
+    r, body = await chat(client, reasoning_effort="ludicrous")
+    assert_openai_error(r.status, r.headers, body, expect_status=400, param="reasoning_effort")
