@@ -87,7 +87,7 @@ def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[
     from engine_adapter import vllm_cli
 
     shared = client if client is not None and client[2] is not None else None
-    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, cpu_placement=settings.cpu_placement, client=shared)
+    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
 

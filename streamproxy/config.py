@@ -34,9 +34,6 @@ class Settings(msgspec.Struct, kw_only=True):
     stream_push: bool = True
     # vLLM: one-choice requests without logprobs go from the engine core straight to their streams (engine_adapter/vllm_direct.py).
     direct_outputs: bool = True
-    # vLLM on CPUs: the front end and the engine core off the cores the engine's workers are bound to (engine_adapter/cpu_placement.py).
-    # Off by default: on the 2-core machine it measured no gain (docs/performance.md, "Sharing cores with the engine").
-    cpu_placement: bool = False
     nonstream_keepalive_after: float = 60.0
     nonstream_keepalive_interval: float = 15.0
     request_timeout: float = 600.0
@@ -138,9 +135,6 @@ _FLAG_HELP: dict[str, str] = {
     "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
     "direct_outputs": "vLLM engine: serve generation requests (any n, logprobs too) from the engine core's outputs "
     "directly instead of through vLLM's OutputProcessor (--no-direct-outputs: vLLM's path for all)",
-    "cpu_placement": "vLLM on CPUs: keep this process and the engine core off the cores vLLM binds its workers' "
-    "OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND), so neither preempts a model step (default: placement left "
-    "to the kernel, as vllm serve does)",
     "stream_push": "write each engine step to the socket from the engine's step while the client keeps up "
     "(--no-stream-push: always from the request's task)",
     "nonstream_keepalive_after": "seconds before a non-streaming answer starts sending keepalive whitespace",
