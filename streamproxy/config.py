@@ -123,7 +123,6 @@ class Settings(msgspec.Struct, kw_only=True):
     access_log: Annotated[str, Flag("JSON access log: stdout, stderr, a file path, or off")] = "stdout"
     disable_access_log_for_endpoints: Annotated[str | None, Flag(
         "comma-separated paths (e.g. /health,/metrics) that get no access-log line")] = None
-    # No variable: $STREAMPROXY_LEDGER is the gateway's default ledger, and serve's stays off unless --ledger names one.
     ledger: Annotated[str | None, Flag(
         "serve: the request ledger, one record per generation request with its tokens: sqlite:///path/ledger.db or "
         "postgresql://user@host/db (off by default, also when $STREAMPROXY_LEDGER, the gateway's default, is set; read "
@@ -136,7 +135,7 @@ class Settings(msgspec.Struct, kw_only=True):
     max_log_len: Annotated[int | None, Flag(
         "at most this many characters of a choice's text in the log (with --enable-log-outputs)", commands=SERVE)] = None
     http_log_level: Annotated[str | None, Flag("level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)")] = None
-    # vLLM's front-end flags (streamproxy/frontend_flags.py). Where to listen: TLS and a Unix socket (streamproxy/http/tls.py).
+    # vLLM's front-end flags of the same names (streamproxy/frontend_flags.py): a path prefix, TLS and a Unix socket (http/tls.py).
     root_path: Annotated[str | None, Flag(
         "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
         commands=SERVE)] = None
