@@ -12,7 +12,7 @@
 #   make bench-gateway BENCH_ARGS="--ledger [--quick]"   the request ledger's cost: off / SQLite / PostgreSQL
 #   make reliability [SOAK_MINUTES=30] [RELIABILITY_ARGS=--no-engine]   storms, fuzzers, soak, engine death: one table
 #   make lmeval-compare [LIMIT=N]                    lm-eval on streamproxy and on vLLM's server, every document (docs/evaluation.md)
-#   make docs                                        regenerate docs/cli.md from the parsers (a test fails when it is stale)
+#   make docs                                        regenerate docs/cli.md from the flags' declarations (a test fails when it is stale)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -102,7 +102,7 @@ test-fast: typecheck
 	$(BIN)/pytest -q tests -m "not engine and not slow" -n $(TEST_WORKERS) --dist worksteal \
 		--ignore=tests/engine --ignore=tests/compat --ignore=tests/fuzz -p no:schemathesis -p no:hypothesispytest
 
-# docs/cli.md from the parsers (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
+# docs/cli.md from the flags' declarations (streamproxy/docs_cli.py); tests/unit/test_docs.py fails when it is stale.
 docs: $(STAMP)
 	$(BIN)/python -m streamproxy.docs_cli
 

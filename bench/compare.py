@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "streamproxy-nN and measured in the same alternating rounds")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="also run streamproxy with these extra flags, as the server 'streamproxy-NAME', in the same "
-                         "alternating rounds (e.g. noplace=--no-cpu-placement); repeatable")
+                         "alternating rounds (e.g. nopush=--no-stream-push); repeatable")
     ap.add_argument("--kinds", default="plain",
                     help=f"comma-separated request kinds, each measured in its own alternating rounds: "
                          f"{', '.join(KINDS)} (default plain)")

@@ -105,8 +105,7 @@ def import_tool_parser_plugin(path: str) -> None:
         raise SystemExit(f"--tool-parser-plugin {path!r} could not be imported: {exc}") from None
 
 
-def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool = False,
-           client: tuple[int, int, Any] | None = None) -> VllmEngine:
+def engine(ns: argparse.Namespace, *, direct_outputs: bool, client: tuple[int, int, Any] | None = None) -> VllmEngine:
     """The engine the parsed flags describe; `ns.model` and `ns.served_model_name` are filled in.
     `client`: (index, count, client config) of an API server sharing engine cores (vllm_shared.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -135,8 +134,7 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, cpu_placement: bool 
     engine_args = AsyncEngineArgs.from_cli_args(ns)
     # --no-enable-flash-late-interaction (0.33: --disable-...), as vllm serve
     vllm_compat.cli_args().propagate_flash_late_interaction(ns, engine_args)
-    return VllmEngine(engine_args, ns.served_model_name, root=model, direct_outputs=direct_outputs,
-                      cpu_placement=cpu_placement, client=client)
+    return VllmEngine(engine_args, ns.served_model_name, root=model, direct_outputs=direct_outputs, client=client)
 
 
 def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:

@@ -60,7 +60,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import cpu_placement, spawned
+from . import spawned
 from .first_call import first_call
 from .base import (
     Adapter,
@@ -86,7 +86,7 @@ ABORT_BOUND = 15.0
 
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
-                 cpu_placement: bool = False, client: tuple[int, int, dict[str, Any]] | None = None) -> None:
+                 client: tuple[int, int, dict[str, Any]] | None = None) -> None:
         self._args = engine_args
         # (index, count, client config): one of `count` API servers sharing engine cores started by
         # the parent (vllm_shared.py), as vLLM's own API servers do; None: this process starts its own.
@@ -94,7 +94,6 @@ class VllmEngine:
         self._llm: Any = None
         # Plain requests' outputs straight from the engine core (vllm_direct.py), when possible.
         self._want_direct = direct_outputs
-        self._cpu_placement = cpu_placement
         self._direct: DirectRoute | None = None
         self._supported_tasks: Any = None
         self._tokenizer: Any = None
@@ -124,8 +123,6 @@ class VllmEngine:
             raise
         self._starting = None
         self._processes = processes.processes()
-        if self._cpu_placement:
-            cpu_placement.confine(p.pid for p in self._processes)
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len

@@ -1,6 +1,6 @@
-"""`streamproxy serve ...`: parse flags, build the engine, run the server.
+"""`streamproxy serve|gateway|usage ...`: parse flags, build the engine (or the gateway's config), run the server.
 
-Our own flags come from `config.Settings`. With `--engine vllm` (the
+Our own flags are declared on `config.Settings`' fields. With `--engine vllm` (the
 default) `engine_adapter.vllm_cli` adds vLLM's own engine flags and builds
 the engine; vLLM is imported only on that path, so `--engine fake` starts
 in well under a second. This is the one module of `streamproxy` that picks
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from streamproxy.gateway.config import GatewayConfig
 
-from streamproxy.config import Settings, add_arguments, expand_config_file, mapping_to_flags, settings_from_namespace
+from streamproxy.config import Settings, add_arguments, expand_config_file, mapping_to_flags, serve_only_refusal, settings_from_namespace
 
 if TYPE_CHECKING:
     from engine_adapter.base import Engine
@@ -53,7 +53,7 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     known, _ = pre.parse_known_args(argv)
     if known.engine == "fake":
         parser = argparse.ArgumentParser(prog="streamproxy serve")
-        add_arguments(parser, with_model_flags=True)
+        add_arguments(parser)
         ns = parser.parse_args(argv)
         settings = settings_from_namespace(ns)
         _check_tool_flags(settings, vllm_parsers=False)
@@ -66,7 +66,7 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     from engine_adapter import vllm_cli
     from streamproxy import frontend_flags
 
-    ns = vllm_cli.parser(lambda p: add_arguments(p, with_model_flags=False)).parse_args(argv)
+    ns = vllm_cli.parser(add_arguments).parse_args(argv)
     settings = settings_from_namespace(ns)
     frontend_flags.apply(ns, vllm_cli.frontend_defaults(ns), settings)
     vllm_cli.import_tool_parser_plugin(ns.tool_parser_plugin)
@@ -87,14 +87,14 @@ def build(argv: list[str], client: tuple[int, int, Any] | None = None) -> tuple[
     from engine_adapter import vllm_cli
 
     shared = client if client is not None and client[2] is not None else None
-    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, cpu_placement=settings.cpu_placement, client=shared)
+    engine = vllm_cli.engine(ns, direct_outputs=settings.direct_outputs, client=shared)
     settings.model, settings.served_model_name = ns.model, ns.served_model_name
     return settings, engine
 
 
 def _check_front_end(settings: Settings) -> None:
-    """vLLM's front-end flags we define ourselves: the chat template read now (a file or the
-    template itself), values with a fixed set of choices."""
+    """What the front end's flags need checked before an engine loads: values with a fixed set of
+    choices, the chat template read now (a file or the template itself), the TLS files, --uds, --root-path."""
     from streamproxy.core.chat_template import CONTENT_FORMATS, load
 
     if settings.chat_template_content_format not in CONTENT_FORMATS:
@@ -207,18 +207,15 @@ def load_gateway(path: str, flags: list[str], *, strict: bool = False) -> tuple[
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None
     parser = _StrictParser(prog="streamproxy gateway") if strict else argparse.ArgumentParser(prog="streamproxy gateway")
-    add_arguments(parser, with_model_flags=False)
+    add_arguments(parser, "gateway")
     ns = parser.parse_args(mapping_to_flags(from_file) + flags)
     try:
         settings = settings_from_namespace(ns)
     except (OSError, ValueError) as exc:  # an `--api-key @file` that cannot be read
         raise ConfigError(f"--api-key: {exc}") from None
-    defaults = Settings()
-    if settings.ledger is not None:
-        raise ConfigError("--ledger is a flag of streamproxy serve; the gateway's ledger is its config's `ledger:`")
-    for name in SERVE_ONLY:
-        if getattr(settings, name) != getattr(defaults, name):
-            raise ConfigError(f"--{name.replace('_', '-')} is a flag of streamproxy serve; the gateway does not support it")
+    refusal = serve_only_refusal(settings)
+    if refusal is not None:
+        raise ConfigError(refusal)
     from streamproxy.http.tls import TLSError, server_context
 
     try:  # the gateway listens through the same runner: TLS and --uds work there too
@@ -233,15 +230,6 @@ class _StrictParser(argparse.ArgumentParser):
         from streamproxy.gateway.config import ConfigError
 
         raise ConfigError(f"a server flag: {message}")
-
-
-# vLLM's front-end flags that `serve` takes and the gateway does not (yet): refused there, never ignored.
-SERVE_ONLY = (
-    "root_path", "chat_template", "chat_template_content_format", "trust_request_chat_template", "response_role",
-    "return_tokens_as_token_ids", "enable_force_include_usage", "exclude_tools_when_tool_choice_none",
-    "enable_server_load_tracking", "enable_tokenizer_info_endpoint", "responses_store", "enable_log_outputs",
-    "max_log_len", "disable_fastapi_docs", "log_error_stack", "reasoning_effort_map",
-)
 
 
 def _config_error(path: str, message: str) -> NoReturn:
@@ -274,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     if command == "gateway":
         if rest and rest[0] in ("-h", "--help"):
             argparse_help = argparse.ArgumentParser(prog="streamproxy gateway --config FILE.yaml")
-            add_arguments(argparse_help, with_model_flags=False)
+            add_arguments(argparse_help, "gateway")
             argparse_help.print_help()
             return
         settings, config = build_gateway(rest)

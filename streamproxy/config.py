@@ -1,277 +1,266 @@
 """Typed front-end settings, layered: STREAMPROXY_* env < the YAML file (--config) < CLI flags.
 
-`Settings` is a msgspec Struct, one field per flag of ours; each field's flag
-is `--field-name` and its env var `STREAMPROXY_FIELD_NAME`. The YAML file
-(`--config`) may also carry vLLM engine flags: every key is turned into
-`--key value` and put before the command line's own arguments, so a flag on
-the command line always wins (the way `vllm serve --config` behaves).
+`Settings` is a msgspec Struct with one field per flag of ours, and each
+field declares its flag (`Annotated[T, Flag(...)]`): `--field-name`, the
+field's type and default, the help, the environment variable
+(`STREAMPROXY_FIELD_NAME` unless the declaration says otherwise) and which
+commands take it. The parsers (`add_arguments`), the config-file reader
+(`mapping_to_flags`), the gateway's refusal of serve's own flags
+(`serve_only_refusal`) and docs/cli.md (docs_cli.py) are made from `FLAGS`,
+those declarations read once. How a flag parses follows from its type: a bool
+is `--x`/`--no-x`; a list a repeatable flag (a JSON list or comma-separated;
+with `words`, vLLM's form: several values per flag, each kept whole); a dict
+a JSON object; `T | None` a T. The YAML file (`--config`) may also carry vLLM
+engine flags: every key is turned into `--key value` and put before the
+command line's own arguments, so a flag on the command line always wins (the
+way `vllm serve --config` behaves).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+SERVE = frozenset({"serve"})
+BOTH = frozenset({"serve", "gateway"})
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A flag of ours, declared on its `Settings` field."""
+
+    help: str
+    env: str | None = ""  # its variable ("": STREAMPROXY_<NAME>; None: none)
+    commands: frozenset[str] = BOTH  # a flag of serve only, given to the gateway, stops it with `refusal`
+    refusal: str = "the gateway does not support it"
+    words: bool = False  # a list: vLLM's nargs="+", each value whole (JSON has commas), not split at commas
+    repeat: bool = True  # a list: a repeated flag adds its values (False: the last one counts)
+    # From the field (`FLAGS`):
+    name: str = ""
+    kind: Any = None  # bool, list, dict, int, float or str
+    default: Any = None
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
 
 class Settings(msgspec.Struct, kw_only=True):
-    host: str = "0.0.0.0"
-    port: int = 8000
-    engine: str = "vllm"  # "vllm" or "fake"
-    # Front-end processes on the one port (vLLM's --api-server-count): streamproxy/workers.py.
-    api_server_count: int = 1
-    model: str | None = None
-    served_model_name: list[str] | None = None
-    api_key: list[str] = []
+    host: Annotated[str, Flag("address to listen on")] = "0.0.0.0"
+    port: Annotated[int, Flag("port to listen on")] = 8000
+    engine: Annotated[str, Flag("vllm (embedded vLLM AsyncLLM) or fake (scripted, for tests/benchmarks)")] = "vllm"
+    api_server_count: Annotated[int, Flag(
+        "front-end processes serving the one port (as vllm serve's flag): with vLLM they share the engine core(s), with "
+        "--engine fake each has its own fake engine; limits are split between them (docs/serving.md: when to raise it)")] = 1
+    # vLLM's own flags (engine_adapter/vllm_cli.py), ours with --engine fake.
+    model: Annotated[str | None, Flag("model folder or hub id", env=None, commands=SERVE)] = None
+    served_model_name: Annotated[list[str] | None, Flag(
+        "name(s) the model is served under", env=None, commands=SERVE, words=True, repeat=False)] = None
+    api_key: Annotated[list[str], Flag(
+        "API key clients must send as 'Authorization: Bearer'; repeatable, or @file (a key a line); $STREAMPROXY_API_KEY "
+        "and $VLLM_API_KEY (as vllm serve) add one each", words=True)] = []
     # Streaming keepalive and bounds (seconds).
-    sse_heartbeat: float = 15.0
-    write_stall_timeout: float = 30.0
-    # Write each engine step straight to the socket from the engine's step while the client keeps up.
-    stream_push: bool = True
-    # vLLM: one-choice requests without logprobs go from the engine core straight to their streams (engine_adapter/vllm_direct.py).
-    direct_outputs: bool = True
-    # vLLM on CPUs: the front end and the engine core off the cores the engine's workers are bound to (engine_adapter/cpu_placement.py).
-    # Off by default: on the 2-core machine it measured no gain (docs/performance.md, "Sharing cores with the engine").
-    cpu_placement: bool = False
-    nonstream_keepalive_after: float = 60.0
-    nonstream_keepalive_interval: float = 15.0
-    request_timeout: float = 600.0
-    drain_timeout: float = 30.0
-    engine_start_timeout: float = 1800.0
-    # After the engine dies: seconds of 503 `engine_dead` (in-flight requests end their error path), then exit 1.
-    engine_death_grace: float = 2.0
+    sse_heartbeat: Annotated[float, Flag("seconds of silence on a stream before an SSE keepalive comment")] = 15.0
+    write_stall_timeout: Annotated[float, Flag(
+        "seconds a stream may wait on a client that does not read before it is ended")] = 30.0
+    stream_push: Annotated[bool, Flag(
+        "write each engine step to the socket from the engine's step while the client keeps up "
+        "(--no-stream-push: always from the request's task)")] = True
+    direct_outputs: Annotated[bool, Flag(
+        "vLLM engine: serve generation requests (any n, logprobs too) from the engine core's outputs directly instead "
+        "of through vLLM's OutputProcessor (engine_adapter/vllm_direct.py; --no-direct-outputs: vLLM's path for all)")] = True
+    nonstream_keepalive_after: Annotated[float, Flag(
+        "seconds before a non-streaming answer starts sending keepalive whitespace")] = 60.0
+    nonstream_keepalive_interval: Annotated[float, Flag("seconds between keepalive newlines of a non-streaming answer")] = 15.0
+    request_timeout: Annotated[float, Flag("seconds after which a non-streaming request is aborted")] = 600.0
+    drain_timeout: Annotated[float, Flag("seconds in-flight requests may finish after SIGTERM")] = 30.0
+    engine_start_timeout: Annotated[float, Flag(
+        "seconds the engine may take to load before the server gives up and exits 1")] = 1800.0
+    engine_death_grace: Annotated[float, Flag(
+        "seconds the server lingers after its engine died (new requests: 503 engine_dead; in-flight ones end with an "
+        "error) before it exits 1 for its supervisor to restart it")] = 2.0
     # Size and count limits.
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_n: int = 16
-    max_concurrent_requests: int = 0  # 0: unlimited
-    max_queued_requests: int = 0
-    max_header_bytes: int = 16384  # per request line and per header field
-    max_header_count: int = 256  # header fields per request (vLLM's --h11-max-header-count default)
-    # Client timeouts and the connection cap, named after nginx's directives and with its defaults (seconds).
-    client_header_timeout: float = 60.0  # 0: none
-    client_body_timeout: float = 60.0  # between two reads of the body; 0: none
-    keepalive_timeout: float = 75.0  # an idle connection between requests; 0: no keep-alive
-    max_connections: int | None = None  # None: half the file-descriptor limit (http/connection.py); 0: no cap
+    max_body_bytes: Annotated[int, Flag("largest request body accepted")] = 8 * 1024 * 1024
+    max_n: Annotated[int, Flag("largest 'n' accepted")] = 16
+    max_concurrent_requests: Annotated[int, Flag("requests generated at once (0: no limit)")] = 0
+    max_queued_requests: Annotated[int, Flag("requests that may wait for a slot")] = 0
+    max_header_bytes: Annotated[int, Flag("longest request line or header field accepted (431 beyond)")] = 16384
+    max_header_count: Annotated[int, Flag(
+        "most header fields a request may have (431 beyond; vLLM's --h11-max-header-count)")] = 256
+    # Client timeouts and the connection cap, named after nginx's directives and with its defaults (http/connection.py).
+    client_header_timeout: Annotated[float, Flag(
+        "seconds a client may take to send a request's headers (nginx's client_header_timeout; 408 and close, or only "
+        "a close if it sent nothing; 0: no limit)")] = 60.0
+    client_body_timeout: Annotated[float, Flag(
+        "seconds between two reads of a request body before the request ends (nginx's client_body_timeout; 408 and "
+        "close; 0: no limit)")] = 60.0
+    keepalive_timeout: Annotated[float, Flag(
+        "seconds an idle keep-alive connection is kept open between requests (nginx's keepalive_timeout; 0: close "
+        "after each response)")] = 75.0
+    max_connections: Annotated[int | None, Flag(
+        "client connections open at once; past it new ones are closed at once (default: half the process's "
+        "file-descriptor limit, `ulimit -n`; 0: no cap)")] = None
     # Security: which open routes need the key too; CORS (off unless origins are given).
-    health_requires_api_key: bool = False
-    metrics_requires_api_key: bool = False
-    allowed_origins: list[str] = []
-    allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    allowed_headers: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    allow_credentials: bool = False
+    health_requires_api_key: Annotated[bool, Flag("/health needs the API key too")] = False
+    metrics_requires_api_key: Annotated[bool, Flag("/metrics needs the API key too")] = False
+    allowed_origins: Annotated[list[str], Flag(
+        "CORS: origins allowed to read responses (JSON list or comma-separated; '*' any); off when empty")] = []
+    allowed_methods: Annotated[list[str], Flag("CORS: allowed methods (default '*')")] = msgspec.field(
+        default_factory=lambda: ["*"])
+    allowed_headers: Annotated[list[str], Flag("CORS: allowed request headers (default '*')")] = msgspec.field(
+        default_factory=lambda: ["*"])
+    allow_credentials: Annotated[bool, Flag("CORS: allow credentials")] = False
     # Observability.
-    access_log: str = "stdout"  # stdout, stderr, a file path, or off
-    disable_access_log_for_endpoints: str | None = None  # vLLM's flag: comma-separated paths without a line
-    # serve: the request ledger (sqlite:///path or postgresql://...; http/books.py); off when None.
-    ledger: str | None = None
-    log_error_stack: bool = False
-    enable_log_outputs: bool = False  # vLLM's flag: the generated text in the access-log line
-    max_log_len: int | None = None  # vLLM's flag: at most this many characters of it per choice  # vLLM's flag: every error response is logged with its stack
-    http_log_level: str | None = None  # aiohttp's own loggers (vLLM's --uvicorn-log-level sets it)
-    # vLLM's front-end flags (streamproxy/frontend_flags.py): the path prefix of a path-routing proxy, no /openapi.json.
-    root_path: str | None = None
-    # TLS and a Unix socket, as vLLM's flags (streamproxy/http/tls.py).
-    ssl_keyfile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_ca_certs: str | None = None
-    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2: mutual TLS
-    ssl_ciphers: str | None = None
-    enable_ssl_refresh: bool = False
-    uds: str | None = None
-    disable_fastapi_docs: bool = False
-    deprecated: list[str] = []  # "/route" or "/route#field", optionally "@YYYY-MM-DD"
-    deprecation_link: str | None = None
-    # Tool calling in tool_choice "auto" (as in vLLM): a parser for the model's tool-call syntax.
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
-    # Reasoning models (as in vLLM): the parser that splits the thinking from the answer,
-    # whether it is also sent under its older name, and chat template kwargs for every request.
-    reasoning_parser: str | None = None
-    reasoning_content_field: bool = True
-    default_chat_template_kwargs: dict[str, Any] | None = None
-    # vLLM's --reasoning-effort-map: a request's reasoning_effort rewritten before the chat template sees it.
-    reasoning_effort_map: dict[str, str] | None = None
+    access_log: Annotated[str, Flag("JSON access log: stdout, stderr, a file path, or off")] = "stdout"
+    disable_access_log_for_endpoints: Annotated[str | None, Flag(
+        "comma-separated paths (e.g. /health,/metrics) that get no access-log line")] = None
+    ledger: Annotated[str | None, Flag(
+        "serve: the request ledger, one record per generation request with its tokens: sqlite:///path/ledger.db or "
+        "postgresql://user@host/db (off by default, also when $STREAMPROXY_LEDGER, the gateway's default, is set; read "
+        "it with `streamproxy usage --ledger URL`)",
+        env=None, commands=SERVE, refusal="the gateway's ledger is its config's `ledger:`")] = None
+    log_error_stack: Annotated[bool, Flag(
+        "log every error response with its stack trace (as vLLM's flag)", commands=SERVE)] = False
+    enable_log_outputs: Annotated[bool, Flag(
+        "put each request's generated text in its access-log line (`output`; as vLLM's flag)", commands=SERVE)] = False
+    max_log_len: Annotated[int | None, Flag(
+        "at most this many characters of a choice's text in the log (with --enable-log-outputs)", commands=SERVE)] = None
+    http_log_level: Annotated[str | None, Flag("level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)")] = None
+    # vLLM's front-end flags of the same names (streamproxy/frontend_flags.py): a path prefix, TLS and a Unix socket (http/tls.py).
+    root_path: Annotated[str | None, Flag(
+        "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
+        commands=SERVE)] = None
+    ssl_keyfile: Annotated[str | None, Flag("TLS: the private key file (as vLLM's flag)")] = None
+    ssl_certfile: Annotated[str | None, Flag("TLS: the certificate (chain) file; serve HTTPS (as vLLM's flag)")] = None
+    ssl_ca_certs: Annotated[str | None, Flag(
+        "TLS: the CA certificates client certificates must chain to (as vLLM's flag)")] = None
+    ssl_cert_reqs: Annotated[int, Flag(
+        "TLS: client certificates: 0 not asked, 1 optional, 2 required (mutual TLS; as vLLM's flag)")] = 0
+    ssl_ciphers: Annotated[str | None, Flag(
+        "TLS: cipher suites for TLS 1.2 and below (OpenSSL cipher list; as vLLM's flag)")] = None
+    enable_ssl_refresh: Annotated[bool, Flag("TLS: reload the certificate files when they change (as vLLM's flag)")] = False
+    uds: Annotated[str | None, Flag("listen on this Unix socket path instead of --host/--port (as vLLM's flag)")] = None
+    disable_fastapi_docs: Annotated[bool, Flag("no GET /openapi.json (vLLM's flag)", commands=SERVE)] = False
+    deprecated: Annotated[list[str], Flag(
+        "mark a route (/v1/completions) or field (/v1/chat/completions#max_tokens) deprecated, optionally @YYYY-MM-DD; "
+        "repeatable")] = []
+    deprecation_link: Annotated[str | None, Flag("URL sent as Link rel=deprecation with the Deprecation header")] = None
+    # Tool calling and reasoning models (as in vLLM).
+    enable_auto_tool_choice: Annotated[bool, Flag(
+        "let the model call tools on its own (tool_choice auto); needs --tool-call-parser")] = False
+    tool_call_parser: Annotated[str | None, Flag(
+        "parser for the model's tool-call syntax: hermes, llama3_json, mistral, pythonic, any name in vLLM's "
+        "tool-parser registry, or auto (read from the model's chat template)")] = None
+    reasoning_parser: Annotated[str | None, Flag(
+        "split the model's thinking into message.reasoning: qwen3, deepseek_r1, any name in vLLM's reasoning-parser "
+        "registry, or auto (read from the model's chat template)")] = None
+    reasoning_content_field: Annotated[bool, Flag(
+        "also send the reasoning as `reasoning_content` (the older name LangChain, LlamaIndex and SGLang clients read); "
+        "--no-reasoning-content-field sends only `reasoning`")] = True
+    default_chat_template_kwargs: Annotated[dict[str, Any] | None, Flag(
+        "JSON object of chat template kwargs for every request (e.g. '{\"enable_thinking\": false}'); a request's "
+        "own chat_template_kwargs win")] = None
+    reasoning_effort_map: Annotated[dict[str, str] | None, Flag(
+        "JSON object rewriting a request's reasoning_effort to one the chat template knows, before the template sees "
+        "it, on chat, Responses and Messages (e.g. '{\"medium\": \"low\", \"xhigh\": \"max\"}'; efforts not listed "
+        "pass unchanged; as vLLM's flag)", commands=SERVE)] = None
     # Chat templates and answers, as vLLM's flags of the same names (streamproxy/core/chat_template.py).
-    chat_template: str | None = None
-    chat_template_content_format: str = "auto"
-    trust_request_chat_template: bool = False
-    response_role: str = "assistant"
-    return_tokens_as_token_ids: bool = False
-    enable_force_include_usage: bool = False
-    exclude_tools_when_tool_choice_none: bool = False
-    enable_server_load_tracking: bool = False
-    enable_tokenizer_info_endpoint: bool = False
-    # Responses made with `store` kept for GET /v1/responses/{id} (0: none; apis/responses/store.py).
-    responses_store: int = 0
-    # LoRA adapters served beside the model (as in vLLM): `name=path` or JSON objects (streamproxy/core/adapters.py).
-    lora_modules: list[str] = []
-    # Fake engine knobs (--engine fake).
-    fake_ttft: float = 0.0
-    fake_token_delay: float = 0.0
-    fake_text: str = "Hello! This is a fake streamed answer. "
-    fake_fail_after: int | None = None
-    fake_fail_on: str | None = None
-    fake_crash_on: str | None = None
-    fake_max_model_len: int = 4096
-    fake_boot_delay: float = 0.0
-    # Gateway: the key of the admin routes (POST /v1/deployments/{id}/wake|park); none: they answer 401.
-    admin_key: str | None = None
-    # OTLP endpoint for traces (vLLM's flag; serve passes it on to vLLM's engine too). None: no tracing.
-    otlp_traces_endpoint: str | None = None
-    log_level: str = "info"
+    chat_template: Annotated[str | None, Flag(
+        "the chat template: a file, or the template itself (as vLLM's flag); default: the model's", commands=SERVE)] = None
+    chat_template_content_format: Annotated[str, Flag(
+        "how message content reaches the template: string, openai (a list of parts) or auto (read from the "
+        "template), as vLLM's flag", commands=SERVE)] = "auto"
+    trust_request_chat_template: Annotated[bool, Flag(
+        "let a request bring its own chat_template (refused with a 400 otherwise, as vLLM)", commands=SERVE)] = False
+    response_role: Annotated[str, Flag("the role of the answer's message (as vLLM's flag)", commands=SERVE)] = "assistant"
+    return_tokens_as_token_ids: Annotated[bool, Flag(
+        "logprobs name each token 'token_id:N' (as vLLM's flag)", commands=SERVE)] = False
+    enable_force_include_usage: Annotated[bool, Flag(
+        "every answer carries usage, streams a usage chunk too (as vLLM's flag)", commands=SERVE)] = False
+    exclude_tools_when_tool_choice_none: Annotated[bool, Flag(
+        "tool_choice none: the tools are not shown to the chat template (as vLLM's flag)", commands=SERVE)] = False
+    enable_server_load_tracking: Annotated[bool, Flag(
+        "count requests in flight for GET /load (as vLLM's flag)", commands=SERVE)] = False
+    enable_tokenizer_info_endpoint: Annotated[bool, Flag(
+        "serve GET /tokenizer_info (as vLLM's flag; it shows the chat template)", commands=SERVE)] = False
+    responses_store: Annotated[int, Flag(
+        "keep the last N responses made with store (OpenAI's default) for GET /v1/responses/{id} (0: none, unless "
+        "VLLM_ENABLE_RESPONSES_API_STORE=1, which keeps 1000, as vLLM's switch)", commands=SERVE)] = 0
+    lora_modules: Annotated[list[str], Flag(
+        "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "
+        "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several per flag, or the flag repeated (vLLM "
+        "engine: needs --enable-lora; VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 adds POST /v1/load_lora_adapter and "
+        "/v1/unload_lora_adapter)", env=None, words=True)] = []
+    # The fake engine's knobs (--engine fake).
+    fake_ttft: Annotated[float, Flag("fake engine: seconds before the first token")] = 0.0
+    fake_token_delay: Annotated[float, Flag("fake engine: seconds between tokens")] = 0.0
+    fake_text: Annotated[str, Flag("fake engine: text repeated until max_tokens")] = "Hello! This is a fake streamed answer. "
+    fake_fail_after: Annotated[int | None, Flag("fake engine: fail every request after N tokens")] = None
+    fake_fail_on: Annotated[str | None, Flag(
+        "fake engine: --fake-fail-after applies only to requests whose prompt contains this text")] = None
+    fake_crash_on: Annotated[str | None, Flag(
+        "fake engine: a step serving a request whose prompt contains this text raises, and the engine dies")] = None
+    fake_max_model_len: Annotated[int, Flag("fake engine: context length")] = 4096
+    fake_boot_delay: Annotated[float, Flag("fake engine: seconds the engine takes to load (/health is 503 meanwhile)")] = 0.0
+    admin_key: Annotated[str | None, Flag(
+        "gateway: the key of the admin routes (wake and park, /v1/deployments changes, /v1/keys, the ledger's queries; "
+        "none: they answer 401; the config's admin_key_env wins)")] = None
+    otlp_traces_endpoint: Annotated[str | None, Flag(
+        "OpenTelemetry: send a span per request to this OTLP endpoint (gRPC, or HTTP with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); W3C traceparent honoured and passed on (docs/observability.md); "
+        "serve passes it on to vLLM's engine too")] = None
+    log_level: Annotated[str, Flag("debug, info, warning, error")] = "info"
 
 
-# Flags of ours and how argparse reads them (type, action, help).
-_FLAG_HELP: dict[str, str] = {
-    "host": "address to listen on",
-    "port": "port to listen on",
-    "engine": "vllm (embedded vLLM AsyncLLM) or fake (scripted, for tests/benchmarks)",
-    "api_server_count": "front-end processes serving the one port (as vllm serve's flag): with vLLM they share "
-    "the engine core(s), with --engine fake each has its own fake engine; limits are split between them "
-    "(docs/serving.md: when to raise it)",
-    "api_key": "API key clients must send as 'Authorization: Bearer'; repeatable (env STREAMPROXY_API_KEY, or @file)",
-    "sse_heartbeat": "seconds of silence on a stream before an SSE keepalive comment",
-    "write_stall_timeout": "seconds a stream may wait on a client that does not read before it is ended",
-    "direct_outputs": "vLLM engine: serve generation requests (any n, logprobs too) from the engine core's outputs "
-    "directly instead of through vLLM's OutputProcessor (--no-direct-outputs: vLLM's path for all)",
-    "cpu_placement": "vLLM on CPUs: keep this process and the engine core off the cores vLLM binds its workers' "
-    "OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND), so neither preempts a model step (default: placement left "
-    "to the kernel, as vllm serve does)",
-    "stream_push": "write each engine step to the socket from the engine's step while the client keeps up "
-    "(--no-stream-push: always from the request's task)",
-    "nonstream_keepalive_after": "seconds before a non-streaming answer starts sending keepalive whitespace",
-    "nonstream_keepalive_interval": "seconds between keepalive newlines of a non-streaming answer",
-    "request_timeout": "seconds after which a non-streaming request is aborted",
-    "drain_timeout": "seconds in-flight requests may finish after SIGTERM",
-    "engine_start_timeout": "seconds the engine may take to load before the server gives up and exits 1",
-    "engine_death_grace": "seconds the server lingers after its engine died (new requests: 503 engine_dead; "
-    "in-flight ones end with an error) before it exits 1 for its supervisor to restart it",
-    "max_body_bytes": "largest request body accepted",
-    "max_n": "largest 'n' accepted",
-    "max_concurrent_requests": "requests generated at once (0: no limit)",
-    "max_queued_requests": "requests that may wait for a slot",
-    "max_header_bytes": "longest request line or header field accepted (431 beyond)",
-    "max_header_count": "most header fields a request may have (431 beyond; vLLM's --h11-max-header-count)",
-    "client_header_timeout": "seconds a client may take to send a request's headers (nginx's client_header_timeout; "
-    "408 and close, or only a close if it sent nothing; 0: no limit)",
-    "client_body_timeout": "seconds between two reads of a request body before the request ends (nginx's "
-    "client_body_timeout; 408 and close; 0: no limit)",
-    "keepalive_timeout": "seconds an idle keep-alive connection is kept open between requests (nginx's "
-    "keepalive_timeout; 0: close after each response)",
-    "max_connections": "client connections open at once; past it new ones are closed at once (default: half "
-    "the process's file-descriptor limit, `ulimit -n`; 0: no cap)",
-    "health_requires_api_key": "/health needs the API key too",
-    "metrics_requires_api_key": "/metrics needs the API key too",
-    "allowed_origins": "CORS: origins allowed to read responses (JSON list or comma-separated; '*' any); off when empty",
-    "allowed_methods": "CORS: allowed methods (default '*')",
-    "allowed_headers": "CORS: allowed request headers (default '*')",
-    "allow_credentials": "CORS: allow credentials",
-    "access_log": "JSON access log: stdout, stderr, a file path, or off",
-    "disable_access_log_for_endpoints": "comma-separated paths (e.g. /health,/metrics) that get no access-log line",
-    "ledger": "serve: the request ledger, one record per generation request with its tokens: sqlite:///path/ledger.db "
-    "or postgresql://user@host/db (off by default, also when $STREAMPROXY_LEDGER, the gateway's default, is set; "
-    "read it with `streamproxy usage --ledger URL`)",
-    "enable_log_outputs": "put each request's generated text in its access-log line (`output`; as vLLM's flag)",
-    "max_log_len": "at most this many characters of a choice's text in the log (with --enable-log-outputs)",
-    "log_error_stack": "log every error response with its stack trace (as vLLM's flag)",
-    "http_log_level": "level of aiohttp's own loggers (vLLM's --uvicorn-log-level sets it too)",
-    "root_path": "path prefix of a path-routing proxy in front (as vLLM's flag): every route also answers under it",
-    "disable_fastapi_docs": "no GET /openapi.json (vLLM's flag)",
-    "ssl_keyfile": "TLS: the private key file (as vLLM's flag)",
-    "ssl_certfile": "TLS: the certificate (chain) file; serve HTTPS (as vLLM's flag)",
-    "ssl_ca_certs": "TLS: the CA certificates client certificates must chain to (as vLLM's flag)",
-    "ssl_cert_reqs": "TLS: client certificates: 0 not asked, 1 optional, 2 required (mutual TLS; as vLLM's flag)",
-    "ssl_ciphers": "TLS: cipher suites for TLS 1.2 and below (OpenSSL cipher list; as vLLM's flag)",
-    "enable_ssl_refresh": "TLS: reload the certificate files when they change (as vLLM's flag)",
-    "uds": "listen on this Unix socket path instead of --host/--port (as vLLM's flag)",
-    "deprecated": "mark a route (/v1/completions) or field (/v1/chat/completions#max_tokens) deprecated, optionally @YYYY-MM-DD; repeatable",
-    "deprecation_link": "URL sent as Link rel=deprecation with the Deprecation header",
-    "enable_auto_tool_choice": "let the model call tools on its own (tool_choice auto); needs --tool-call-parser",
-    "tool_call_parser": "parser for the model's tool-call syntax: hermes, llama3_json, mistral, pythonic, "
-    "any name in vLLM's tool-parser registry, or auto (read from the model's chat template)",
-    "reasoning_parser": "split the model's thinking into message.reasoning: qwen3, deepseek_r1, "
-    "any name in vLLM's reasoning-parser registry, or auto (read from the model's chat template)",
-    "reasoning_content_field": "also send the reasoning as `reasoning_content` (the older name LangChain, "
-    "LlamaIndex and SGLang clients read); --no-reasoning-content-field sends only `reasoning`",
-    "default_chat_template_kwargs": "JSON object of chat template kwargs for every request (e.g. "
-    "'{\"enable_thinking\": false}'); a request's own chat_template_kwargs win",
-    "reasoning_effort_map": "JSON object rewriting a request's reasoning_effort to one the chat template knows, "
-    "before the template sees it, on chat, Responses and Messages (e.g. '{\"medium\": \"low\", \"xhigh\": \"max\"}'; "
-    "efforts not listed pass unchanged; as vLLM's flag)",
-    "chat_template": "the chat template: a file, or the template itself (as vLLM's flag); default: the model's",
-    "chat_template_content_format": "how message content reaches the template: string, openai (a list of parts) "
-    "or auto (read from the template), as vLLM's flag",
-    "trust_request_chat_template": "let a request bring its own chat_template (refused with a 400 otherwise, as vLLM)",
-    "response_role": "the role of the answer's message (as vLLM's flag)",
-    "return_tokens_as_token_ids": "logprobs name each token 'token_id:N' (as vLLM's flag)",
-    "enable_force_include_usage": "every answer carries usage, streams a usage chunk too (as vLLM's flag)",
-    "exclude_tools_when_tool_choice_none": "tool_choice none: the tools are not shown to the chat template (as vLLM's flag)",
-    "responses_store": "keep the last N responses made with store (OpenAI's default) for GET /v1/responses/{id} "
-    "(0: none, unless VLLM_ENABLE_RESPONSES_API_STORE=1, which keeps 1000, as vLLM's switch)",
-    "enable_tokenizer_info_endpoint": "serve GET /tokenizer_info (as vLLM's flag; it shows the chat template)",
-    "enable_server_load_tracking": "count requests in flight for GET /load (as vLLM's flag)",
-    "lora_modules": "LoRA adapters to serve, each a model name of its own (as vLLM's flag): 'name=path' or JSON "
-    "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several per flag, or the flag repeated "
-    "(vLLM engine: needs --enable-lora; VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 adds POST /v1/load_lora_adapter "
-    "and /v1/unload_lora_adapter)",
-    "fake_ttft": "fake engine: seconds before the first token",
-    "fake_token_delay": "fake engine: seconds between tokens",
-    "fake_text": "fake engine: text repeated until max_tokens",
-    "fake_fail_after": "fake engine: fail every request after N tokens",
-    "fake_fail_on": "fake engine: --fake-fail-after applies only to requests whose prompt contains this text",
-    "fake_crash_on": "fake engine: a step serving a request whose prompt contains this text raises, and the engine dies",
-    "fake_max_model_len": "fake engine: context length",
-    "fake_boot_delay": "fake engine: seconds the engine takes to load (/health is 503 meanwhile)",
-    "admin_key": "gateway: key for POST /v1/deployments/{id}/wake and /park (env STREAMPROXY_ADMIN_KEY)",
-    "log_level": "debug, info, warning, error",
-    "otlp_traces_endpoint": "OpenTelemetry: send a span per request to this OTLP endpoint (gRPC, or HTTP with "
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); W3C traceparent honoured and passed on (docs/observability.md)",
-}
-
-
-# Flags with no STREAMPROXY_* variable.
-_NO_ENV = frozenset({"ledger"})
-
-
-def add_arguments(parser: argparse.ArgumentParser, *, with_model_flags: bool) -> None:
-    """Add our flags; `--model`/`--served-model-name` only when vLLM's args are absent."""
+def _declared() -> dict[str, Flag]:
     defaults = Settings()
-    taken = getattr(parser, "_option_string_actions", {})
-    for name, help_text in _FLAG_HELP.items():
-        default = getattr(defaults, name)
-        flag = "--" + name.replace("_", "-")
-        if flag in taken:
-            continue  # vLLM defines it (e.g. --log-level): its definition wins
-        # $STREAMPROXY_LEDGER is the gateway's default ledger: serve's stays off unless --ledger names one.
-        env_default = None if name in _NO_ENV else os.environ.get("STREAMPROXY_" + name.upper())
-        if name in ("api_key", "lora_modules"):  # vLLM's form: several values per flag, each kept whole (JSON has commas)
-            parser.add_argument(flag, nargs="+", action="append", default=None, help=help_text)
-            continue
-        if isinstance(default, list):
-            # Repeatable; None means "not given" (the Settings default applies).
-            env_list = [_list_value(env_default)] if env_default is not None else None
-            parser.add_argument(flag, action="append", type=_list_value, default=env_list, help=help_text)
-            continue
-        if isinstance(default, bool):
-            if env_default is not None:
-                default = env_default.strip().lower() in ("1", "true", "yes", "on")
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-            continue
-        kind: Any = type(default) if default is not None else _FLAG_TYPE.get(name, int)
-        if env_default is not None:
-            default = kind(env_default)
-        parser.add_argument(flag, type=kind, default=default, help=help_text)
-    if with_model_flags:
-        parser.add_argument("--model", default=None, help="model folder or hub id")
-        parser.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the model is served under")
+    flags = {}
+    for field in msgspec.structs.fields(Settings):
+        hint, flag = typing.get_args(field.type)  # Annotated[T, Flag(...)]
+        if typing.get_origin(hint) in (types.UnionType, typing.Union):  # T | None
+            (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        env = "STREAMPROXY_" + field.name.upper() if flag.env == "" else flag.env
+        kind = typing.get_origin(hint) or hint
+        flags[field.name] = dataclasses.replace(flag, name=field.name, kind=kind, default=getattr(defaults, field.name), env=env)
+    return flags
 
 
-# List settings given as a repeated flag (a YAML list becomes `--flag a --flag b`).
-_REPEATABLE = {name for name in Settings.__struct_fields__ if isinstance(getattr(Settings(), name), list)}
+FLAGS: dict[str, Flag] = _declared()
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str = "serve") -> None:
+    """Our flags, as `command` (serve or gateway) takes them. The gateway's parser has serve's own
+    flags too, out of its help, so that one given is refused naming it (`serve_only_refusal`)."""
+    taken = parser._option_string_actions
+    for flag in FLAGS.values():
+        if flag.option in taken:
+            continue  # vLLM defines it (e.g. --log-level, --model): its definition wins
+        env = os.environ.get(flag.env) if flag.env else None
+        shown = flag.help if command in flag.commands else argparse.SUPPRESS
+        parser.add_argument(flag.option, help=shown, **_reading(flag, env))
+
+
+def _reading(flag: Flag, env: str | None) -> dict[str, Any]:
+    """How argparse reads `flag`, with its variable's value `env` as the default when set. A list's
+    default None means "not given": the Settings default applies."""
+    if flag.kind is list:
+        if flag.words:
+            return {"nargs": "+", "action": "append" if flag.repeat else "store", "default": None}
+        return {"action": "append", "type": _list_value, "default": None if env is None else [_list_value(env)]}
+    if flag.kind is bool:
+        return {"action": argparse.BooleanOptionalAction,
+                "default": flag.default if env is None else env.strip().lower() in ("1", "true", "yes", "on")}
+    kind = _json_object if flag.kind is dict else flag.kind
+    return {"type": kind, "default": flag.default if env is None else kind(env)}
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -284,30 +273,6 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-# Flags whose default is None and whose values are not ints.
-_FLAG_TYPE: dict[str, Any] = {
-    "deprecation_link": str,
-    "admin_key": str,
-    "otlp_traces_endpoint": str,
-    "fake_fail_on": str,
-    "fake_crash_on": str,
-    "tool_call_parser": str,
-    "reasoning_parser": str,
-    "chat_template": str,
-    "root_path": str,
-    "ssl_keyfile": str,
-    "ssl_certfile": str,
-    "ssl_ca_certs": str,
-    "ssl_ciphers": str,
-    "uds": str,
-    "http_log_level": str,
-    "disable_access_log_for_endpoints": str,
-    "ledger": str,
-    "default_chat_template_kwargs": _json_object,
-    "reasoning_effort_map": _json_object,
-}
-
-
 def _list_value(text: str) -> list[str]:
     """vLLM's form (a JSON list, e.g. '["https://a.example"]') or comma-separated."""
     text = text.strip()
@@ -317,22 +282,23 @@ def _list_value(text: str) -> list[str]:
 
 
 def settings_from_namespace(ns: argparse.Namespace) -> Settings:
-    values = {f: getattr(ns, f) for f in Settings.__struct_fields__ if hasattr(ns, f)}
-    defaults = Settings()
-    for name, value in list(values.items()):
-        if isinstance(getattr(defaults, name), list):
-            if value is None:
-                del values[name]
-            else:
-                values[name] = [item for group in value for item in group]
-    keys: list[str] = []
-    for key in values.pop("api_key", None) or []:
-        keys.extend(_read_key(key))
-    for env in ("STREAMPROXY_API_KEY", "VLLM_API_KEY"):  # vllm serve reads VLLM_API_KEY
-        env_key = os.environ.get(env)
-        if env_key:
-            keys.append(env_key)
+    values: dict[str, Any] = {}
+    for name, flag in FLAGS.items():
+        value: Any = getattr(ns, name, None)
+        if not hasattr(ns, name) or (flag.kind is list and value is None):
+            continue  # (a list not given: the Settings default)
+        values[name] = [item for group in value for item in group] if flag.kind is list and flag.repeat else value
+    keys = [key for value in values.pop("api_key", []) for key in _read_key(value)]
+    keys += [os.environ[env] for env in ("STREAMPROXY_API_KEY", "VLLM_API_KEY") if os.environ.get(env)]
     return Settings(api_key=keys, **values)
+
+
+def serve_only_refusal(settings: Settings) -> str | None:
+    """The gateway: why a flag of serve's own that `settings` set stops it (None: none is set)."""
+    for flag in FLAGS.values():
+        if "gateway" not in flag.commands and getattr(settings, flag.name) != flag.default:
+            return f"{flag.option} is a flag of streamproxy serve; {flag.refusal}"
+    return None
 
 
 def _read_key(value: str) -> list[str]:
@@ -360,22 +326,23 @@ def expand_config_file(argv: list[str]) -> list[str]:
 
 
 def mapping_to_flags(data: dict[str, Any]) -> list[str]:
-    """A config file's keys as command-line flags (`key: value` -> `--key value`)."""
+    """A config file's keys as command-line flags (`key: value` -> `--key value`; a list repeats a
+    repeatable flag of ours, else it is one flag's words, as for vLLM's)."""
     flags: list[str] = []
     for key, value in data.items():
         flag = "--" + str(key).replace("_", "-")
+        ours = FLAGS.get(str(key).replace("-", "_"))
         if value is True:
             flags.append(flag)
         elif value is False or value is None:
             continue
         elif isinstance(value, dict):
             flags += [flag, json.dumps(value)]  # e.g. default_chat_template_kwargs
+        elif isinstance(value, list) and ours is not None and ours.kind is list and ours.repeat:
+            for v in value:
+                flags += [flag, str(v)]
         elif isinstance(value, list):
-            if str(key).replace("-", "_") in _REPEATABLE:
-                for v in value:
-                    flags += [flag, str(v)]
-            else:
-                flags += [flag, *map(str, value)]
+            flags += [flag, *map(str, value)]
         else:
             flags += [flag, str(value)]
     return flags

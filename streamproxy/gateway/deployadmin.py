@@ -131,7 +131,7 @@ def _check_args(model: str, args: list[str]) -> None:
     if fixed:
         raise _bad("launch.args", f"`launch.args`: {fixed[0].split('=', 1)[0]} is the gateway's to set for its replicas")
     parser = _Parser(prog="streamproxy serve", allow_abbrev=False, add_help=False)
-    add_arguments(parser, with_model_flags=True)
+    add_arguments(parser)
     try:
         if model == "fake":
             parser.parse_args(["--engine", "fake", *args])

@@ -1,4 +1,4 @@
-"""The docs stay true: docs/cli.md is what `make docs` writes from the parsers, it names
+"""The docs stay true: docs/cli.md is what `make docs` writes from the flags' declarations, it names
 every flag the real `--help` prints, and every relative link and #anchor in the
 README, ARCHITECTURE.md and docs/ leads somewhere. No engine, no server, no network.
 """

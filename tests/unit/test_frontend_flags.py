@@ -209,7 +209,7 @@ def test_every_spelling_of_every_flag_parses() -> None:
     same option in ours."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    ours = vllm_cli.parser(lambda p: cli.add_arguments(p, with_model_flags=False))._option_string_actions
+    ours = vllm_cli.parser(cli.add_arguments)._option_string_actions
     serve = vllm_compat.cli_args().make_arg_parser(FlexibleArgumentParser(add_help=False))
     missing = [s for a, strings in vllm_compat.option_strings(serve) if a.dest in actions() for s in strings if s not in ours]
     assert missing == []
@@ -218,7 +218,7 @@ def test_every_spelling_of_every_flag_parses() -> None:
         strings = {s for a, ss in vllm_compat.option_strings(serve) if a is action for s in ss}
         for spelling in strings:  # each spelling sets the dest as vLLM's parser does
             expected = getattr(serve.parse_args([spelling]), action.dest)
-            ns = vllm_cli.parser(lambda p: cli.add_arguments(p, with_model_flags=False)).parse_args(["--model", "m", spelling])
+            ns = vllm_cli.parser(cli.add_arguments).parse_args(["--model", "m", spelling])
             assert getattr(ns, action.dest) == expected, spelling
 
 
