@@ -334,6 +334,8 @@ def mapping_to_flags(data: dict[str, Any]) -> list[str]:
         ours = FLAGS.get(str(key).replace("-", "_"))
         if value is True:
             flags.append(flag)
+        elif value is False and ours is not None and ours.kind is bool:
+            flags.append("--no-" + flag[2:])  # as vllm serve's --config: `x: false` turns a flag that is on by default off
         elif value is False or value is None:
             continue
         elif isinstance(value, dict):

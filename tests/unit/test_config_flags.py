@@ -96,6 +96,9 @@ def test_a_yaml_list_repeats_a_repeatable_flag_else_gives_its_words() -> None:
         "max_model_len": 5, "stream_push": False, "allow_credentials": True, "default_chat_template_kwargs": {"x": 1},
     }) == [
         "--allowed-origins", "a", "--allowed-origins", "b", "--api-key", "k1", "--api-key", "k2",
-        "--served-model-name", "n1", "n2", "--port", "9", "--max-model-len", "5", "--allow-credentials",
+        "--served-model-name", "n1", "n2", "--port", "9", "--max-model-len", "5", "--no-stream-push", "--allow-credentials",
         "--default-chat-template-kwargs", '{"x": 1}',
     ]
+    # `false` turns a flag of ours that is on by default off (as vllm serve's --config does with --no-x); a key that
+    # is not ours (vLLM's) and false is left out, which is its default off
+    assert mapping_to_flags({"direct_outputs": False, "enable_prefix_caching": False, "enforce_eager": False}) == ["--no-direct-outputs"]
