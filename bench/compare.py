@@ -303,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
                 warm_up(srv, 4, args.endpoint, srv.model_id())
+                if regime:  # an engine that answers anything else would make the figures meaningless
+                    why = gpu.check_answer(srv.url, srv.model_id())
+                    if why:
+                        raise RuntimeError(f"{srv.label}: the {gpu.LABEL}'s answer is wrong: {why}")
+                    print(f"[{label}] {srv.label} answers the {gpu.LABEL}'s text, detokenized whole, ended by EOS",
+                          flush=True)
             model_ids = {srv.label: srv.model_id() for srv in srvs}
             for conc, kind in [(c, k) for c in levels for k in kinds]:
                 n_requests = max(conc * args.per_stream, args.min_requests)

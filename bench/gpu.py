@@ -14,16 +14,20 @@ Here: the regime's defaults (`DEFAULTS`, applied by compare.parse_args to the
 flags not given), the engine flags every server gets (`ENGINE_ARGS`), the
 environment (`Regime.env`: the step model and the stand-in's stats file per
 server), the Rust front end's binary or why it is skipped (`Regime.rust_binary`)
-and the per-round engine figures read from the stats file (`engine_delta`).
+the per-round engine figures read from the stats file (`engine_delta`), and
+the check that each server's answer is the stand-in's text (`check_answer`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import urllib.request
 from pathlib import Path
 
 from . import rust_frontend
-from .standin_model import ENV_STATS, StepModel, read_stats
+from .loadgen import PROMPT
+from .standin_model import ENV_STATS, TEXT, StepModel, read_stats
 
 # -O0: the forward pass never runs, so there is nothing to compile; with it and an explicit KV-cache size the
 # CPU worker runs no warm-up either. --load-format dummy: the 1-layer model's weights are not read.
@@ -97,3 +101,20 @@ def engine_delta(before: dict[str, float], after: dict[str, float], wall: float)
             "engine_busy": d["modelled_s"] / wall if wall else 0.0, "engine_overrun_ms": d["overrun_s"] * 1e3,
             "engine_prefill_tokens": d["prefill_tokens"], "kv_blocks_peak": after["blocks_peak"],
             "kv_blocks_total": after["blocks_total"]}
+
+
+def check_answer(url: str, model: str) -> str | None:
+    """One plain chat request, no `ignore_eos`, room past the text: the answer must be the stand-in's text,
+    detokenized whole, ended by its EOS (finish_reason "stop"). None when it is, else what was wrong."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 512, "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            choice = json.load(r)["choices"][0]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        return f"no answer: {e}"
+    text, finish = choice.get("message", {}).get("content"), choice.get("finish_reason")
+    if text != TEXT or finish != "stop":
+        return f"finish_reason {finish!r}, text {str(text)[:60]!r}... ({len(text or '')} of {len(TEXT)} characters)"
+    return None

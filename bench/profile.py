@@ -2,6 +2,7 @@
 
     python -m bench.profile                       # fake engine, 256 streams, 15 s
     python -m bench.profile --model tiny -c 256   # real vLLM engine in-process (tiny model)
+    python -m bench.profile --model tiny --regime gpu -c 1024   # on the stand-in engine (bench/gpu.py)
 
 The server is started as a child process, warmed up, then loaded by
 bench/loadgen.py (counting mode) while `py-spy record` samples it. py-spy
@@ -204,7 +205,8 @@ def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, ma
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import compare, servers
+    from . import compare, gpu, servers
+    from .standin_model import StepModel
 
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="fake", help="fake (default), tiny, smollm2, or a model folder")
@@ -216,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--native", action="store_true", help="also sample C frames (py-spy --native)")
     ap.add_argument("--no-gil", action="store_true", help="sample every thread, not only the GIL holder")
-    ap.add_argument("--engine-args", default=compare.DEFAULT_ENGINE_ARGS)
+    ap.add_argument("--engine-args", default=None,
+                    help=f"default {compare.DEFAULT_ENGINE_ARGS!r}; --regime gpu: {gpu.ENGINE_ARGS!r}")
+    ap.add_argument("--regime", choices=["cpu", "gpu"], default="cpu",
+                    help="gpu: the real engine core with the stand-in forward pass (bench/standin.py; its default "
+                         "step model), as `make bench-gpu` runs it; the parts breakdown is the fake engine's")
     ap.add_argument("--server-args", default="", help="extra streamproxy flags")
     ap.add_argument("--parts", type=Path, metavar="SPEEDSCOPE",
                     help="only break a recorded profile down by part (with --us-per-chunk) and exit")
@@ -238,11 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         label = "fake"
     else:
         path, label = compare.model_path(args.model), compare.model_label(args.model)
-        eargs = shlex.split(args.engine_args)
-        if args.model == "tiny":
-            eargs += shlex.split(compare.DEFAULT_TINY_ARGS)
-        srv = servers.streamproxy_server(path, eargs, f"{stamp}-profile-{label}",
-                                         {"VLLM_CPU_KVCACHE_SPACE": "2"}, extra)
+        env = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+        if args.regime == "gpu":
+            eargs = shlex.split(args.engine_args or gpu.ENGINE_ARGS)
+            env = {"VLLM_CPU_KVCACHE_SPACE": gpu.KV_CACHE_GIB, **StepModel().env(), "PYTHONPATH": str(servers.ROOT)}
+            label += "-standin"
+        else:
+            eargs = shlex.split(args.engine_args or compare.DEFAULT_ENGINE_ARGS)
+            if args.model == "tiny":
+                eargs += shlex.split(compare.DEFAULT_TINY_ARGS)
+        srv = servers.streamproxy_server(path, eargs, f"{stamp}-profile-{label}", env, extra)
     out = RESULTS / f"profile-{label}-c{args.concurrency}-{stamp}.speedscope.json"
     srv.start()
     try:
