@@ -110,8 +110,12 @@ def summarize_speedscope(path: Path, top: int = 30, us_per_chunk: float | None =
 
 
 # The parts of a streamed chunk's cost, by the sampled stack (`chunk_parts`): first match wins.
-PARTS = ("socket write", "writer (framing, bookkeeping)", "encoder", "DeltaQueue.put", "fake engine step",
+_VLLM = "vLLM output (IPC decode, output handler, direct route)"
+PARTS = ("socket write", "writer (framing, bookkeeping)", "encoder", "DeltaQueue.put", "fake engine step", _VLLM,
          "request handling", "event loop, timers, other")
+# The engine's step, whose stacks hold the stream's per-token work: the fake engine's loop, or vLLM's output
+# handler task (its IPC decode, then engine_adapter/vllm_direct.py's route into each stream's queue).
+_STEP = ("FakeEngine._step_loop", "FakeEngine.step", "AsyncLLM._run_output_handler.<locals>.output_handler")
 
 
 def _source_line(file: str, line: int) -> str:
@@ -140,14 +144,16 @@ def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str
         return "writer (framing, bookkeeping)"
     names = [f["name"] for f in stack]
     files = [f.get("file") or "" for f in stack]
-    in_step = any(n in ("FakeEngine._step_loop", "FakeEngine.step") for n in names)
+    in_step = any(n in _STEP for n in names)
     if in_step or "_write_batch" in names:
         if "streamproxy/core/" in file:
             return "encoder"
         if name.startswith("DeltaQueue."):
             return "DeltaQueue.put"
         if "engine_adapter/fake.py" in file or "engine_adapter/base.py" in file:
-            return "fake engine step"
+            return "fake engine step" if any(n.startswith("FakeEngine.") for n in names) else _VLLM
+        if "engine_adapter/vllm" in file or "/vllm/" in file or "/zmq/" in file:
+            return _VLLM
         if any("streamproxy/core/" in f for f in files):
             return "encoder"
         if any(n.startswith("_Pump") for n in names):
@@ -188,7 +194,8 @@ def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, ma
     spy = start_record(srv.pid, seconds, out, rate=rate, gil=gil, native=native)
     try:
         time.sleep(1.0)  # attach
-        level = uvloop.run(_level(srv, conc, seconds, endpoint, max_tokens, warm=False))
+        # CPU per chunk of the front end alone (a real engine's core and workers are its descendants).
+        level = uvloop.run(_level(srv, conc, seconds, endpoint, max_tokens, warm=False, pids=srv.frontend_pids()))
         log = spy.communicate(timeout=120)[0].decode(errors="replace")
     finally:
         if spy.poll() is None:
