@@ -34,10 +34,10 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 from importlib import metadata
+from pathlib import Path
 
-from . import gpu, gpu_report, loadgen, procstat, report, rust_frontend
+from . import gpu, gpu_report, loadgen, procstat, report
 from .servers import RESULTS, ROOT, Server, rust_server, stop_on_signals, streamproxy_server, vllm_server
 
 DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
