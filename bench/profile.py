@@ -2,6 +2,7 @@
 
     python -m bench.profile                       # fake engine, 256 streams, 15 s
     python -m bench.profile --model tiny -c 256   # real vLLM engine in-process (tiny model)
+    python -m bench.profile --model tiny --regime gpu -c 1024   # on the stand-in engine (bench/gpu.py)
 
 The server is started as a child process, warmed up, then loaded by
 bench/loadgen.py (counting mode) while `py-spy record` samples it. py-spy
@@ -109,8 +110,12 @@ def summarize_speedscope(path: Path, top: int = 30, us_per_chunk: float | None =
 
 
 # The parts of a streamed chunk's cost, by the sampled stack (`chunk_parts`): first match wins.
-PARTS = ("socket write", "writer (framing, bookkeeping)", "encoder", "DeltaQueue.put", "fake engine step",
+_VLLM = "vLLM output (IPC decode, output handler, direct route)"
+PARTS = ("socket write", "writer (framing, bookkeeping)", "encoder", "DeltaQueue.put", "fake engine step", _VLLM,
          "request handling", "event loop, timers, other")
+# The engine's step, whose stacks hold the stream's per-token work: the fake engine's loop, or vLLM's output
+# handler task (its IPC decode, then engine_adapter/vllm_direct.py's route into each stream's queue).
+_STEP = ("FakeEngine._step_loop", "FakeEngine.step", "AsyncLLM._run_output_handler.<locals>.output_handler")
 
 
 def _source_line(file: str, line: int) -> str:
@@ -139,14 +144,16 @@ def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str
         return "writer (framing, bookkeeping)"
     names = [f["name"] for f in stack]
     files = [f.get("file") or "" for f in stack]
-    in_step = any(n in ("FakeEngine._step_loop", "FakeEngine.step") for n in names)
+    in_step = any(n in _STEP for n in names)
     if in_step or "_write_batch" in names:
         if "streamproxy/core/" in file:
             return "encoder"
         if name.startswith("DeltaQueue."):
             return "DeltaQueue.put"
         if "engine_adapter/fake.py" in file or "engine_adapter/base.py" in file:
-            return "fake engine step"
+            return "fake engine step" if any(n.startswith("FakeEngine.") for n in names) else _VLLM
+        if "engine_adapter/vllm" in file or "/vllm/" in file or "/zmq/" in file:
+            return _VLLM
         if any("streamproxy/core/" in f for f in files):
             return "encoder"
         if any(n.startswith("_Pump") for n in names):
@@ -187,7 +194,8 @@ def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, ma
     spy = start_record(srv.pid, seconds, out, rate=rate, gil=gil, native=native)
     try:
         time.sleep(1.0)  # attach
-        level = uvloop.run(_level(srv, conc, seconds, endpoint, max_tokens, warm=False))
+        # CPU per chunk of the front end alone (a real engine's core and workers are its descendants).
+        level = uvloop.run(_level(srv, conc, seconds, endpoint, max_tokens, warm=False, pids=srv.frontend_pids()))
         log = spy.communicate(timeout=120)[0].decode(errors="replace")
     finally:
         if spy.poll() is None:
@@ -204,7 +212,8 @@ def profile_under_load(srv: Server, conc: int, seconds: float, endpoint: str, ma
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import compare, servers
+    from . import compare, gpu, servers
+    from .standin_model import StepModel
 
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="fake", help="fake (default), tiny, smollm2, or a model folder")
@@ -216,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--native", action="store_true", help="also sample C frames (py-spy --native)")
     ap.add_argument("--no-gil", action="store_true", help="sample every thread, not only the GIL holder")
-    ap.add_argument("--engine-args", default=compare.DEFAULT_ENGINE_ARGS)
+    ap.add_argument("--engine-args", default=None,
+                    help=f"default {compare.DEFAULT_ENGINE_ARGS!r}; --regime gpu: {gpu.ENGINE_ARGS!r}")
+    ap.add_argument("--regime", choices=["cpu", "gpu"], default="cpu",
+                    help="gpu: the real engine core with the stand-in forward pass (bench/standin.py; its default "
+                         "step model), as `make bench-gpu` runs it; the parts breakdown is the fake engine's")
     ap.add_argument("--server-args", default="", help="extra streamproxy flags")
     ap.add_argument("--parts", type=Path, metavar="SPEEDSCOPE",
                     help="only break a recorded profile down by part (with --us-per-chunk) and exit")
@@ -238,11 +251,16 @@ def main(argv: list[str] | None = None) -> int:
         label = "fake"
     else:
         path, label = compare.model_path(args.model), compare.model_label(args.model)
-        eargs = shlex.split(args.engine_args)
-        if args.model == "tiny":
-            eargs += shlex.split(compare.DEFAULT_TINY_ARGS)
-        srv = servers.streamproxy_server(path, eargs, f"{stamp}-profile-{label}",
-                                         {"VLLM_CPU_KVCACHE_SPACE": "2"}, extra)
+        env = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+        if args.regime == "gpu":
+            eargs = shlex.split(args.engine_args or gpu.ENGINE_ARGS)
+            env = {"VLLM_CPU_KVCACHE_SPACE": gpu.KV_CACHE_GIB, **StepModel().env(), "PYTHONPATH": str(servers.ROOT)}
+            label += "-standin"
+        else:
+            eargs = shlex.split(args.engine_args or compare.DEFAULT_ENGINE_ARGS)
+            if args.model == "tiny":
+                eargs += shlex.split(compare.DEFAULT_TINY_ARGS)
+        srv = servers.streamproxy_server(path, eargs, f"{stamp}-profile-{label}", env, extra)
     out = RESULTS / f"profile-{label}-c{args.concurrency}-{stamp}.speedscope.json"
     srv.start()
     try:

@@ -35,7 +35,8 @@ METRICS = [
     ("other_cores", "other cores", "{:.2f}"),
 ]
 # "streamproxy-base": the same server from another source tree (compare.py --baseline), when run.
-SERVERS = ["vllm", "streamproxy-base", "streamproxy"]
+SERVERS = ["vllm", "vllm-rust", "streamproxy-base", "streamproxy"]  # vllm-rust: the gpu regime's (bench/gpu.py)
+CHART_TITLE = "streamproxy vs vLLM OpenAI server (bars: median of rounds; dots: each round)"
 
 
 def _median(values: list[float | None]) -> float:
@@ -123,7 +124,7 @@ SPREAD = [
 ]
 
 
-def spread(v: list[float], fmt: str) -> str:
+def spread(v: list[float] | list[float | None], fmt: str) -> str:
     vals = sorted(x for x in v if x is not None and not math.isnan(x))
     if not vals:
         return "n/a"
@@ -298,7 +299,7 @@ def slow_targets(med: dict) -> list[str]:
             "|---|---|---|---|---|", *lines, ""]
 
 
-def chart(rows: list[dict], path: Path) -> None:
+def chart(rows: list[dict], path: Path, title: str = CHART_TITLE) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,7 +311,7 @@ def chart(rows: list[dict], path: Path) -> None:
               ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
     fig, axes = plt.subplots(len(models), len(panels), figsize=(4.2 * len(panels), 3.4 * len(models)),
                              squeeze=False)
-    colors = {"vllm": "#8c8c8c", "streamproxy-base": "#aec7e8", "streamproxy": "#1f77b4", "streamproxy-n2": "#ff7f0e",
+    colors = {"vllm": "#8c8c8c", "vllm-rust": "#d62728", "streamproxy-base": "#aec7e8", "streamproxy": "#1f77b4", "streamproxy-n2": "#ff7f0e",
               "streamproxy-n4": "#2ca02c"}
     servers = _labels(rows)
     for i, model in enumerate(models):
@@ -335,7 +336,7 @@ def chart(rows: list[dict], path: Path) -> None:
             ax.grid(axis="y", alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=8, loc="lower left")
-    fig.suptitle("streamproxy vs vLLM OpenAI server (bars: median of rounds; dots: each round)", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,6 +6,10 @@ output in a log file under bench/results/logs/. The front-end process is the
 one we start (`python -m ...`): vLLM's API server and streamproxy both run
 their HTTP layer and AsyncLLM there and spawn the engine core
 (`VLLM::EngineCore`) as a child; `engine_pids()` returns those children.
+vLLM's Rust front end (`rust_server`) is the other way round: the process we
+start is `vllm serve`'s Python launcher, which spawns the engine core and the
+`vllm-rs` binary; the front end is that child (`frontend_exe`), and the
+launcher is neither front end nor engine.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"  # answers 200 once the server can take requests
     cwd: str | Path = ROOT  # where it runs (`python -m` imports from there first)
+    frontend_exe: str | None = None  # the front end is the descendant running this executable (not our process)
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after: float = 0.0
@@ -118,7 +123,11 @@ class Server:
 
     def frontend_pids(self) -> list[int]:
         """The API-server processes: this one, and with `--api-server-count N` its N workers
-        (spawned children that are not vLLM's retitled engine processes nor a resource tracker)."""
+        (spawned children that are not vLLM's retitled engine processes nor a resource tracker).
+        With `frontend_exe`: the descendants running that executable instead."""
+        if self.frontend_exe is not None:
+            return [p for p in procstat.descendants(self.pid)
+                    if Path(procstat.name(p).split(" ", 1)[0]).name == self.frontend_exe]
         workers = [p for p in procstat.descendants(self.pid)
                    if procstat.ppid(p) == self.pid and "spawn_main" in procstat.name(p)]
         return [self.pid, *workers]
@@ -169,6 +178,17 @@ def vllm_server(model: str, engine_args: list[str], tag: str, env: dict[str, str
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
            "--port", str(port), *engine_cmd_args(model, engine_args)]
     return Server("vllm", cmd, port, RESULTS / "logs" / f"{tag}-vllm.log", env)
+
+
+def rust_server(model: str, engine_args: list[str], tag: str, env: dict[str, str], binary: Path) -> Server:
+    """`vllm serve` with vLLM's Rust front end (bench/rust_frontend.py) over the same engine flags."""
+    from . import rust_frontend
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "bench.rust_frontend", "serve", "--host", "127.0.0.1", "--port", str(port),
+           *engine_cmd_args(model, engine_args)]
+    return Server("vllm-rust", cmd, port, RESULTS / "logs" / f"{tag}-vllm-rust.log",
+                  {**env, **rust_frontend.env(binary)}, frontend_exe=binary.name)
 
 
 def streamproxy_server(model: str, engine_args: list[str], tag: str, env: dict[str, str],
