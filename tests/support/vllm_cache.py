@@ -4,7 +4,7 @@
 caching and KV events on, one full-attention group) without an engine:
 `run(id, token_ids)` allocates a request's prompt as the scheduler does
 (reusing a cached prefix) and frees it (its blocks stay cached until
-evicted), `take()` the events it queued (what the publisher would send),
+evicted), `take()` the events it queued, `payload()` them as the bytes the publisher would send,
 `reset()` its prefix cache, and `cached()` the block hashes it holds now, as
 the events name them. vLLM is imported when one is made (about 9 s the
 first time in a process).
@@ -50,6 +50,13 @@ class VllmCache:
 
     def take(self) -> list[Any]:
         return list(self.manager.take_events())
+
+    def payload(self) -> bytes:
+        """The events queued, as the bytes of the batch vLLM's publisher would send (its msgspec encoder)."""
+        import msgspec
+        from vllm.distributed.kv_events import KVEventBatch
+
+        return msgspec.msgpack.Encoder().encode(KVEventBatch(ts=0.0, events=self.take()))
 
     def reset(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
