@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, decode_batch
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys, block_keys, prompt_extras
 
 A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
 BS = 4
 
 
-def store(index: KVIndex, owner: str, hashes: list[int], tokens: list[int], parent: int | None = None, **kw: Any) -> None:
+def store(index: KVIndex, owner: str, hashes: list[EngineHash], tokens: list[int], parent: int | None = None, **kw: Any) -> None:
     index.apply(owner, [BlockStored(hashes, parent, tokens, BS, **kw)])
 
 
@@ -88,7 +88,7 @@ def test_lora_and_cache_salt_make_blocks_differ() -> None:
     index = KVIndex()
     extras = prompt_extras(3, "adapter", "salt")
     assert extras == [("adapter", "salt"), ("adapter",), ("adapter",)]  # as vLLM publishes them
-    store(index, A, [1, 2, 3], PROMPT[:12], lora_name="adapter", extra_keys=[list(e) for e in extras])
+    store(index, A, [1, 2, 3], PROMPT[:12], lora_name="adapter", extra_keys=[list(e or ()) for e in extras])
     store(index, B, [1, 2, 3], PROMPT[:12], lora_name="adapter")  # a vLLM that sent no extra_keys: the LoRA name
     assert cached(index, PROMPT, lora_name="adapter", cache_salt="salt") == {A: 12, B: 0}
     assert cached(index, PROMPT, lora_name="adapter") == {A: 0, B: 12}
