@@ -17,8 +17,11 @@ with the replays to ask for; it applies batches to the `KVIndex` in order:
     engine, an empty cache): reset, and start over;
   - the first batch heard (the gateway started, or the stream was lost):
     replay from 0, to learn what the replica's buffer still holds;
-  - after a disconnect, anything but the next sequence: reset and start over
-    (a restart cannot be told from a long gap);
+  - a reconnect (the socket monitor saw the connection drop and come back):
+    reset and replay from 0 at once. A restarted publisher numbers from 0
+    again, but its first batches may be lost before the connection is back
+    (ZMQ's slow joiner), and once it has published more than the gateway
+    last saw, a restart cannot be told from a gap by the numbers;
   - silence: an idle replica publishes nothing, so after `idle_probe`
     seconds the feed asks for a replay from the next sequence: a live
     publisher answers at once (with any batches whose loss no later batch
@@ -62,7 +65,8 @@ class Feed:
         self._want = 0  # the next sequence the replay should bring
         self._deadline = 0.0
         self._held: deque[tuple[int, bytes]] = deque(maxlen=self.policy.max_held)
-        self._suspect = False  # reconnected since the last batch: continuity unproven
+        self._suspect = False  # disconnected: a reconnect starts over
+        self._resync = False  # reconnected: reset and replay from 0 when next due
         self._down_since: float | None = None
         self._gone = False  # lost, and not heard from since
         # Counters, for metrics and tests.
@@ -84,6 +88,9 @@ class Feed:
         if self._replaying:
             self._held.append((seq, payload))
             return None
+        if self._resync:
+            self._resync = False
+            self._reset()
         last = self.last_seq
         if last is None:
             if self.replay and seq > 0:
@@ -92,10 +99,9 @@ class Feed:
             self._apply(seq, payload)
             return None
         if seq == last + 1:
-            self._suspect = False
             self._apply(seq, payload)
             return None
-        if seq <= last or self._suspect:  # a restarted publisher, or a gap across a reconnect
+        if seq <= last:  # a restarted publisher
             self._reset()
             return self.live(seq, payload, now)
         self.gaps += 1
@@ -128,6 +134,8 @@ class Feed:
 
     def connected(self, now: float) -> None:
         self._down_since = None
+        if self._suspect:
+            self._suspect, self._resync = False, True
 
     def disconnected(self, now: float) -> None:
         self._suspect = True
@@ -143,6 +151,10 @@ class Feed:
                 self.heard = now  # (the next probe after another idle_probe, not at once)
                 self._finish(answered=False)
             return None
+        if self._resync:
+            self._resync = False
+            self._reset()
+            return self._start(0, now, fresh=True) if self.replay else None
         if self._down_since is not None and now - self._down_since >= self.policy.lost_after:
             self._down_since = None
             self._lose("its connection is down")
@@ -155,6 +167,8 @@ class Feed:
         """When `due` should be called next (None: only when a message comes)."""
         if self._replaying:
             return self._deadline
+        if self._resync:
+            return self.heard
         times = []
         if self.replay:
             times.append(self.heard + self.policy.idle_probe)
@@ -211,7 +225,6 @@ class Feed:
         self.resets += 1
         self.index.reset(self.owner)
         self.last_seq = None
-        self._suspect = False
 
     def _lose(self, why: str) -> None:
         if not self._gone:  # (counted once until it is heard from again)
@@ -221,4 +234,3 @@ class Feed:
         self._gone = True
         self.index.reset(self.owner)
         self.last_seq = None
-        self._suspect = False
