@@ -11,8 +11,9 @@ with the replays to ask for; it applies batches to the `KVIndex` in order:
     sequence asked for; batches that arrive meanwhile are held too. The
     replay fills the gap; if the replica's buffer no longer reaches back to
     it, the replica's blocks are reset and the index rebuilt from what
-    follows (a prefix the replica still holds comes back as it is reused:
-    vLLM announces reused blocks again);
+    follows (a prefix the replica still holds comes back when a request
+    reuses it, if requests ask vLLM to announce reused blocks:
+    `kv_cache_report_mode: full`);
   - a sequence at or below the last one: the publisher restarted (a new
     engine, an empty cache): reset, and start over;
   - the first batch heard (the gateway started, or the stream was lost):

@@ -17,12 +17,14 @@ tuple: valid in this process only, which is all the index needs.
 
 State. Per replica (its URL, the "owner"), `entries` maps each engine block
 it holds to its key, least recently stored first; `holders` maps a key to the
-replicas holding it (with a count: the same tokens may sit in two KV-cache
-groups or tiers of one replica). An event costs O(its blocks); nothing is
-per token. At most `max_blocks` engine blocks are tracked over all replicas:
+replica holding it, or to those holding it with a count each (the same
+tokens may sit in two KV-cache groups or tiers of one replica). An event
+costs O(its blocks); nothing is per token. About 300 bytes a block tracked
+(bench/kv_cost.py). At most `max_blocks` engine blocks over all replicas:
 past that, the replica tracking the most loses its least recently stored
-block (vLLM re-announces a block each time a request reuses it, so recently
-used blocks stay). `reset` (AllBlocksCleared, a gap that replay cannot fill,
+block (vLLM announces a block again when a request reuses it, if the
+request asks it to: `kv_cache_report_mode: full` in its `vllm_xargs`; then
+recently used blocks stay, and come back after a reset). `reset` (AllBlocksCleared, a gap that replay cannot fill,
 a lost stream, a restarted replica) and `drop` (the replica is gone) forget
 a replica's blocks in O(its blocks).
 
@@ -43,7 +45,7 @@ from typing import Any
 from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, Event
 
 ROOT = 0  # the parent key of a prompt's first block
-DEFAULT_MAX_BLOCKS = 1_000_000
+DEFAULT_MAX_BLOCKS = 262_144  # about 80 MB; 4 replicas of 65k blocks (a million tokens each at 16 a block)
 Extra = tuple[Any, ...] | None
 
 
@@ -132,7 +134,8 @@ class KVIndex:
         self.speculative_ttl = speculative_ttl
         self.max_speculative = max_speculative
         self._owners: dict[str, _Owner] = {}
-        self._holders: dict[int, dict[str, int]] = {}
+        # key -> its one holder (the common case, held once), or {holder: how many of its engine blocks}
+        self._holders: dict[int, str | dict[str, int]] = {}
         self._size = 0
         self._guesses: dict[int, dict[str, float]] = {}  # key -> {owner: until}: speculative entries
         self._guess_order: deque[tuple[float, str, int]] = deque()
@@ -253,23 +256,35 @@ class KVIndex:
         else:
             entries[block] = key
             self._size += 1
-        held = self._holders.get(key)
+        holders = self._holders
+        held = holders.get(key)
         if held is None:
-            self._holders[key] = {owner: 1}
+            holders[key] = owner
+        elif isinstance(held, str):
+            holders[key] = {held: 1, owner: 1} if held != owner else {owner: 2}
         else:
             held[owner] = held.get(owner, 0) + 1
 
     def _unhold(self, owner: str, key: int) -> None:
-        held = self._holders.get(key)
+        holders = self._holders
+        held = holders.get(key)
         if held is None:
+            return
+        if isinstance(held, str):
+            if held == owner:
+                del holders[key]
             return
         count = held.get(owner, 0) - 1
         if count > 0:
             held[owner] = count
-            return
-        held.pop(owner, None)
+        else:
+            held.pop(owner, None)
         if not held:
-            del self._holders[key]
+            del holders[key]
+        elif len(held) == 1:
+            ((only, n),) = held.items()
+            if n == 1:
+                holders[key] = only
 
     def _evict(self) -> None:
         """Back to `max_blocks`: the least recently stored blocks of the replica tracking the most."""
@@ -293,7 +308,8 @@ class KVIndex:
             guess = guesses.get(key)
             if held is None and guess is None:
                 break
-            live = [o for o in live if (held is not None and o in held) or (guess is not None and guess.get(o, 0.0) > now)]
+            live = [o for o in live if (held is not None and (held == o if isinstance(held, str) else o in held))
+                    or (guess is not None and guess.get(o, 0.0) > now)]
             if not live:
                 break
             n += 1

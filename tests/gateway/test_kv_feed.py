@@ -190,7 +190,8 @@ def test_a_reconnect_starts_over_from_the_replicas_buffer() -> None:
     link.replica.restart()  # (or not: after a reconnect the numbers cannot tell)
     link.publish(ps[1], deliver=False)  # its first batches, lost before the connection was back
     link.feed.connected(link.now)
-    assert link.feed.next_deadline() <= link.now
+    deadline = link.feed.next_deadline()
+    assert deadline is not None and deadline <= link.now
     start = link.feed.due(link.now)
     assert start == 0
     link.asked.append(start)

@@ -212,3 +212,21 @@ def test_lora_and_salted_prompts_match_vllms_blocks() -> None:
         assert cached(index, prompt, A, lora_name=lora, cache_salt=salt) == {A: 28}
     assert cached(index, prompt, A) == {A: 0}
     assert cached(index, prompt, A, lora_name="other") == {A: 0}
+
+
+def test_after_a_reset_reused_blocks_come_back_when_requests_ask_vllm_to_report_them() -> None:
+    from tests.support.vllm_cache import VllmCache
+
+    vllm = VllmCache(block_size=BS, blocks=64)
+    index = KVIndex()
+    system = list(range(20))
+    vllm.run("first", system + [100, 101, 102, 103, 104])
+    feed(index, A, vllm.payload())
+    index.reset(A)  # a gap the replay could not fill: what the replica holds is no longer known
+    vllm.run("plain", system + [200, 201, 202, 203, 204])
+    feed(index, A, vllm.payload())
+    assert cached(index, system, A) == {A: 0}  # its new blocks chain on a parent the index forgot
+    vllm.run("full", system + [300, 301, 302, 303, 304], report_reused=True)
+    feed(index, A, vllm.payload())
+    assert cached(index, system, A) == {A: 20}  # the reused prefix announced again
+    assert set(index._owners[A].entries) <= vllm.cached()

@@ -32,14 +32,17 @@ class VllmCache:
         self._hasher = get_request_block_hasher(block_size, sha256)
 
     def run(self, request_id: str, token_ids: list[int], *, lora: tuple[str, int] | None = None,
-            cache_salt: str | None = None, keep: bool = False) -> int:
-        """Schedule the prompt (its cached prefix reused), then free it unless `keep`. Returns the tokens it hit."""
+            cache_salt: str | None = None, keep: bool = False, report_reused: bool = False) -> int:
+        """Schedule the prompt (its cached prefix reused), then free it unless `keep`. Returns the tokens it hit.
+        `report_reused`: the request asks for BlockStored events of the blocks it reuses too
+        (`vllm_xargs: {"kv_cache_report_mode": "full"}`)."""
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
         lora_request = LoRARequest(lora[0], lora[1], f"/adapters/{lora[0]}") if lora else None
-        request = Request(request_id, list(token_ids), SamplingParams(max_tokens=1), None, block_hasher=self._hasher,
+        params = SamplingParams(max_tokens=1, extra_args={"kv_cache_report_mode": "full"} if report_reused else None)
+        request = Request(request_id, list(token_ids), params, None, block_hasher=self._hasher,
                           lora_request=lora_request, cache_salt=cache_salt)
         computed, hit, _ = self.manager.get_computed_blocks(request)
         if self.manager.allocate_slots(request, len(token_ids) - hit, hit, computed) is None:
