@@ -25,7 +25,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from streamproxy.gateway.kv_events import decode_batch
+from streamproxy.gateway.kv_events import Event, decode_batch
 from streamproxy.gateway.kv_feed import Feed
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 from tests.support.kv_publisher import FakeCache, encode_batch
@@ -71,6 +71,35 @@ def spread(values: list[float], per: float) -> str:
     return f"{min(us):8.2f} {statistics.median(us):8.2f} {max(us):8.2f}"
 
 
+def fed_index(batches: list[tuple[str, bytes, int, int]], owners: list[str]) -> KVIndex:
+    """Every batch through a Feed per replica (no replay: in order), as the subscriber would."""
+    index = KVIndex()
+    feeds = {o: Feed(o, index, replay=False) for o in owners}
+    seqs = dict.fromkeys(owners, 0)
+    for owner, payload, _, _ in batches:
+        feeds[owner].live(seqs[owner], payload, 0.0)
+        seqs[owner] += 1
+    return index
+
+
+def one_round(batches: list[tuple[str, bytes, int, int]], payloads: list[bytes], decoded: list[list[Event]],
+              owners: list[str], tokens: list[int]) -> dict[str, float]:
+    """One round's CPU seconds: decode, apply, feed (both), and 200 queries and key computations (scaled to len(batches))."""
+    index = KVIndex()
+
+    def apply_all() -> None:
+        for (owner, _, _, _), events in zip(batches, decoded):
+            index.apply(owner, events)
+
+    took = {"decode": cpu(lambda: [decode_batch(p) for p in payloads]), "apply": cpu(apply_all)}
+    fed: list[KVIndex] = []
+    took["feed"] = cpu(lambda: fed.append(fed_index(batches, owners)))
+    scale = len(batches) / 200
+    took["query"] = cpu(lambda: [fed[0].cached_tokens(PromptKeys(tokens), owners, 0.0) for _ in range(200)]) * scale
+    took["keys"] = cpu(lambda: [PromptKeys(tokens).keys(BS) for _ in range(200)]) * scale
+    return took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=4)
@@ -86,28 +115,9 @@ def main() -> None:
     timings: dict[str, list[float]] = {"decode": [], "apply": [], "feed": [], "query": [], "keys": []}
     tokens = (last + list(range(2000)))[:2000]  # the last prompt (held by one replica), then tokens no one holds
     for _ in range(args.rounds):
-        timings["decode"].append(cpu(lambda: [decode_batch(p) for p in payloads]))
-        index = KVIndex()
-
-        def apply_all() -> None:
-            for (owner, _, _, _), events_of in zip(batches, decoded):
-                index.apply(owner, events_of)
-
-        timings["apply"].append(cpu(apply_all))
-        fed = KVIndex()
-        feeds = {o: Feed(o, fed, replay=False) for o in owners}
-        seqs = dict.fromkeys(owners, 0)
-
-        def feed_all() -> None:
-            for owner, payload, _, _ in batches:
-                feeds[owner].live(seqs[owner], payload, 0.0)
-                seqs[owner] += 1
-
-        timings["feed"].append(cpu(feed_all))
-        timings["query"].append(cpu(lambda: [fed.cached_tokens(PromptKeys(tokens), owners, 0.0)
-                                             for _ in range(200)]) / 200 * n)
-        timings["keys"].append(cpu(lambda: [PromptKeys(tokens).keys(BS) for _ in range(200)]) / 200 * n)
-        held = max(fed.cached_tokens(PromptKeys(tokens), owners, 0.0).values())
+        for name, took in one_round(batches, payloads, decoded, owners, tokens).items():
+            timings[name].append(took)
+    held = max(fed_index(batches, owners).cached_tokens(PromptKeys(tokens), owners, 0.0).values())
 
     tracemalloc.start()
     index = KVIndex()

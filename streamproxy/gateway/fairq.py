@@ -62,7 +62,7 @@ class Waiter:
 
 
 class _Band:
-    __slots__ = ("priority", "flows", "counters", "size")
+    __slots__ = ("counters", "flows", "priority", "size")
 
     def __init__(self, priority: int) -> None:
         self.priority = priority

@@ -23,7 +23,7 @@ from streamproxy.gateway.fairq import FairQueue, Outcome, Waiter
 
 
 class Ticket:
-    __slots__ = ("tenant", "band", "cost", "weight", "released")
+    __slots__ = ("band", "cost", "released", "tenant", "weight")
 
     def __init__(self, tenant: str, band: int, cost: float, weight: float) -> None:
         self.tenant, self.band, self.cost, self.weight = tenant, band, cost, weight

@@ -101,7 +101,7 @@ def engine_key(block_hash: EngineHash, group: int | None, medium: str | None) ->
 class PromptKeys:
     """One request's prompt as block keys, computed once per block size in use."""
 
-    __slots__ = ("token_ids", "lora_name", "cache_salt", "_by_size")
+    __slots__ = ("_by_size", "cache_salt", "lora_name", "token_ids")
 
     def __init__(self, token_ids: Sequence[int], lora_name: str | None = None, cache_salt: str | None = None) -> None:
         self.token_ids = token_ids
@@ -118,7 +118,7 @@ class PromptKeys:
 
 
 class _Owner:
-    __slots__ = ("entries", "block_size")
+    __slots__ = ("block_size", "entries")
 
     def __init__(self) -> None:
         self.entries: OrderedDict[Hashable, int] = OrderedDict()  # engine block -> key, least recently stored first
@@ -302,8 +302,7 @@ class KVIndex:
         live = list(dict.fromkeys(owners))
         result = dict.fromkeys(live, 0)
         holders, guesses = self._holders, self._guesses
-        n = 0
-        for key in keys:
+        for n, key in enumerate(keys, 1):
             held = holders.get(key)
             guess = guesses.get(key)
             if held is None and guess is None:
@@ -312,7 +311,6 @@ class KVIndex:
                     or (guess is not None and guess.get(o, 0.0) > now)]
             if not live:
                 break
-            n += 1
             for o in live:
                 result[o] = n
         return result

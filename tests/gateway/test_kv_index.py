@@ -1,18 +1,14 @@
 """gateway/kv_index.py: blocks keyed by their tokens, per replica, fed by KV events; prefix queries; bounds.
 
-The last tests drive vLLM's own KV-cache manager (tests/support/vllm_cache.py): the index, fed
-the events it queues, predicts each next request's prefix-cache hit exactly, and holds the
-blocks its cache holds.
+(test_kv_vllm.py drives vLLM's own KV-cache manager: the index, fed its events, predicts each next
+request's prefix-cache hit exactly and holds the blocks its cache holds.)
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import pytest
-
-from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, decode_batch
+from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys, block_keys, prompt_extras
 
 A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
@@ -122,13 +118,13 @@ def test_the_bound_evicts_the_least_recently_stored_of_the_biggest_replica() -> 
     tokens = list(range(40))
     store(index, A, [1, 2, 3, 4], tokens[:16])
     store(index, B, [5, 6], tokens[:8])
-    store(index, A, [1], tokens[:4])  # block 1 used again (vLLM re-announces reused blocks): recent
+    store(index, A, [1], tokens[:4])  # block 1 announced again (reused, kv_cache_report_mode full): recent
     store(index, B, [7], tokens[8:12], parent=6)
     assert len(index) == 6 and index.evicted == 1
     assert index.blocks(A) == 3 and index.blocks(B) == 3  # A, the biggest, lost its oldest: block 2
     assert cached(index, tokens[:16], A) == {A: 4}  # ... which cuts its prefix after block 1
     for i in range(200):
-        store(index, C, [1000 + i], tokens[:4] if i == 0 else tokens[:4], parent=None)
+        store(index, C, [1000 + i], [i] * 4)
     assert len(index) <= 6
 
 
@@ -152,81 +148,3 @@ def test_speculation_is_bounded() -> None:
     for i in range(50):
         index.speculate(A, PromptKeys([i] * 40), now=float(i))
     assert len(index._guess_order) <= 10 and sum(len(h) for h in index._guesses.values()) <= 10
-
-
-# -- against vLLM's own KV-cache manager --------------------------------------------------
-
-
-def feed(index: KVIndex, owner: str, payload: bytes) -> None:
-    """A batch from vLLM's encoder through our decoder into the index, as the subscriber does."""
-    index.apply(owner, decode_batch(payload)[0].events)
-
-
-def conversations(rng: random.Random, n: int) -> list[list[int]]:
-    """Prompts that share prefixes as chats do: system prompts, then turns that extend each other."""
-    systems = [[rng.randrange(1000) for _ in range(rng.randint(5, 40))] for _ in range(3)]
-    threads: list[list[int]] = []
-    prompts = []
-    for _ in range(n):
-        if threads and rng.random() < 0.6:
-            thread = rng.choice(threads)
-            thread.extend(rng.randrange(1000) for _ in range(rng.randint(1, 30)))
-        else:
-            thread = list(rng.choice(systems)) + [rng.randrange(1000) for _ in range(rng.randint(1, 20))]
-            threads.append(thread)
-        prompts.append(list(thread))
-    return prompts
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_index_predicts_vllms_prefix_hits_and_holds_its_blocks(seed: int) -> None:
-    from tests.support.vllm_cache import VllmCache
-
-    rng = random.Random(seed)
-    vllm = VllmCache(block_size=BS, blocks=48)  # small: blocks get evicted (BlockRemoved)
-    index = KVIndex()
-    index.add(A)
-    for i, prompt in enumerate(conversations(rng, 120)):
-        if i == 70:
-            assert vllm.reset()  # AllBlocksCleared
-            feed(index, A, vllm.payload())
-        predicted = cached(index, prompt, A)[A]
-        hit = vllm.run(f"r{i}", prompt)
-        assert min(predicted, (len(prompt) - 1) // BS * BS) == hit, i  # vLLM computes the last token itself
-        feed(index, A, vllm.payload())
-        assert set(index._owners[A].entries) == vllm.cached(), i
-    assert index.orphaned == 0 and index.unaligned == 0
-
-
-def test_lora_and_salted_prompts_match_vllms_blocks() -> None:
-    from tests.support.vllm_cache import VllmCache
-
-    vllm = VllmCache(block_size=BS, blocks=64)
-    index = KVIndex()
-    prompt = list(range(30))
-    vllm.run("lora", prompt, lora=("adapter", 1))
-    vllm.run("salted", prompt, cache_salt="tenant-7")
-    vllm.run("both", prompt, lora=("adapter", 1), cache_salt="tenant-7")
-    feed(index, A, vllm.payload())
-    for lora, salt in (("adapter", None), (None, "tenant-7"), ("adapter", "tenant-7")):
-        assert cached(index, prompt, A, lora_name=lora, cache_salt=salt) == {A: 28}
-    assert cached(index, prompt, A) == {A: 0}
-    assert cached(index, prompt, A, lora_name="other") == {A: 0}
-
-
-def test_after_a_reset_reused_blocks_come_back_when_requests_ask_vllm_to_report_them() -> None:
-    from tests.support.vllm_cache import VllmCache
-
-    vllm = VllmCache(block_size=BS, blocks=64)
-    index = KVIndex()
-    system = list(range(20))
-    vllm.run("first", system + [100, 101, 102, 103, 104])
-    feed(index, A, vllm.payload())
-    index.reset(A)  # a gap the replay could not fill: what the replica holds is no longer known
-    vllm.run("plain", system + [200, 201, 202, 203, 204])
-    feed(index, A, vllm.payload())
-    assert cached(index, system, A) == {A: 0}  # its new blocks chain on a parent the index forgot
-    vllm.run("full", system + [300, 301, 302, 303, 304], report_reused=True)
-    feed(index, A, vllm.payload())
-    assert cached(index, system, A) == {A: 20}  # the reused prefix announced again
-    assert set(index._owners[A].entries) <= vllm.cached()

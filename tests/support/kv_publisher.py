@@ -22,6 +22,11 @@ requests (empty delimiter, start sequence) with (delimiter, topic,
 sequence, payload) per buffered batch and the end marker (sequence -1).
 `drop` names sequences the PUB leaves unsent (lost on the way, still in the
 replay buffer); `answer_replays = False` makes the ROUTER silent.
+
+The subscribing side: `subscribed(owner, endpoint, replay)` is a started
+`KVSubscriber` over a fresh index (stopped after the block), `heard(sub)`
+waits until its connection and subscription are through (a PUB drops what
+no subscriber asked for yet), `loopback_endpoints()` two free tcp:// ones.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+
+from streamproxy.gateway.kv_feed import Feed, FeedPolicy
+from streamproxy.gateway.kv_index import KVIndex
+from streamproxy.gateway.kv_subscriber import KVSubscriber
+from tests.support.waiting import wait_until
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _encode = msgspec.msgpack.Encoder().encode
@@ -141,12 +151,12 @@ class ZmqPublisher:
         if connect:
             self.pub.connect(pub_endpoint)
         else:
-            self.pub.bind(pub_endpoint)
+            _bind(self.pub, pub_endpoint)
         self.router: zmq.asyncio.Socket | None = None
         if replay_endpoint is not None:
             self.router = context.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            self.router.bind(replay_endpoint)
+            _bind(self.router, replay_endpoint)
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -194,9 +204,44 @@ class ZmqPublisher:
             await self.router.send_multipart([client, b"", b"", END_SEQ, b""])
 
 
+def _bind(socket: zmq.asyncio.Socket, endpoint: str) -> None:
+    """Bind, waiting out a port a socket of this process just closed (ZMQ unbinds in its I/O thread, later)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            socket.bind(endpoint)
+            return
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def loopback_endpoints() -> tuple[str, str]:
+    return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+
+
+@contextlib.asynccontextmanager
+async def subscribed(owner: str, endpoint: str, replay: str | None, *, bind: bool = False,
+                     **policy: Any) -> AsyncIterator[KVSubscriber]:
+    feed = Feed(owner, KVIndex(), replay=replay is not None, policy=FeedPolicy(**policy))
+    subscriber = KVSubscriber(feed, endpoint, replay_endpoint=replay, bind=bind, heartbeat=0.2)
+    subscriber.start()
+    try:
+        yield subscriber
+    finally:
+        await subscriber.stop()
+
+
+async def heard(sub: KVSubscriber) -> None:
+    """Connected, and the subscription through to the PUB (which drops what no subscriber asked for yet)."""
+    assert await wait_until(lambda: sub.connected, 10.0)
+    await asyncio.sleep(0.2)
