@@ -110,6 +110,8 @@ class FlowControl:
     def _arm(self) -> None:
         """One timer, at the earliest deadline of those waiting."""
         deadline = self.queue.next_deadline()
+        if deadline is not None and not math.isfinite(deadline):
+            deadline = None  # (no bound on waiting)
         timer = self._timer
         if timer is not None and (deadline is None or timer.when() != deadline):
             timer.cancel()

@@ -16,8 +16,9 @@ with the replays to ask for; it applies batches to the `KVIndex` in order:
     `kv_cache_report_mode: full`);
   - a sequence at or below the last one: the publisher restarted (a new
     engine, an empty cache): reset, and start over;
-  - the first batch heard (the gateway started, or the stream was lost):
-    replay from 0, to learn what the replica's buffer still holds;
+  - the start (a feed made with the default `now=0.0` probes at once) or
+    the first batch heard after a loss: replay from 0, to learn what the
+    replica's buffer still holds;
   - a reconnect (the socket monitor saw the connection drop and come back):
     reset and replay from 0 at once. A restarted publisher numbers from 0
     again, but its first batches may be lost before the connection is back

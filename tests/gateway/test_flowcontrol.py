@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -143,3 +144,15 @@ async def test_release_with_the_real_cost_corrects_the_share() -> None:
     for t in queued:
         t.cancel()
     await settle()
+
+
+async def test_without_a_bound_on_waiting_no_timer_is_set() -> None:
+    fc, _ = control(limit=1, max_wait=math.inf)
+    held = await fc.admit("t")
+    waiting = asyncio.create_task(fc.admit("t"))
+    await settle()
+    assert fc._timer is None and not waiting.done()
+    fc.release(held)
+    await settle()
+    assert waiting.done()
+    fc.release(waiting.result())
