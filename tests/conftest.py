@@ -84,11 +84,13 @@ def model_name(engine_server: str) -> str:
 # `make test-fast` leaves these out (marker `slow`): the client libraries' processes (compat/), the
 # property-based fuzzers (fuzz/), the modules that start and kill many processes (test_ledger_process:
 # gateway processes SIGTERMed and SIGKILLed, two on one PostgreSQL), and test_frontend_flags, which
-# imports vLLM's own `vllm serve` parser (about 7 s of one core, the largest single cost of a fast run).
+# imports vLLM's own `vllm serve` parser (about 7 s of one core, the largest single cost of a fast run),
+# and gateway/test_kv_vllm.py, which imports vLLM's KV-event and KV-cache classes for the same price.
 # `make test` runs them all.
 TESTS = Path(__file__).resolve().parent
 SLOW = ("compat/", "fuzz/", "gateway/test_managed.py", "gateway/test_storms.py", "gateway/test_process.py",
-        "gateway/test_ledger_process.py", "production/test_api_servers.py", "unit/test_frontend_flags.py")
+        "gateway/test_ledger_process.py", "production/test_api_servers.py", "unit/test_frontend_flags.py",
+        "gateway/test_kv_vllm.py")
 
 
 # Every test in engine/ is an `engine` test (marked here too, whatever its module says), so the runs

@@ -13,7 +13,9 @@ import pytest
 
 from tests.unit.test_layers import ENGINES, ROOT, modules, offending
 
-GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds")
+GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds",
+                   # issue 35: KV-cache-aware routing and tenant fairness
+                   "kv_events", "kv_index", "kv_feed", "kv_score", "fairq")
 
 
 @pytest.mark.parametrize("name", GATEWAY_SANS_IO)
@@ -39,3 +41,10 @@ def test_the_gateway_has_one_http_client(path: Path) -> None:
         return
     text = path.read_text()
     assert [name for name in AIOHTTP_CLIENT if name in text] == []
+
+
+@pytest.mark.parametrize("path", modules("streamproxy"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_kv_subscriber_imports_zmq(path: Path) -> None:
+    """pyzmq is loaded only when a deployment subscribes to its replicas' KV events."""
+    if path.relative_to(ROOT).as_posix() != "streamproxy/gateway/kv_subscriber.py":
+        assert offending(path, ("zmq",)) == []
