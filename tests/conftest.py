@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from tests.support.push import spy_pushes
-from tests.support.server import serve_process, vllm_process
+from tests.support.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
 
 # `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
 # the user's ~/.local/state; one file for the session, which SQLite's locking shares between them.
@@ -37,8 +37,6 @@ atexit.register(shutil.rmtree, _LEDGER_DIR, True)
 os.environ["STREAMPROXY_LEDGER"] = f"sqlite://{_LEDGER_DIR}/ledger.db"
 
 START_TIMEOUT = 600
-VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
-ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 
 
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
