@@ -1,7 +1,7 @@
 """The rest of vLLM's reasoning-parser registry, behind the filter protocol.
 
 `--reasoning-parser NAME` for a NAME that is not one of ours (see
-`reasoning.OWN_REASONING`), or `vllm:NAME`, resolves here: vLLM's
+`filters.registry`, which `SOURCE` joins), or `vllm:NAME`, resolves here: vLLM's
 `ReasoningParserManager` (imported on first use, only in this module)
 supplies the parser class, built per choice with the engine's tokenizer and
 the request's chat template kwargs (some parsers read `enable_thinking`),
@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamproxy.filters.base import CONTENT, Part, reasoning
+from streamproxy.filters.registry import Source
 
 from .vllm_compat import set_prompt_token_ids
 from .vllm_parser_filter import VllmParserFilter
@@ -128,3 +129,6 @@ class VllmReasoningFilter(VllmParserFilter):
             out.append(reasoning(delta.reasoning))
         if delta.content:
             out.append(Part(CONTENT, delta.content, token_ids=token_ids))
+
+
+SOURCE = Source("vllm:", "vLLM's registry", registered, VllmReasoningSpec)

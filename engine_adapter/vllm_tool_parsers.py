@@ -1,7 +1,7 @@
 """The rest of vLLM's tool-parser registry, behind the filter protocol.
 
 `--tool-call-parser NAME` for a NAME that is not one of ours (see
-`chain.OWN_PARSERS`) resolves here: vLLM's `ToolParserManager` (imported on
+`filters.registry`, which `SOURCE` joins) resolves here: vLLM's `ToolParserManager` (imported on
 first use, only in this module) supplies the parser class, and
 `VllmToolCallFilter` drives one instance per choice. vLLM's parsers take
 pydantic requests and the engine's tokenizer, so this path costs what it
@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamproxy.filters.base import Part, content, tool_args, tool_call
+from streamproxy.filters.registry import Source
 from streamproxy.filters.toolset import ToolSet
 
 from .vllm_parser_filter import VllmParserFilter
@@ -111,3 +112,6 @@ class VllmToolCallFilter(VllmParserFilter):
 
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self.calls and reason == "stop" else reason
+
+
+SOURCE = Source("vllm:", "vLLM's registry", registered, VllmParserSpec)

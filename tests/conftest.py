@@ -117,6 +117,24 @@ def pushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     return spy_pushes(monkeypatch)
 
 
+@pytest.fixture
+def parser_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parser registries as a process without an engine has them (ours alone), for this test;
+    a test then adds what it needs (`vllm_parsers`), and none of it outlives the test."""
+    from streamproxy.filters.registry import REASONING_PARSERS, TOOL_PARSERS
+
+    monkeypatch.setattr(TOOL_PARSERS, "sources", [])
+    monkeypatch.setattr(REASONING_PARSERS, "sources", [])
+
+
+@pytest.fixture
+def vllm_parsers(parser_registry: None) -> None:
+    """vLLM's parser registries beside ours, as the vLLM CLI and engine add them, for this test."""
+    from engine_adapter.vllm_engine import add_parsers
+
+    add_parsers()
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """One real PostgreSQL server for the session (tests/support/postgres.py), on 127.0.0.1;
