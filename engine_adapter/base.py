@@ -18,8 +18,8 @@ an engine satisfies them by shape (mypy checks it), with no base class.
 
 `OutputStream` is the hand-over point between the engine (producer) and the
 request's writer (consumer); the protocol is the consumer's side. `DeltaQueue`
-is the engine-neutral implementation (the fake engine and vLLM's direct route
-use it; `vllm_stream.VllmOutputStream` wraps vLLM's own collector instead).
+is its one implementation, which every engine fills: the fake engine, vLLM's
+direct route, and vLLM's own output path (`vllm_stream.into_queue`).
 The engine `put`s one list of `Delta`s per step;
 the writer takes everything pending in one go, so when the writer is behind
 (slow socket) several steps coalesce into one write instead of queueing up.
