@@ -1,6 +1,6 @@
 """The engine contract: what the server needs from an inference engine.
 
-Five verbs, nothing more:
+The life of a request is five calls:
 
     await engine.start()                       load weights, warm up; state -> "ready"
     engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
@@ -8,10 +8,10 @@ Five verbs, nothing more:
     await engine.abort(request_id)             stop a request (idempotent)
     await engine.close()
 
-plus `info` (model names, context length), `state` ("loading", "ready",
-"dead"), `decode`, `tokenizer`, `embed` (pooling models), `load_adapter`
-(LoRA adapters, chosen per request by `GenerationParams.adapter`) and
-`num_running`.
+and the protocol has eight more members the edge reads: `info` (model
+names, context length), `state` ("loading", "ready", "dead"), `decode`,
+`tokenizer`, `embed` (pooling models), `load_adapter` (LoRA adapters,
+chosen per request by `GenerationParams.adapter`) and `num_running`.
 `GenerationParams` is engine-neutral: each adapter maps it to its engine's
 own sampling parameters. `Engine` and `OutputStream` are `typing.Protocol`s:
 an engine satisfies them by shape (mypy checks it), with no base class.
