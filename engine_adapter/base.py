@@ -1,6 +1,6 @@
 """The engine contract: what the server needs from an inference engine.
 
-The life of a request is five calls:
+The life of a request is these calls (six of its members):
 
     await engine.start()                       load weights, warm up; state -> "ready"
     engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
@@ -8,7 +8,7 @@ The life of a request is five calls:
     await engine.abort(request_id)             stop a request (idempotent)
     await engine.close()
 
-and the protocol has eight more members the edge reads: `info` (model
+and the protocol has seven more members the edge reads: `info` (model
 names, context length), `state` ("loading", "ready", "dead"), `decode`,
 `tokenizer`, `embed` (pooling models), `load_adapter` (LoRA adapters,
 chosen per request by `GenerationParams.adapter`) and `num_running`.
