@@ -26,6 +26,7 @@ Sans-IO.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from streamproxy.core import sse
@@ -49,16 +50,16 @@ class ApiSpec(Protocol):
     deltas: tuple[bytes, ...]  # the events that carry generated text (none: every data event does)
     keepalive: bytes  # what a silent stream sends
     usage_only: bytes | None  # marks the usage-only chunk a client did not ask for (the gateway asked for it)
-    opening: bytes | None  # the event the in-band error needs (`error(opening=...)`: Responses' response.created)
+    kept: tuple[bytes, ...]  # the events the in-band error is made of (Responses: the response and its items so far)
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         """Take the usage one event (or a non-stream answer) carries, if it carries one."""
         ...
 
-    def error(self, exc: APIError, sequence_number: int = 0, opening: dict[str, Any] | None = None) -> bytes:
+    def error(self, exc: APIError, sequence_number: int = 0, kept: Sequence[dict[str, Any]] = ()) -> bytes:
         """The in-band error that ends a stream after its first byte. A Responses stream counts its
-        events (`sequence_number`: this one's) and ends with its response failed (that of its
-        `opening` event, response.created; without one, `error` alone); the others need neither."""
+        events (`sequence_number`: this one's) and ends with its response failed, made of the `kept`
+        events that went by (without its response.created: `error` alone); the others need neither."""
         ...
 
     def cap(self, body: dict[str, Any]) -> tuple[int | None, int]:
@@ -79,7 +80,7 @@ class _OpenAI:
     done: tuple[bytes, ...] = (sse.DONE.rstrip(),)
     deltas: tuple[bytes, ...] = ()
     keepalive = sse.KEEPALIVE
-    opening: bytes | None = None
+    kept: tuple[bytes, ...] = ()
     usage_only: bytes | None = b'"choices":[]'
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
@@ -91,7 +92,7 @@ class _OpenAI:
         into.cached_tokens = count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
         into.billed = True
 
-    def error(self, exc: APIError, sequence_number: int = 0, opening: dict[str, Any] | None = None) -> bytes:
+    def error(self, exc: APIError, sequence_number: int = 0, kept: Sequence[dict[str, Any]] = ()) -> bytes:
         return error_frames(exc)
 
     def cap(self, body: dict[str, Any]) -> tuple[int | None, int]:

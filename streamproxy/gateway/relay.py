@@ -13,11 +13,11 @@ error event between two of them. Per read, not per event, it does:
   - a look for the API's end marker (`data: [DONE]`, `message_stop`,
     `response.completed`), so a stream the replica cut is told apart from
     one that ended;
-  - the API's opening event, where its in-band error needs it (Responses'
-    `response.created`), decoded once and kept, so that a break ends the
-    stream as serve ends one: `error`, then that response failed (`error`'s
-    `sequence_number` counts the events relayed, not the replica's
-    keep-alive comments).
+  - Responses only (its `kept` markers): its `response.created` and
+    `output_item.added`/`.done` events (a few per stream) decoded and kept,
+    so that a break ends the stream as serve ends one: `error`, then that
+    response failed with its items (`error`'s `sequence_number` counts the
+    events relayed, not the replica's keep-alive comments).
 Nothing else is decoded or re-encoded. What each API's stream looks like
 (markers, usage shapes, its in-band error and keep-alive) is its
 `apis.spec.ApiSpec`, which serve's encoders read too. Sans-IO.
@@ -47,8 +47,8 @@ def meter_body(api: ApiSpec, body: bytes, usage: Usage) -> None:
 
 class SSERelay:
     __slots__ = (
-        "api", "usage", "done", "events", "comments", "deltas", "opening",
-        "_buf", "_sep", "_sep_comment", "_renames", "_usage_only", "_delta_markers", "_done_markers", "_opening",
+        "api", "usage", "done", "events", "comments", "deltas", "kept",
+        "_buf", "_sep", "_sep_comment", "_renames", "_usage_only", "_delta_markers", "_done_markers", "_kept_markers",
     )
 
     def __init__(self, api: ApiSpec, *, served: str, public: str, strip_usage: bool) -> None:
@@ -60,8 +60,8 @@ class SSERelay:
         self.deltas = 0  # of those, text-carrying events (Responses, Anthropic)
         self._delta_markers = api.deltas
         self._done_markers = api.done
-        self.opening: dict[str, Any] | None = None  # the API's opening event (Responses' response.created), once it went by
-        self._opening = api.opening  # its marker, until it went by
+        self.kept: list[dict[str, Any]] = []  # the events the API's in-band error is made of (api.kept)
+        self._kept_markers = api.kept
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
         self._sep_comment = b"\n\n:"  # an event that starts as a comment, after a separator
@@ -88,8 +88,10 @@ class SSERelay:
             block = block.replace(old, new)
         if _USAGE in block:
             block = self._meter(block, sep)
-        if self._opening is not None and self._opening in block:
-            self._open(block, sep)
+        for marker in self._kept_markers:
+            if marker in block:
+                self._keep(block, sep)
+                break
         if not self.done:
             for marker in self._done_markers:
                 if marker in block:
@@ -98,7 +100,7 @@ class SSERelay:
 
     def error(self, exc: APIError) -> bytes:
         """The in-band error that ends the client's stream here, numbered after the events relayed."""
-        return self.api.error(exc, self.events - self.comments, self.opening)
+        return self.api.error(exc, self.events - self.comments, self.kept)
 
     @property
     def pending(self) -> bool:
@@ -138,12 +140,12 @@ class SSERelay:
             out.append(event + sep)
         return b"".join(out)
 
-    def _open(self, block: bytes, sep: bytes) -> None:
-        marker, self._opening = self._opening, None  # once
+    def _keep(self, block: bytes, sep: bytes) -> None:
         for event in block.split(sep)[:-1]:
-            if marker is not None and event.startswith(marker):
-                self.opening = _json(event)
-                return
+            if event.startswith(self._kept_markers):
+                data = _json(event)
+                if data is not None:
+                    self.kept.append(data)
 
 
 def _json(event: bytes) -> dict[str, Any] | None:

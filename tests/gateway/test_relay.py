@@ -165,15 +165,18 @@ def test_a_cut_responses_or_anthropic_stream_counts_only_its_text_events():
 def test_a_broken_responses_stream_ends_as_serve_ends_one_numbered_after_the_events_relayed():
     created = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1","model":"m","status":"in_progress","output":[],"usage":null},"sequence_number":0}\n\n'
     progress = b'event: response.in_progress\ndata: {"type":"response.in_progress","response":{"id":"resp_1"},"sequence_number":1}\n\n'
+    added = b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[]},"sequence_number":2}\n\n'
+    delta = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hi","sequence_number":3}\n\n'
     relay = SSERelay(RESPONSES, served="m", public="pub", strip_usage=False)
-    for piece in (b": keepalive\n\n", created, b": keepalive\n\n", progress):
+    for piece in (b": keepalive\n\n", created, b": keepalive\n\n", progress + added, delta):
         relay.feed(piece)
     exc = ServiceUnavailable("cut", code="upstream_unavailable")
     out = relay.error(exc)
     error, failed = out.split(b"\n\n")[:2]
-    assert error == b'event: error\ndata: {"type":"error","code":"upstream_unavailable","message":"cut","param":null,"sequence_number":2}'
+    assert error == b'event: error\ndata: {"type":"error","code":"upstream_unavailable","message":"cut","param":null,"sequence_number":4}'
+    assert b'"output":[{"id":"msg_1","type":"message","status":"incomplete","content":[]}]' in failed  # its items, the open one cut
     assert failed.startswith(b'event: response.failed\ndata: {"type":"response.failed","response":{"id":"resp_1","model":"pub",')
-    assert failed.endswith(b'"error":{"code":"server_error","message":"cut"}},"sequence_number":3}')
+    assert failed.endswith(b'"error":{"code":"server_error","message":"cut"}},"sequence_number":5}')
     assert b'"status":"failed"' in failed
     # Nothing relayed yet (no response.created): the error alone.
     assert SSERelay(RESPONSES, served="m", public="m", strip_usage=False).error(exc).count(b"event: ") == 1

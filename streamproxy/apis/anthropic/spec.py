@@ -10,6 +10,7 @@ less what the prefix cache read, `cache_read_input_tokens`), the final
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from streamproxy.apis.anthropic import errors
@@ -25,7 +26,7 @@ class _Anthropic:
     done: tuple[bytes, ...] = (b"event: message_stop",)
     deltas: tuple[bytes, ...] = (b"event: content_block_delta",)
     keepalive = PING
-    opening: bytes | None = None
+    kept: tuple[bytes, ...] = ()
     usage_only: bytes | None = None
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
@@ -42,7 +43,7 @@ class _Anthropic:
         into.completion_tokens = max(into.completion_tokens, count(usage.get("output_tokens")))
         into.billed = True
 
-    def error(self, exc: APIError, sequence_number: int = 0, opening: dict[str, Any] | None = None) -> bytes:
+    def error(self, exc: APIError, sequence_number: int = 0, kept: Sequence[dict[str, Any]] = ()) -> bytes:
         return sse.event_frame(b"error", errors.error_json(exc))
 
     def cap(self, body: dict[str, Any]) -> tuple[int | None, int]:

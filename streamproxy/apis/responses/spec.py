@@ -7,11 +7,12 @@ response is the stream's own (the same id as its `response.created`: the
 SDK's accumulator refuses another) with `status: failed` and `error` in
 OpenAI's words (`failure`). Serve's encoder fails its Response with what it
 generated; the gateway, which does not rebuild it, fails the replica's
-`response.created` one.
+`response.created` one with the items the replica announced (`kept`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -46,7 +47,7 @@ class _Responses:
     deltas: tuple[bytes, ...] = (b"event: response.output_text.delta", b"event: response.reasoning_text.delta",
               b"event: response.function_call_arguments.delta")
     keepalive = sse.KEEPALIVE
-    opening: bytes | None = b"event: response.created"
+    kept: tuple[bytes, ...] = (b"event: response.created", b"event: response.output_item.")
     usage_only: bytes | None = None
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
@@ -62,12 +63,24 @@ class _Responses:
         into.completion_tokens = max(into.completion_tokens, count(usage.get("output_tokens")))
         into.billed = True
 
-    def error(self, exc: APIError, sequence_number: int = 0, opening: dict[str, Any] | None = None) -> bytes:
-        response = opening.get("response") if opening is not None else None
+    def error(self, exc: APIError, sequence_number: int = 0, kept: Sequence[dict[str, Any]] = ()) -> bytes:
+        """`kept`: the stream's response.created and output_item.added/.done events, which the failed
+        response is made of: its items as they were last announced, one still open `incomplete`
+        (its text so far is what the client's deltas already hold)."""
+        response: Any = None
+        items: dict[int, Any] = {}
+        for event in kept:
+            if event.get("type") == "response.created":
+                response = event.get("response")
+            elif isinstance(index := event.get("output_index"), int):
+                items[index] = event.get("item")
         if not isinstance(response, dict):
             return failed_events(exc, sequence_number, None)
+        output = [{**item, "status": "incomplete"} if isinstance(item, dict) and item.get("status") == "in_progress" else item
+                  for _, item in sorted(items.items())]
         code, message = failure(exc)
-        return failed_events(exc, sequence_number, _encode({**response, "status": "failed", "error": {"code": code, "message": message}}))
+        failed = {**response, "status": "failed", "output": output, "error": {"code": code, "message": message}}
+        return failed_events(exc, sequence_number, _encode(failed))
 
     def cap(self, body: dict[str, Any]) -> tuple[int | None, int]:
         return positive(body.get("max_output_tokens")), 1
