@@ -25,8 +25,8 @@ Sans-IO.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamproxy.core import sse
@@ -45,12 +45,14 @@ class Usage:
 
 
 class ApiSpec(Protocol):
+    """The three subclass it for its defaults (what most APIs have)."""
+
     name: str
     done: tuple[bytes, ...]  # one of these is in the last event of a complete stream
-    deltas: tuple[bytes, ...]  # the events that carry generated text (none: every data event does)
-    keepalive: bytes  # what a silent stream sends
-    usage_only: bytes | None  # marks the usage-only chunk a client did not ask for (the gateway asked for it)
-    kept: tuple[bytes, ...]  # the events the in-band error is made of (Responses: the response and its items so far)
+    deltas: tuple[bytes, ...] = ()  # the events that carry generated text (none: every data event does)
+    keepalive: bytes = sse.KEEPALIVE  # what a silent stream sends
+    usage_only: bytes | None = None  # marks the usage-only chunk a client did not ask for (the gateway asked for it)
+    kept: tuple[bytes, ...] = ()  # the events the in-band error is made of (Responses: the response and its items so far)
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         """Take the usage one event (or a non-stream answer) carries, if it carries one."""
@@ -75,13 +77,10 @@ def count(value: Any) -> int:
     return int(value or 0) if isinstance(value, int | float) else 0
 
 
-class _OpenAI:
+class _OpenAI(ApiSpec):
     name = "openai"
-    done: tuple[bytes, ...] = (sse.DONE.rstrip(),)
-    deltas: tuple[bytes, ...] = ()
-    keepalive = sse.KEEPALIVE
-    kept: tuple[bytes, ...] = ()
-    usage_only: bytes | None = b'"choices":[]'
+    done = (sse.DONE.rstrip(),)
+    usage_only = b'"choices":[]'
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")
@@ -100,4 +99,4 @@ class _OpenAI:
         return cap, max(positive(body.get("n")) or 1, positive(body.get("best_of")) or 1)
 
 
-OPENAI: ApiSpec = _OpenAI()
+OPENAI = _OpenAI()

@@ -21,13 +21,11 @@ from streamproxy.errors import APIError
 PING = sse.event_frame(b"ping", b'{"type":"ping"}')
 
 
-class _Anthropic:
+class _Anthropic(ApiSpec):
     name = "anthropic"
-    done: tuple[bytes, ...] = (b"event: message_stop",)
-    deltas: tuple[bytes, ...] = (b"event: content_block_delta",)
+    done = (b"event: message_stop",)
+    deltas = (b"event: content_block_delta",)
     keepalive = PING
-    kept: tuple[bytes, ...] = ()
-    usage_only: bytes | None = None
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")  # message_delta's, a non-stream Message's
@@ -50,4 +48,4 @@ class _Anthropic:
         return positive(body.get("max_tokens")), 1
 
 
-ANTHROPIC: ApiSpec = _Anthropic()
+ANTHROPIC = _Anthropic()

@@ -41,14 +41,12 @@ def failed_events(exc: APIError, sequence_number: int, response_json: bytes | No
     return out + sse.event_frame(b"response.failed", failed)
 
 
-class _Responses:
+class _Responses(ApiSpec):
     name = "responses"
-    done: tuple[bytes, ...] = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed")
-    deltas: tuple[bytes, ...] = (b"event: response.output_text.delta", b"event: response.reasoning_text.delta",
+    done = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed")
+    deltas = (b"event: response.output_text.delta", b"event: response.reasoning_text.delta",
               b"event: response.function_call_arguments.delta")
-    keepalive = sse.KEEPALIVE
-    kept: tuple[bytes, ...] = (b"event: response.created", b"event: response.output_item.")
-    usage_only: bytes | None = None
+    kept = (b"event: response.created", b"event: response.output_item.")
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")  # a non-stream answer is the Response itself
@@ -86,4 +84,4 @@ class _Responses:
         return positive(body.get("max_output_tokens")), 1
 
 
-RESPONSES: ApiSpec = _Responses()
+RESPONSES = _Responses()
