@@ -61,9 +61,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from streamproxy.filters.registry import REASONING_PARSERS, TOOL_PARSERS
-
-from . import cpu_placement, spawned
+from . import cpu_placement, spawned, vllm_parsers
 from .base import (
     Adapter,
     DeltaQueue,
@@ -80,26 +78,17 @@ from .vllm_compat import engine_exception
 from .vllm_direct import DirectRoute, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
 from .vllm_params import lora_request, rejected, sampling_params
-from .vllm_reasoning_parsers import SOURCE as REASONING_SOURCE
 from .vllm_stream import into_queue
-from .vllm_tool_parsers import SOURCE as TOOL_SOURCE
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
 # Seconds `close()` keeps killing what an aborted start starts, waiting for its thread to end.
 ABORT_BOUND = 15.0
 
-def add_parsers() -> None:
-    """vLLM's tool and reasoning parser registries join ours (`filters.registry`): by the vLLM CLI before it
-    checks --tool-call-parser and --reasoning-parser, and by each engine made (no vLLM import yet)."""
-    TOOL_PARSERS.add(TOOL_SOURCE)
-    REASONING_PARSERS.add(REASONING_SOURCE)
-
-
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
                  cpu_placement: bool = False, client: tuple[int, int, dict[str, Any]] | None = None) -> None:
-        add_parsers()
+        vllm_parsers.add()  # vLLM's parser names join ours (no vLLM import yet)
         self._args = engine_args
         # (index, count, client config): one of `count` API servers sharing engine cores started by
         # the parent (vllm_shared.py), as vLLM's own API servers do; None: this process starts its own.

@@ -130,9 +130,9 @@ def parser_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def vllm_parsers(parser_registry: None) -> None:
     """vLLM's parser registries beside ours, as the vLLM CLI and engine add them, for this test."""
-    from engine_adapter.vllm_engine import add_parsers
+    from engine_adapter import vllm_parsers
 
-    add_parsers()
+    vllm_parsers.add()
 
 
 @pytest.fixture(scope="session")

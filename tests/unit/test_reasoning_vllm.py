@@ -1,4 +1,4 @@
-"""vLLM's reasoning-parser registry through the adapter filter (`engine_adapter/vllm_reasoning_parsers.py`).
+"""vLLM's reasoning-parser registry through the adapter filter (`engine_adapter/vllm_parsers.py`).
 
 Sans-IO like the other filter tests, but it imports vLLM (about 13 s), so it
 runs with the engine tests (`-m engine`). A tiny tokenizer stands in for a
