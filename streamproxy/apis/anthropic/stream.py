@@ -13,7 +13,8 @@ blocks, each event a named SSE frame (`event: X` + `data: {"type": X, ...}`):
     finish    message_delta (stop_reason, stop_sequence, cumulative usage), message_stop
     error     error {"type":"error","error":{"type","message"}}, and the stream ends
     silence   ping (`keepalive`: the writer sends it instead of an SSE comment)
-(the error and the ping are spec.py's, which the gateway reads too)
+
+The error and the ping are `spec.ANTHROPIC`'s, which the gateway reads too.
 
 Stop reasons: "stop" -> end_turn, or stop_sequence when the request's
 `StopSequenceFilter` saw the text end on one of its stop sequences; "length"
