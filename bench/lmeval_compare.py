@@ -21,9 +21,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Callable
 
-from tests.conftest import ENGINE_ARGS, VLLM_ENGINE_ARGS
 from tests.support.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
-from tests.support.server import ServerProcess, serve_process, vllm_process
+from tests.support.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, ServerProcess, serve_process, vllm_process
 
 RESULTS = Path(__file__).resolve().parent / "results" / "lmeval"
 TOLERANCE = 0.05

@@ -1,6 +1,6 @@
 """The engine contract: what the server needs from an inference engine.
 
-Five verbs, nothing more:
+The life of a request is these calls (six of its members):
 
     await engine.start()                       load weights, warm up; state -> "ready"
     engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
@@ -8,18 +8,18 @@ Five verbs, nothing more:
     await engine.abort(request_id)             stop a request (idempotent)
     await engine.close()
 
-plus `info` (model names, context length), `state` ("loading", "ready",
-"dead"), `decode`, `tokenizer`, `embed` (pooling models), `load_adapter`
-(LoRA adapters, chosen per request by `GenerationParams.adapter`) and
-`num_running`.
+and the protocol has seven more members the edge reads: `info` (model
+names, context length), `state` ("loading", "ready", "dead"), `decode`,
+`tokenizer`, `embed` (pooling models), `load_adapter` (LoRA adapters,
+chosen per request by `GenerationParams.adapter`) and `num_running`.
 `GenerationParams` is engine-neutral: each adapter maps it to its engine's
 own sampling parameters. `Engine` and `OutputStream` are `typing.Protocol`s:
 an engine satisfies them by shape (mypy checks it), with no base class.
 
 `OutputStream` is the hand-over point between the engine (producer) and the
 request's writer (consumer); the protocol is the consumer's side. `DeltaQueue`
-is the engine-neutral implementation (the fake engine and vLLM's direct route
-use it; `vllm_stream.VllmOutputStream` wraps vLLM's own collector instead).
+is its one implementation, which every engine fills: the fake engine, vLLM's
+direct route, and vLLM's own output path (`vllm_stream.into_queue`).
 The engine `put`s one list of `Delta`s per step;
 the writer takes everything pending in one go, so when the writer is behind
 (slow socket) several steps coalesce into one write instead of queueing up.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from engine_adapter import vllm_compat
+from engine_adapter import vllm_compat, vllm_parsers
 from engine_adapter.vllm_engine import VllmEngine
 
 log = logging.getLogger("streamproxy.engine.vllm")
@@ -31,6 +31,7 @@ def parser(add_own_flags: Callable[[argparse.ArgumentParser], None]) -> argparse
     """vLLM's engine flags, the server's own (added by `add_own_flags`), then every other front-end
     flag of `vllm serve` as vLLM's own parser defines it (what each means here: streamproxy/frontend_flags.py).
     A vLLM whose parser cannot be built so stops the start with one line naming its release."""
+    vllm_parsers.add()  # before the flags naming a parser are checked
     try:
         return _parser(add_own_flags)
     except (ImportError, AttributeError, TypeError) as exc:

@@ -3,9 +3,14 @@
 vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
 per request and step, keeps stats and the whole text, and puts it in a
 collector that we then turn into `Delta`s. `DirectRoute` takes the outputs
-of the requests that need none of that (every generation request with a
-fast tokenizer; see `eligible`): installed on the engine's `OutputProcessor`
-instance (its `process_outputs` and `propagate_error` wrapped), per output
+of the requests that need none of that: every generation request but a
+traced one (vLLM's processor makes its span). Whatever GenerationParams can
+ask for maps onto pieces the route mirrors; vLLM features streamproxy never
+sets (FINAL_ONLY outputs, flat logprobs, `logprob_token_ids`, prompt-token-id
+scores, streaming input) it does not handle. The engine-wide conditions (the
+vLLM release, a fast tokenizer, `--no-direct-outputs`) are checked once at
+start (`unsupported`, VllmEngine.start). Installed on the engine's
+`OutputProcessor` instance (its `process_outputs` and `propagate_error` wrapped), per output
 it does one dict lookup, one `DecodeStream.step` per new token (primed with
 the prompt, as vLLM's detokenizer is) and one `DeltaQueue.put([Delta])`,
 which, while the client keeps up, writes the frame from this very call.
@@ -98,19 +103,6 @@ def unsupported(llm: Any) -> str | None:
     if params[:3] != ["engine_core_outputs", "engine_core_timestamp", "iteration_stats"]:
         return f"OutputProcessor.process_outputs takes {params}"
     return None
-
-
-def eligible(params: GenerationParams) -> bool:
-    """Requests the direct route serves with output identical to vLLM's own path: all of them
-    (any n, logprobs and prompt logprobs, stop strings, structured outputs, LoRA, and any mix;
-    see tests/engine/test_direct_vllm.py). None is left on vLLM's path: what GenerationParams can
-    ask for maps onto pieces the route mirrors (vLLM's ParentRequest fan-out, its incremental
-    detokenizer for stop strings, the engine core's logprob rows read as vllm_stream reads vLLM's
-    dicts). vLLM features streamproxy never sets (FINAL_ONLY outputs, flat logprobs,
-    `logprob_token_ids`, prompt-token-id scores, streaming input) are not handled by the route.
-    Engine-wide conditions (the vLLM release, a fast tokenizer, `--no-direct-outputs`) are checked
-    once at start (`unsupported`, VllmEngine.start)."""
-    return True
 
 
 class DirectRequest:

@@ -9,12 +9,13 @@ inside the loop.
 
 Requests go in as token ids (the server rendered and counted the prompt) via
 `AsyncLLM.add_request`, with `RequestOutputKind.DELTA`; vLLM's per-request
-collector comes back wrapped in a `vllm_stream.VllmOutputStream`. That is
+collector comes back feeding a `base.DeltaQueue` (`vllm_stream.into_queue`). That is
 vLLM's own output path. Generation requests (any n, logprobs and prompt
 logprobs included) skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
 in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
 (`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
-not checked against, and `vllm_direct.eligible` says which requests it takes).
+not checked against; a traced request takes vLLM's path, whose output
+processor makes the engine's span).
 On both paths vLLM's inter-token-latency histogram is fed once per engine
 step, not once per token (`vllm_itl.py`).
 
@@ -60,8 +61,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import spawned
-from .first_call import first_call
+from . import spawned, vllm_parsers
 from .base import (
     Adapter,
     DeltaQueue,
@@ -72,12 +72,13 @@ from .base import (
     ModelInfo,
     OutputStream,
 )
+from .first_call import first_call
 from .token_bytes import TokenBytes
 from .vllm_compat import engine_exception
-from .vllm_direct import DirectRoute, eligible, outputs_waiting, unsupported
+from .vllm_direct import DirectRoute, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
 from .vllm_params import lora_request, rejected, sampling_params
-from .vllm_stream import VllmOutputStream
+from .vllm_stream import into_queue
 
 log = logging.getLogger("streamproxy.engine.vllm")
 
@@ -87,6 +88,7 @@ ABORT_BOUND = 15.0
 class VllmEngine:
     def __init__(self, engine_args: Any, served_names: list[str], root: str, *, direct_outputs: bool = True,
                  client: tuple[int, int, dict[str, Any]] | None = None) -> None:
+        vllm_parsers.add()  # vLLM's parser names join ours (no vLLM import yet)
         self._args = engine_args
         # (index, count, client config): one of `count` API servers sharing engine cores started by
         # the parent (vllm_shared.py), as vLLM's own API servers do; None: this process starts its own.
@@ -287,7 +289,7 @@ class VllmEngine:
                 extra["reasoning_parser_kwargs"] = {"chat_template_kwargs": params.template_kwargs}
             # A traced request takes vLLM's own output route: its output processor makes the engine's
             # `llm_request` span (queue, prefill, decode times), which the direct route does not.
-            if self._direct is not None and eligible(params) and params.trace_headers is None:
+            if self._direct is not None and params.trace_headers is None:
                 return await self._generate_direct(request_id, tokens_input(prompt_ids), sampling, params, extra)
             collector = await llm.add_request(request_id, tokens_input(prompt_ids), sampling, **extra)
         except VLLMValidationError as exc:
@@ -303,7 +305,7 @@ class VllmEngine:
             raise
         logprobs = None if params.logprobs is None else (self.token_bytes(), params.logprobs)
         prompt_logprobs = None if params.prompt_logprobs is None else (self.token_bytes(), params.prompt_logprobs)
-        stream = VllmOutputStream(collector, logprobs, prompt_logprobs)
+        stream = into_queue(collector, logprobs, prompt_logprobs)
         stream.prompt_tokens = len(prompt_ids)
         return stream
 
@@ -386,5 +388,5 @@ class VllmEngine:
 if TYPE_CHECKING:
     from .base import Engine
 
-    def _conforms(engine: VllmEngine, stream: VllmOutputStream) -> tuple[Engine, OutputStream]:  # mypy proves both
-        return engine, stream
+    def _conforms(engine: VllmEngine) -> Engine:  # mypy proves it
+        return engine

@@ -88,7 +88,7 @@ def sample_logprobs(token_ids: Sequence[int], lists: Any, top: int, tokens: Logp
 
 
 def prompt_logprobs(prompt_ids: Sequence[int], tensors: Any, top: int, tokens: LogprobTokens) -> list[TokenLogprob]:
-    """The prompt's logprobs (vLLM's `prompt_logprobs`; -1: every column), as `vllm_stream.prompt_logprobs` makes
+    """The prompt's logprobs (vLLM's `prompt_logprobs`; -1: every column), as `vllm_stream.prompt_logprobs_of` makes
     them: the first token unscored, then each with its own rank and the top `top` with theirs."""
     if not prompt_ids:
         return []

@@ -139,7 +139,7 @@ def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
     name = settings.tool_call_parser
     if settings.enable_auto_tool_choice and not name:
         raise SystemExit("--enable-auto-tool-choice requires --tool-call-parser NAME")
-    if name and not known_parser(name, vllm_available=vllm_parsers):
+    if name and not known_parser(name):
         where = "ours: " + ", ".join(sorted(OWN_PARSERS)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
         raise SystemExit(f"unknown --tool-call-parser {name!r} ({where})")
 
@@ -148,7 +148,7 @@ def _check_reasoning_flag(settings: Settings, *, vllm_parsers: bool) -> None:
     from streamproxy.filters.chain import OWN_REASONING, known_reasoning_parser
 
     name = settings.reasoning_parser
-    if name and not known_reasoning_parser(name, vllm_available=vllm_parsers):
+    if name and not known_reasoning_parser(name):
         where = "ours: " + ", ".join(sorted(OWN_REASONING)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
         raise SystemExit(f"unknown --reasoning-parser {name!r} ({where})")
 

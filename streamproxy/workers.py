@@ -69,6 +69,7 @@ from typing import Any, Protocol
 import msgspec
 
 from streamproxy.config import Settings
+from streamproxy.oscalls import die_with_parent
 
 log = logging.getLogger("streamproxy.workers")
 
@@ -383,10 +384,6 @@ def run_workers(settings: Settings, argv: list[str], target: WorkerTarget, host:
 def become_worker() -> None:
     """In a worker, first thing: SIGINT is the parent's to decide; the parent's death is a SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGTERM)
     if os.getppid() == 1:  # the parent died before the line above
         os.kill(os.getpid(), signal.SIGTERM)

@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from tests.support.push import spy_pushes
-from tests.support.server import serve_process, vllm_process
+from tests.support.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
 
 # `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
 # the user's ~/.local/state; one file for the session, which SQLite's locking shares between them.
@@ -37,8 +37,6 @@ atexit.register(shutil.rmtree, _LEDGER_DIR, True)
 os.environ["STREAMPROXY_LEDGER"] = f"sqlite://{_LEDGER_DIR}/ledger.db"
 
 START_TIMEOUT = 600
-VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
-ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 
 
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
@@ -119,6 +117,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     """Every call of the writer's push sink: (request id, whether it took the step)."""
     return spy_pushes(monkeypatch)
+
+
+@pytest.fixture
+def parser_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parser registries as a process without an engine has them (ours alone), for this test;
+    a test then adds what it needs (`vllm_parsers`), and none of it outlives the test."""
+    from streamproxy.filters.registry import REASONING_PARSERS, TOOL_PARSERS
+
+    monkeypatch.setattr(TOOL_PARSERS, "sources", [])
+    monkeypatch.setattr(REASONING_PARSERS, "sources", [])
+
+
+@pytest.fixture
+def vllm_parsers(parser_registry: None) -> None:
+    """vLLM's parser registries beside ours, as the vLLM CLI and engine add them, for this test."""
+    from engine_adapter import vllm_parsers
+
+    vllm_parsers.add()
 
 
 @pytest.fixture(scope="session")

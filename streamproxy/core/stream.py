@@ -103,6 +103,12 @@ class StreamEncoder(Protocol):
         ...
 
 
+def error_frames(exc: APIError) -> bytes:
+    """Chat's and completions' in-band error after the first byte, then a clean end of stream
+    (`apis.spec.OPENAI.error`: the gateway's too)."""
+    return sse.frame(exc.to_json()) + sse.DONE
+
+
 class ChunkEncoder:
     """A `StreamEncoder` of OpenAI chunks (chat.completion.chunk, text_completion).
 
@@ -294,8 +300,7 @@ class ChunkEncoder:
         return out + sse.DONE
 
     def error(self, exc: APIError) -> bytes:
-        """An in-band error after the first byte, then a clean end of stream."""
-        return sse.frame(exc.to_json()) + sse.DONE
+        return error_frames(exc)
 
     @property
     def completion_tokens(self) -> int:

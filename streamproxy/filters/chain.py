@@ -12,16 +12,13 @@ tool-call filter, which so sees only the answer, never the thinking:
     "required"                    RequiredToolEmitter (constrained JSON array -> calls)
     "auto"                        the server's --tool-call-parser
 
-`reasoning_spec(name, ...)` resolves --reasoning-parser the same way:
-ours (`reasoning.OWN_REASONING`: qwen3, deepseek_r1) by name first, then
-vLLM's registry (`engine_adapter.vllm_reasoning_parsers`), `vllm:NAME` for vLLM's even where we
-have our own. It reads the request's chat template kwargs: qwen3 with
+`reasoning_spec(name, ...)` and `parser_spec(name, ...)` resolve
+--reasoning-parser and --tool-call-parser by `registry`'s rules: ours
+(`reasoning.OWN_REASONING`: qwen3, deepseek_r1; `registry.TOOL_PARSERS.own`)
+by name first, then the parsers an engine added (vLLM's registries, which
+need the engine's tokenizer), `vllm:NAME` for vLLM's even where we have our
+own. `reasoning_spec` reads the request's chat template kwargs: qwen3 with
 `enable_thinking: false` needs no splitter at all.
-
-`parser_spec(name, ...)` resolves --tool-call-parser: our own sans-IO parsers
-by name first (OWN_PARSERS), then any name in vLLM's registry through the
-adapter in `engine_adapter.vllm_tool_parsers` (which needs the engine's tokenizer); `vllm:NAME`
-takes vLLM's parser even where we have our own.
 """
 
 from __future__ import annotations
@@ -30,34 +27,26 @@ from typing import Any
 
 from streamproxy.filters.base import FilterFactory
 from streamproxy.filters.constrained import NamedToolEmitter, RequiredToolEmitter
-from streamproxy.filters.detect import AUTO
-from streamproxy.filters.hermes import HermesParser
-from streamproxy.filters.llama3_json import Llama3JsonParser
-from streamproxy.filters.mistral import MistralParser
-from streamproxy.filters.pythonic import PythonicParser
 from streamproxy.filters.reasoning import OWN_REASONING
+from streamproxy.filters.registry import REASONING_PARSERS, TOOL_PARSERS, Registry, Source
 from streamproxy.filters.toolset import ToolSet
 
-OWN_PARSERS: dict[str, Any] = {
-    "hermes": HermesParser,
-    "qwen3_json": HermesParser,
-    "llama3_json": Llama3JsonParser,
-    "llama4_json": Llama3JsonParser,
-    "mistral": MistralParser,
-    "pythonic": PythonicParser,
-}
-
-VLLM_PREFIX = "vllm:"
+OWN_PARSERS = TOOL_PARSERS.own
 
 
-def known_parser(name: str, *, vllm_available: bool) -> bool:
-    if name in OWN_PARSERS or name == AUTO:
-        return True
-    if not vllm_available:
-        return False
-    from engine_adapter.vllm_tool_parsers import registered
+def known_parser(name: str) -> bool:
+    return TOOL_PARSERS.known(name)
 
-    return registered(name.removeprefix(VLLM_PREFIX))
+
+def known_reasoning_parser(name: str) -> bool:
+    return REASONING_PARSERS.known(name)
+
+
+def _theirs(registry: Registry, what: str, name: str) -> tuple[Source, str]:
+    found = registry.source(name)
+    if found is None:
+        raise ValueError(f"unknown {what} {name!r} ({registry.choices()})")
+    return found
 
 
 def parser_spec(name: str, *, tokenizer: Any, tools: list[dict[str, Any]]) -> Any:
@@ -65,19 +54,8 @@ def parser_spec(name: str, *, tokenizer: Any, tools: list[dict[str, Any]]) -> An
     own = OWN_PARSERS.get(name)
     if own is not None:
         return own
-    from engine_adapter.vllm_tool_parsers import VllmParserSpec
-
-    return VllmParserSpec(name.removeprefix(VLLM_PREFIX), tokenizer, tools)
-
-
-def known_reasoning_parser(name: str, *, vllm_available: bool) -> bool:
-    if name in OWN_REASONING or name == AUTO:
-        return True
-    if not vllm_available:
-        return False
-    from engine_adapter.vllm_reasoning_parsers import registered
-
-    return registered(name.removeprefix(VLLM_PREFIX))
+    source, bare = _theirs(TOOL_PARSERS, "tool-call parser", name)
+    return source.make(bare, tokenizer, tools)
 
 
 class _OwnReasoning:
@@ -102,9 +80,8 @@ def reasoning_spec(name: str | None, *, tokenizer: Any, template_kwargs: dict[st
     if own is not None:
         make = own(template_kwargs)
         return None if make is None else _OwnReasoning(make)
-    from engine_adapter.vllm_reasoning_parsers import VllmReasoningSpec
-
-    return VllmReasoningSpec(name.removeprefix(VLLM_PREFIX), tokenizer, template_kwargs, prompt_ids)
+    source, bare = _theirs(REASONING_PARSERS, "reasoning parser", name)
+    return source.make(bare, tokenizer, template_kwargs, prompt_ids)
 
 
 def chat_filters(plan: Any, parser: Any = None, reasoning: Any = None) -> FilterFactory | None:

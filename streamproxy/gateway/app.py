@@ -23,6 +23,7 @@ import uvloop
 from aiohttp import web
 
 from streamproxy.apis.anthropic import errors as anthropic_errors
+from streamproxy.apis.anthropic.spec import ANTHROPIC
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
 from streamproxy.gateway import books, deployadmin, keyadmin
@@ -32,7 +33,6 @@ from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
-from streamproxy.gateway.relay import Api
 from streamproxy.gateway.reload import Load, Reloader
 from streamproxy.gateway.routes import MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.gateway.source import ReplicaSource
@@ -65,7 +65,7 @@ def add_routes(app: web.Application) -> None:
         handler = partial(relay, route=route)
         for path in relayed_paths(name):
             added = app.router.add_post(path, handler)
-            if route.api is Api.ANTHROPIC:
+            if route.api is ANTHROPIC:
                 error_shapes.register(app, added, _anthropic_error_json)
     for path in MODELS_PATHS:
         app.router.add_get(path, list_models)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from streamproxy.apis.spec import ApiSpec, Usage
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.limits import KeyLimiter
-from streamproxy.gateway.relay import Api, Usage
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import Attempt, open_upstream
 from streamproxy.http import tracing
@@ -24,7 +24,7 @@ from streamproxy.http.accesslog import Record
 @dataclass(frozen=True, slots=True)
 class Route:
     upstream_path: str  # the replica's path for it
-    api: Api
+    api: ApiSpec
     generates: bool  # prefix affinity and token metering apply, and `"stream": true` streams (else the answer is JSON)
 
 

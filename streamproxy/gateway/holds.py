@@ -17,9 +17,9 @@ English text; text of fewer bytes per token (code, CJK), or a Responses
 `previous_response_id` whose earlier turns the replica adds, can exceed it:
 that difference is the one overshoot left in a single process; 1 makes it
 an upper bound for byte-level BPE tokenizers), plus the request's own cap on what it generates
-times its choices: `max_completion_tokens` or `max_tokens` (chat, legacy
-completions, with `n` or `best_of`), `max_output_tokens` (Responses),
-`max_tokens` (Anthropic); the config's `budgets.default_max_tokens` when it
+times its choices (its API's `apis.spec.ApiSpec.cap`: `max_completion_tokens`
+or `max_tokens` (chat, legacy completions, with `n` or `best_of`),
+`max_output_tokens` (Responses), `max_tokens` (Anthropic)); the config's `budgets.default_max_tokens` when it
 names none. Routes that generate nothing (embeddings, count_tokens,
 tokenize) hold nothing: they are refused only once the budget is spent.
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from streamproxy.apis.spec import ApiSpec
 from streamproxy.gateway.config import Budgets
-from streamproxy.gateway.relay import Api
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +51,11 @@ class WorstCase:
 NOTHING = WorstCase(0, 0, True)
 
 
-def _positive(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def worst_case(api: Api, generates: bool, data: dict[str, Any], body_bytes: int, budgets: Budgets) -> WorstCase:
-    """The most a request may cost: prompt (estimated) + completion (its cap, else the default)."""
+def worst_case(api: ApiSpec, generates: bool, data: dict[str, Any], body_bytes: int, budgets: Budgets) -> WorstCase:
+    """The most a request may cost: prompt (estimated) + completion (its cap, else the default: `api.cap`)."""
     if not generates:
         return NOTHING
-    if api is Api.OPENAI:
-        cap = _positive(data.get("max_completion_tokens")) or _positive(data.get("max_tokens"))
-        choices = max(_positive(data.get("n")) or 1, _positive(data.get("best_of")) or 1)
-    elif api is Api.RESPONSES:
-        cap, choices = _positive(data.get("max_output_tokens")), 1
-    else:
-        cap, choices = _positive(data.get("max_tokens")), 1
+    cap, choices = api.cap(data)
     completion = (cap or budgets.default_max_tokens) * choices
     return WorstCase(body_bytes // budgets.prompt_bytes_per_token + 1, completion, cap is not None)
 

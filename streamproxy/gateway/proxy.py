@@ -25,10 +25,11 @@ from time import perf_counter
 import msgspec
 from aiohttp import web
 
+from streamproxy.apis.spec import OPENAI, Usage
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, Route, done, meter, open_call
 from streamproxy.gateway.prefix import prefix_keys
-from streamproxy.gateway.relay import Api, Usage
+from streamproxy.gateway.relay import meter_body
 from streamproxy.gateway.state import HOLD, gateway_state
 from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import _CONNECT_ERRORS, UpstreamError
@@ -94,7 +95,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     stream = route.generates and data.get("stream") is True
     rec.stream = stream
     strip = False
-    if stream and route.api is Api.OPENAI and route.generates:
+    if stream and route.api is OPENAI and route.generates:
         # Asked for only where the client left it out (absent, null, false): a value the replica
         # refuses (`"stream_options": "x"`, `"include_usage": 0`) goes to it as the client sent it.
         options = data.get("stream_options")
@@ -150,7 +151,7 @@ async def _fetch(call: Call) -> bytes:
         if exchange.status != 200:
             raise UpstreamError(exchange.status, call.renamed(raw), exchange.headers.get("retry-after"))
         if call.route.generates:
-            call.usage.take_body(raw)
+            meter_body(call.route.api, raw, call.usage)
             call.rec.first_token(perf_counter())
         return call.renamed(raw)
     except _CONNECT_ERRORS:

@@ -12,99 +12,56 @@ error event between two of them. Per read, not per event, it does:
     client did not ask for (the gateway asked for it) is removed;
   - a look for the API's end marker (`data: [DONE]`, `message_stop`,
     `response.completed`), so a stream the replica cut is told apart from
-    one that ended.
-Nothing else is decoded or re-encoded. `Usage.from_json` reads the usage
-shapes of the three APIs. Sans-IO.
+    one that ended;
+  - Responses only (its `kept` markers): its `response.created` and
+    `output_item.added`/`.done` events (a few per stream) decoded and kept,
+    so that a break ends the stream as serve ends one: `error`, then that
+    response failed with its items (`error`'s `sequence_number` counts the
+    events relayed, not the replica's keep-alive comments).
+Nothing else is decoded or re-encoded. What each API's stream looks like
+(markers, usage shapes, its in-band error and keep-alive) is its
+`apis.spec.ApiSpec`, which serve's encoders read too. Sans-IO.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import orjson
 
-from streamproxy.apis.anthropic import errors as anthropic_errors
-from streamproxy.apis.anthropic.stream import PING as ANTHROPIC_PING
-from streamproxy.core import sse
+from streamproxy.apis.spec import ApiSpec, Usage
 from streamproxy.errors import APIError
 
-
-class Api(Enum):
-    OPENAI = "openai"  # chat and legacy completions: data-only events, [DONE]
-    RESPONSES = "responses"
-    ANTHROPIC = "anthropic"
-
-
-_DONE = {
-    Api.OPENAI: (b"data: [DONE]",),
-    Api.RESPONSES: (b"event: response.completed", b"event: response.incomplete", b"event: response.failed"),
-    Api.ANTHROPIC: (b"event: message_stop",),
-}
-# The events that carry generated text in the typed-event APIs (their other events are structure).
-_DELTAS = {
-    Api.OPENAI: (),
-    Api.RESPONSES: (b"event: response.output_text.delta", b"event: response.reasoning_text.delta", b"event: response.function_call_arguments.delta"),
-    Api.ANTHROPIC: (b"event: content_block_delta",),
-}
 _USAGE = b'"usage":{'
-_USAGE_ONLY = b'"choices":[]'
 
 
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    billed: bool = False  # True: the replica reported it; False: the gateway counted events
-
-    def take(self, usage: dict[str, Any]) -> None:
-        """Merge one usage object (OpenAI, Responses or Anthropic shape)."""
-        if "prompt_tokens" in usage or "completion_tokens" in usage:  # OpenAI
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
-            self.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        elif "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:  # Anthropic
-            cached = int(usage.get("cache_read_input_tokens") or 0)
-            fresh = int(usage.get("input_tokens") or 0) + int(usage.get("cache_creation_input_tokens") or 0)
-            if fresh or cached:
-                self.prompt_tokens, self.cached_tokens = fresh + cached, cached
-            self.completion_tokens = max(self.completion_tokens, int(usage.get("output_tokens") or 0))
-        else:  # Responses (input tokens include the cached ones), or Anthropic's message_delta
-            if "input_tokens" in usage:
-                self.prompt_tokens = int(usage.get("input_tokens") or 0)
-                self.cached_tokens = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
-            self.completion_tokens = max(self.completion_tokens, int(usage.get("output_tokens") or 0))
-        self.billed = True
-
-    def take_body(self, body: bytes) -> None:
-        """A non-streamed answer's usage (top level; Responses: the response's)."""
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(data, dict):
-            usage = data.get("usage")
-            if isinstance(usage, dict):
-                self.take(usage)
+def meter_body(api: ApiSpec, body: bytes, usage: Usage) -> None:
+    """A non-streamed answer's usage (top level; Responses: the response's)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(data, dict):
+        api.read_usage(data, usage)
 
 
 class SSERelay:
     __slots__ = (
-        "api", "usage", "done", "events", "comments", "deltas",
-        "_buf", "_sep", "_sep_comment", "_renames", "_strip_usage", "_delta_markers", "_done_markers",
+        "api", "usage", "done", "events", "comments", "deltas", "kept",
+        "_buf", "_sep", "_sep_comment", "_renames", "_usage_only", "_delta_markers", "_done_markers", "_kept_markers",
     )
 
-    def __init__(self, api: Api, *, served: str, public: str, strip_usage: bool) -> None:
+    def __init__(self, api: ApiSpec, *, served: str, public: str, strip_usage: bool) -> None:
         self.api = api
         self.usage = Usage()
         self.done = False  # the API's end marker went by
         self.events = 0  # events relayed (comments included)
         self.comments = 0  # of those, comment-only events (the replica's keepalives)
         self.deltas = 0  # of those, text-carrying events (Responses, Anthropic)
-        self._delta_markers = _DELTAS[api]
-        self._done_markers = _DONE[api]
+        self._delta_markers = api.deltas
+        self._done_markers = api.done
+        self.kept: list[dict[str, Any]] = []  # the events the API's in-band error is made of (api.kept)
+        self._kept_markers = api.kept
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
         self._sep_comment = b"\n\n:"  # an event that starts as a comment, after a separator
@@ -112,7 +69,7 @@ class SSERelay:
         if served != public:
             for colon in (b":", b": "):
                 self._renames.append((b'"model"' + colon + orjson.dumps(served), b'"model"' + colon + orjson.dumps(public)))
-        self._strip_usage = strip_usage
+        self._usage_only = api.usage_only if strip_usage else None  # the chunk to drop
 
     def feed(self, data: bytes) -> bytes:
         buf = self._buf + data if self._buf else data
@@ -131,11 +88,19 @@ class SSERelay:
             block = block.replace(old, new)
         if _USAGE in block:
             block = self._meter(block, sep)
+        for marker in self._kept_markers:
+            if marker in block:
+                self._keep(block, sep)
+                break
         if not self.done:
             for marker in self._done_markers:
                 if marker in block:
                     self.done = True
         return block
+
+    def error(self, exc: APIError) -> bytes:
+        """The in-band error that ends the client's stream here, numbered after the events relayed."""
+        return self.api.error(exc, self.events - self.comments, self.kept)
 
     @property
     def pending(self) -> bool:
@@ -167,27 +132,31 @@ class SSERelay:
         out: list[bytes] = []
         for event in block.split(sep)[:-1]:
             if _USAGE in event:
-                payload = _data(event)
-                if payload is not None:
-                    self._read_usage(payload)
-                    if self._strip_usage and self.api is Api.OPENAI and _USAGE_ONLY in payload:
+                data = _json(event)
+                if data is not None:
+                    self.api.read_usage(data, self.usage)
+                    if self._usage_only is not None and self._usage_only in event:
                         continue
             out.append(event + sep)
         return b"".join(out)
 
-    def _read_usage(self, payload: bytes) -> None:
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(data, dict):
-            return
-        usage = data.get("usage")
-        if usage is None:
-            inner = data.get("response") or data.get("message")  # Responses' final event, Anthropic's message_start
-            usage = inner.get("usage") if isinstance(inner, dict) else None
-        if isinstance(usage, dict):
-            self.usage.take(usage)
+    def _keep(self, block: bytes, sep: bytes) -> None:
+        for event in block.split(sep)[:-1]:
+            if event.startswith(self._kept_markers):
+                data = _json(event)
+                if data is not None:
+                    self.kept.append(data)
+
+
+def _json(event: bytes) -> dict[str, Any] | None:
+    payload = _data(event)
+    if payload is None:
+        return None
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _data(event: bytes) -> bytes | None:
@@ -197,19 +166,3 @@ def _data(event: bytes) -> bytes | None:
         return None
     line_end = event.find(b"\n", start)
     return event[start + 5 : line_end if line_end >= 0 else len(event)].strip()
-
-
-def error_event(api: Api, exc: APIError, sequence_number: int = 0) -> bytes:
-    """An in-band error after the first byte, ending the stream in the route's shape."""
-    if api is Api.ANTHROPIC:
-        return sse.event_frame(b"error", anthropic_errors.error_json(exc))
-    if api is Api.RESPONSES:
-        code = exc.code or "server_error"
-        payload = {"type": "error", "code": code, "message": exc.message, "param": exc.param, "sequence_number": sequence_number}
-        return sse.event_frame(b"error", orjson.dumps(payload))
-    return sse.frame(exc.to_json()) + sse.DONE
-
-
-def keepalive(api: Api) -> bytes:
-    """What the gateway sends while the replica is silent (Anthropic clients expect pings)."""
-    return ANTHROPIC_PING if api is Api.ANTHROPIC else sse.KEEPALIVE

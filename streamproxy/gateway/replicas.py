@@ -13,7 +13,6 @@ there is none), after reaping it.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import socket
@@ -25,27 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamproxy.gateway.config import Deployment, Launch
+from streamproxy.oscalls import die_with_parent
 
-_PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if sys.platform.startswith("linux") else None
 
 
 def _child_setup(parent: int) -> Callable[[], None]:
     """In the child, before exec: SIGTERM when the gateway dies (and exit now if it already did)."""
 
     def setup() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        die_with_parent(signal.SIGTERM)
         if os.getppid() != parent:
             os._exit(1)
 

@@ -9,19 +9,21 @@ base URL); tokenize and detokenize also at the root, as `serve` has them.
 
 from __future__ import annotations
 
+from streamproxy.apis.anthropic.spec import ANTHROPIC
+from streamproxy.apis.responses.spec import RESPONSES
+from streamproxy.apis.spec import OPENAI
 from streamproxy.gateway.call import Route
-from streamproxy.gateway.relay import Api
 
 # The path under /v1/ (or the root, for tokenize) -> what the replica is asked.
 ROUTES: dict[str, Route] = {
-    "chat/completions": Route("/v1/chat/completions", Api.OPENAI, True),
-    "completions": Route("/v1/completions", Api.OPENAI, True),
-    "responses": Route("/v1/responses", Api.RESPONSES, True),
-    "messages": Route("/v1/messages", Api.ANTHROPIC, True),
-    "messages/count_tokens": Route("/v1/messages/count_tokens", Api.ANTHROPIC, False),
-    "embeddings": Route("/v1/embeddings", Api.OPENAI, False),
-    "tokenize": Route("/tokenize", Api.OPENAI, False),
-    "detokenize": Route("/detokenize", Api.OPENAI, False),
+    "chat/completions": Route("/v1/chat/completions", OPENAI, True),
+    "completions": Route("/v1/completions", OPENAI, True),
+    "responses": Route("/v1/responses", RESPONSES, True),
+    "messages": Route("/v1/messages", ANTHROPIC, True),
+    "messages/count_tokens": Route("/v1/messages/count_tokens", ANTHROPIC, False),
+    "embeddings": Route("/v1/embeddings", OPENAI, False),
+    "tokenize": Route("/tokenize", OPENAI, False),
+    "detokenize": Route("/detokenize", OPENAI, False),
 }
 # Where a deployment is named by the path instead of the body's `model`.
 DEPLOYMENT_PREFIXES = ("/v1/deployments/{deployment}", "/v1/deployments/{deployment}/v1")

@@ -29,53 +29,69 @@ from streamproxy.gateway.wire import Upstreams
 
 
 class ReplicaSource(Protocol):
+    """What the gateway asks of a deployment's source. The members with a body are what a source that
+    neither wakes nor parks does (a fixed list of URLs); a source that does more says so by
+    overriding them. `FixedSource` subclasses this protocol to take those defaults; the others
+    satisfy it by shape (mypy proves each)."""
+
     @property
     def name(self) -> str: ...
 
     @property
     def managed(self) -> bool:
         """The gateway wakes and parks it (the admin routes apply)."""
+        return False
 
     @property
     def why_not_managed(self) -> str:
         """When not `managed`: why, for the admin routes' 400."""
+        return "its replicas are not the gateway's to wake or park"
 
     @property
     def serving(self) -> bool:
         """A request may be sent now; False: `until_ready` first."""
+        return True
 
     def admit(self) -> None:
         """Before a request is relayed: raises the 503 it gets now (and starts a wake)."""
+        return None
 
     async def until_ready(self, timeout: float) -> None:
         """Hold a request until the deployment serves (at most `timeout` s; 0: no bound), or raise its 503."""
+        return None
 
-    def begin(self, now: float) -> None: ...
+    def begin(self, now: float) -> None:
+        return None
 
-    def end(self, now: float) -> None: ...
+    def end(self, now: float) -> None:
+        return None
 
-    def wake(self, *, admin: bool = False) -> None: ...
+    def wake(self, *, admin: bool = False) -> None:
+        return None
 
-    async def park(self, reason: str) -> None: ...
+    async def park(self, reason: str) -> None:
+        return None
 
     def down(self, now: float) -> bool:
         """For /health: the deployment cannot take requests, and will not on demand either."""
+        ...
 
     def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
         """`/v1/deployments` fields beyond id, name and served_model (`replicas`: the pool's view)."""
+        ...
 
     def start(self, upstreams: Upstreams) -> None:
         """Begin (discovery, tickers); `upstreams` is the gateway's one client (wire.py), for any look at a replica."""
+        return None
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        return None
 
 
-class FixedSource:
+class FixedSource(ReplicaSource):
     """`upstreams:`: the URLs are the replicas; health probes and ejection decide which take requests."""
 
-    managed = False
     why_not_managed = "it has `upstreams`, not `launch`"
-    serving = True
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -84,35 +100,11 @@ class FixedSource:
     def name(self) -> str:
         return self.pool.deployment.name
 
-    def admit(self) -> None:
-        return
-
-    async def until_ready(self, timeout: float) -> None:
-        return
-
-    def begin(self, now: float) -> None:
-        return
-
-    def end(self, now: float) -> None:
-        return
-
-    def wake(self, *, admin: bool = False) -> None:
-        return
-
-    async def park(self, reason: str) -> None:
-        return
-
     def down(self, now: float) -> bool:
         return not any(r.health.routable(now) for r in self.pool.replicas)
 
     def describe(self, replicas: list[dict[str, object]]) -> dict[str, object]:
         return {"managed": False, "state": "ready" if any(r["available"] for r in replicas) else "unavailable"}
-
-    def start(self, upstreams: Upstreams) -> None:
-        return
-
-    async def stop(self) -> None:
-        return
 
 
 def wake_or_refuse(name: str, lifecycle: Lifecycle, failed: str, wake: Callable[[], object], hold: bool) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from streamproxy.apis.spec import ApiSpec
 from streamproxy.config import Settings
 from streamproxy.errors import AuthenticationError, InvalidRequest, ModelNotFound, RateLimited, ServerShuttingDown
 from streamproxy.gateway.balance import Pool
@@ -44,7 +45,6 @@ from streamproxy.gateway.holds import Hold, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
-from streamproxy.gateway.relay import Api
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
@@ -302,7 +302,7 @@ class GatewayState:
             )
         return limiter
 
-    def reserve(self, found: tuple[ApiKey, KeyLimiter] | None, api: Api, generates: bool, data: dict[str, Any],
+    def reserve(self, found: tuple[ApiKey, KeyLimiter] | None, api: ApiSpec, generates: bool, data: dict[str, Any],
                 body_bytes: int) -> Hold | None:
         """A key with a token budget (made through POST /v1/keys): hold the request's worst case
         (holds.worst_case) until it ends, or 429 insufficient_quota; None for any other key."""

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, done, open_call
-from streamproxy.gateway.relay import Api, SSERelay, error_event, keepalive
+from streamproxy.gateway.relay import SSERelay
 from streamproxy.gateway.upstream import Attempt, UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http import keepalive as keepalives
@@ -58,8 +58,9 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     response = sse_response(request)
     transport = request.transport
     loop = asyncio.get_running_loop()  # once per request: each call costs a getpid() system call
-    alive = Keepalive(keepalive(api), heartbeat, SSE_HEARTBEATS)
+    alive = Keepalive(api.keepalive, heartbeat, SSE_HEARTBEATS)
     warm = _Warmer(request, response, transport, alive, stall, loop) if heartbeat else None
+    relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     attempt: Attempt | None = None
     outcome: int | None = None
     try:
@@ -71,7 +72,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                     await warm.stop()
                 if not response.prepared:
                     raise  # a status of its own: nothing was sent yet
-                await _end_with(response, transport, api, exc, stall)
+                await _end_with(response, transport, relay_, exc, stall)
                 return response
             if warm is not None:
                 await warm.stop()
@@ -81,11 +82,11 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 refused = UpstreamError(upstream.status, call.renamed(await _error_body(upstream)), upstream.headers.get("retry-after"))
                 if not response.prepared:
                     raise refused
-                await _end_with(response, transport, api, refused, stall)
+                await _end_with(response, transport, relay_, refused, stall)
                 return response
             if not response.prepared:
                 await response.prepare(request)  # the headers wait for the first write
-            ended, tail = await _pump(call, attempt, response, transport, alive, stall, loop)
+            ended, tail = await _pump(call, attempt, relay_, response, transport, alive, stall, loop)
             if not ended:
                 outcome = BROKEN
         await finish_response(response, tail, stall, transport)
@@ -94,7 +95,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     except TimeoutError:  # the drain deadline (the Lifetime)
         if not response.prepared:
             raise ServiceUnavailable("the gateway is shutting down; retry on another instance", code="server_shutting_down") from None
-        await _end_with(response, transport, api, ServiceUnavailable("the gateway is shutting down", code="server_shutting_down"), stall)
+        await _end_with(response, transport, relay_, ServiceUnavailable("the gateway is shutting down", code="server_shutting_down"), stall)
     finally:
         if warm is not None:
             warm.cancel()
@@ -150,8 +151,8 @@ class _Warmer:
             self._task = None
 
 
-async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, transport: Any, alive: Keepalive, stall: float,
-                loop: asyncio.AbstractEventLoop) -> tuple[bool, bytes]:
+async def _pump(call: Call, attempt: Attempt, relay_: SSERelay, response: web.StreamResponse, transport: Any, alive: Keepalive,
+                stall: float, loop: asyncio.AbstractEventLoop) -> tuple[bool, bytes]:
     """Relay until the replica's stream ends: (False, ...) when it broke off; and the bytes
     the response ends with (`finish_response`): the last events, or after a break the error event.
 
@@ -161,8 +162,6 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
     not plain chunked), reading from the replica pauses, and this loop writes what is held
     with a bounded write and resumes. The heartbeat is one timer per stream (`keepalive.Ticker`);
     a replica silent past the read timeout is `wire`'s."""
-    api = call.route.api
-    relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
     call.usage = relay_.usage
     exchange = attempt.exchange
     sink = _Sink(relay_, exchange, call, attempt, loop)
@@ -194,7 +193,7 @@ async def _pump(call: Call, attempt: Attempt, response: web.StreamResponse, tran
         if tail:  # the events that came before the break, in their own chunk as they came
             await write(response, transport, tail, stall)
             sink.wrote()
-        return False, error_event(api, error, relay_.events)
+        return False, relay_.error(error)
     finally:
         if beat is not None:
             beat.stop()
@@ -286,5 +285,5 @@ class _Broken(Exception):
     pass
 
 
-async def _end_with(response: web.StreamResponse, transport: Any, api: Api, exc: APIError, stall: float) -> None:
-    await finish_response(response, error_event(api, exc), stall, transport)
+async def _end_with(response: web.StreamResponse, transport: Any, relay_: SSERelay, exc: APIError, stall: float) -> None:
+    await finish_response(response, relay_.error(exc), stall, transport)

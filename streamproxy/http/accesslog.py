@@ -38,9 +38,9 @@ from typing import Any, Protocol, TextIO
 import orjson
 from aiohttp import web
 
-from streamproxy.core.threadname import name_this_thread
 from streamproxy.http import tracing
 from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPONSES, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_TOKEN
+from streamproxy.oscalls import name_this_thread
 
 log = logging.getLogger("streamproxy.access")
 log.propagate = False

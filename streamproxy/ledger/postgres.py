@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from streamproxy.core.threadname import name_this_thread
 from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
@@ -40,6 +39,7 @@ from streamproxy.ledger.records import (
     sort_usage,
     usage_row,
 )
+from streamproxy.oscalls import name_this_thread
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 5  # s, libpq's connect_timeout

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from streamproxy.core.threadname import name_this_thread
 from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow, row, sort_usage, usage_row
+from streamproxy.oscalls import name_this_thread
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000

@@ -7,8 +7,9 @@ Each implementation is fed the way its engine feeds it:
 
 - `BaseProducer`: `engine_adapter.base.DeltaQueue`, as the fake engine and
   vLLM's direct route use it (`put(deltas)`, `close()`, `close(error)`).
-- `VllmProducer`: `engine_adapter.vllm_stream.VllmOutputStream` over a
-  `RequestOutputCollector`, as vLLM's output handler feeds it
+- `VllmProducer`: the `DeltaQueue` vLLM's own output path fills
+  (`engine_adapter.vllm_stream.into_queue` over a `RequestOutputCollector`),
+  as vLLM's output handler feeds it
   (`collector.put(RequestOutput)`, the last one `finished`;
   `collector.put(exception)` from `propagate_error`). Two flavours:
   `vllm`, vLLM's own classes (importing vLLM takes 10-15 s, so that one runs
@@ -24,7 +25,7 @@ from functools import cache
 from typing import Any
 
 from engine_adapter.base import Delta, DeltaQueue, EngineFailure
-from engine_adapter.vllm_stream import VllmOutputStream
+from engine_adapter.vllm_stream import into_queue
 
 Piece = str | tuple[int, str]  # text of choice 0, or (choice index, text)
 
@@ -157,14 +158,17 @@ class VllmProducer:
         them (`prompt_logprobs_of`), as vLLM's does."""
         self.name = "vllm" if real else "vllm-standin"
         self.real = real
-        if real:
-            collector_cls, _, _, kind = vllm_classes()
-            self.collector = collector_cls(kind.DELTA, "r")
-        else:
-            self.collector = StandinCollector()
-        self.stream = VllmOutputStream(self.collector, None, None if prompt_logprobs is None else (token_bytes, prompt_logprobs))
+        self.collector = self.new_collector()
+        self.stream = into_queue(self.collector, None, None if prompt_logprobs is None else (token_bytes, prompt_logprobs))
         self.prompt_logprobs = prompt_logprobs
         self.outputs = 0
+
+    def new_collector(self) -> Any:
+        """A collector as `AsyncLLM.add_request` returns it (vLLM's own, or the stand-in)."""
+        if self.real:
+            collector_cls, _, _, kind = vllm_classes()
+            return collector_cls(kind.DELTA, "r")
+        return StandinCollector()
 
     def prompt_logprobs_of(self) -> list[Any]:
         """vLLM's prompt logprobs of PROMPT: none for the first token; then the own token and the top 2."""

@@ -1,14 +1,13 @@
 """One suite over every OutputStream implementation: the engine -> writer hand-over.
 
-Run on `engine_adapter.base.DeltaQueue` (the fake engine, vLLM's direct
-route) and on `VllmOutputStream` over a vLLM `RequestOutputCollector`, each
-fed the way its engine feeds it (producers.py): pull (coalescing, the end,
-engine failures, cancellation safety), the heartbeat `wait`, and push
-(`arm`: steps handed to the writer's sink in the producer's own call).
-
-Implementations coalesce differently (the base stream keeps every Delta,
-vLLM's collector merges per choice), so the suite compares what a writer
-makes of a batch: the text, token count and finish reason per choice.
+`engine_adapter.base.DeltaQueue` is the one implementation; the suite runs
+it fed the way each engine feeds it (producers.py): put and closed by the
+fake engine and vLLM's direct route, and filled by vLLM's own output path
+through a `RequestOutputCollector` (`vllm_stream.into_queue`): pull
+(coalescing, the end, engine failures, cancellation safety), the heartbeat
+`wait`, and push (`arm`: steps handed to the writer's sink in the
+producer's own call). It compares what a writer makes of a batch: the
+text, token count and finish reason per choice.
 What only one implementation does is at the end of this file and in
 tests/unit/test_output_stream.py.
 """
@@ -395,6 +394,7 @@ def test_vllm_counts_prompt_and_cached_tokens_from_the_request_output(vllm_produ
 
 
 def test_vllm_armed_steps_leave_the_collector_empty_and_unset(vllm_producer):
+    # The collector holds nothing: every output goes to the queue from vLLM's put.
     sink = Sink()
     assert vllm_producer.stream.arm(sink)
     vllm_producer.step("a")
@@ -406,9 +406,32 @@ def test_vllm_armed_steps_leave_the_collector_empty_and_unset(vllm_producer):
 def test_vllm_a_drained_refusal_leaves_no_wake_up_set(vllm_producer):
     assert vllm_producer.stream.arm(Sink(accept=False))
     vllm_producer.step("a")  # refused: held, the consumer woken
-    vllm_producer.step("b")  # vLLM's own put
+    vllm_producer.step("b")  # pending in the queue
     assert joined(drain(vllm_producer.stream)) == {0: "ab"}
     assert not vllm_producer.collector.ready.is_set()  # the next get() or wait() sleeps
+
+
+def test_vllm_an_output_put_before_the_queue_took_the_collector_comes_first(vllm_producer):
+    # AsyncLLM.add_request awaits the engine core after registering the collector: vLLM's handler may put first.
+    from engine_adapter.vllm_stream import into_queue
+
+    vllm_producer.collector = vllm_producer.new_collector()  # no queue has taken it yet
+    vllm_producer.step("early")
+    stream = into_queue(vllm_producer.collector)
+    vllm_producer.step("later")
+    assert joined(stream.get_nowait()) == {0: "earlylater"}
+    assert vllm_producer.collector.output is None
+
+
+def test_vllm_an_output_that_cannot_be_converted_fails_the_stream_not_vllms_loop(vllm_producer):
+    broken = vllm_producer.output([(0, "a")])
+    broken.outputs = None  # not iterable: the conversion raises
+    vllm_producer.step("a")
+    vllm_producer.collector.put(broken)  # must not raise into vLLM's output handler
+    vllm_producer.step("b")  # ignored: the stream has ended
+    assert joined(vllm_producer.stream.get_nowait()) == {0: "a"}
+    with pytest.raises(EngineFailure, match="TypeError"):
+        vllm_producer.stream.get_nowait()
 
 
 @pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.engine)], ids=["vllm-standin", "vllm"])

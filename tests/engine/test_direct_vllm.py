@@ -19,7 +19,7 @@ import pytest
 
 from engine_adapter import vllm_compat
 from engine_adapter.base import Delta, DeltaQueue, EngineFailure, EngineRejected, GenerationParams
-from engine_adapter.vllm_direct import DirectRoute, eligible
+from engine_adapter.vllm_direct import DirectRoute
 from tests.support.push import keep
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm_sources]
@@ -190,12 +190,6 @@ def test_a_failing_output_ends_its_stream_not_the_handler(tokenizer):
     assert "bad-1" not in route.requests and "bad" not in route.internal_ids
     got = odd.get_nowait()  # an id the tokenizer cannot take decodes to nothing (as vLLM) and the stream goes on
     assert got is not None and got[0].text == "" and got[0].num_tokens == 1
-
-
-def test_eligible():
-    assert eligible(GenerationParams(max_tokens=1))
-    assert eligible(GenerationParams(max_tokens=1, structured={"json": {}}, stop_token_ids=[3]))
-    assert eligible(GenerationParams(max_tokens=1, n=2, stop=["x"], logprobs=5, prompt_logprobs=2))
 
 
 def test_unsupported_names_what_is_missing(monkeypatch):
@@ -475,7 +469,7 @@ def test_a_client_abort_is_no_finished_request(tokenizer):
 
 
 # n > 1, logprobs and prompt logprobs: the route against vLLM's own path as the server runs it (a real
-# OutputProcessor putting RequestOutputs into a RequestOutputCollector, read by vllm_stream.VllmOutputStream),
+# OutputProcessor putting RequestOutputs into a RequestOutputCollector, whose put vllm_stream.into_queue took),
 # fed the same engine-core outputs: the same Deltas (index, text, token ids, finish reason, logprob values,
 # top-k token strings, bytes and ranks), prompt logprobs, usage counts, engine-core aborts and vLLM stats.
 WIDTH = 8  # columns of the engine core's logprob rows: the batch's largest k + 1 (wider than any request's here)
@@ -591,7 +585,7 @@ def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bo
     from vllm.v1.metrics.stats import IterationStats
 
     from engine_adapter.token_bytes import TokenBytes
-    from engine_adapter.vllm_stream import VllmOutputStream
+    from engine_adapter.vllm_stream import into_queue
 
     processor = OutputProcessor(tokenizer, log_stats=True)
     route = DirectRoute(processor, tokenizer)
@@ -599,7 +593,7 @@ def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bo
     request.arrival_time = ARRIVAL
     keys = ("n", "logprobs", "prompt_logprobs", "stop", "include_stop_str_in_output")
     params = GenerationParams(max_tokens=64, **{k: v for k, v in sampling.items() if k in keys})
-    stream: DeltaQueue | VllmOutputStream
+    stream: DeltaQueue
     if direct:
         stream, sent = route.add(request, "m", params)
         assert [r.request_id for r in sent] == [b.request_id for b in batches[0][1]]
@@ -609,8 +603,8 @@ def _run_mixed(tokenizer, sampling: dict, batches, prompt: list[int], direct: bo
     else:
         token_bytes = TokenBytes(tokenizer)
         collector = RequestOutputCollector(RequestOutputKind.DELTA, "m-1")
-        stream = VllmOutputStream(collector, None if params.logprobs is None else (token_bytes, params.logprobs),
-                                  None if params.prompt_logprobs is None else (token_bytes, params.prompt_logprobs))
+        stream = into_queue(collector, None if params.logprobs is None else (token_bytes, params.logprobs),
+                            None if params.prompt_logprobs is None else (token_bytes, params.prompt_logprobs))
         stream.prompt_tokens = len(prompt)
         if params.n == 1:
             processor.add_request(request, None, None, 0, collector)

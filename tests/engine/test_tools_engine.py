@@ -191,7 +191,7 @@ def test_openai_sdk_tools_and_parse(engine_server, model_name):
 
 
 @pytest.mark.vllm_sources  # (no engine: vLLM's hermes parser on the default model's tokenizer)
-def test_vllm_registry_parser_through_the_adapter():
+def test_vllm_registry_parser_through_the_adapter(vllm_parsers):
     from vllm.tokenizers import get_tokenizer
 
     from engine_adapter.default_model import ensure_default_model
@@ -200,8 +200,8 @@ def test_vllm_registry_parser_through_the_adapter():
     from streamproxy.filters.toolset import ToolSet
 
     tokenizer = get_tokenizer(str(ensure_default_model()))
-    assert known_parser("vllm:hermes", vllm_available=True) and known_parser("xlam", vllm_available=True)
-    assert not known_parser("no_such_parser", vllm_available=True)
+    assert known_parser("vllm:hermes") and known_parser("xlam")
+    assert not known_parser("no_such_parser")
     spec = parser_spec("vllm:hermes", tokenizer=tokenizer, tools=TOOLS)
     assert spec.keep_special_tokens  # vLLM's hermes asks for special tokens, as ours does
     tools = ToolSet(SCHEMAS)

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
+from streamproxy.apis.anthropic.spec import ANTHROPIC
+from streamproxy.apis.responses.spec import RESPONSES
+from streamproxy.apis.spec import OPENAI
 from streamproxy.errors import QuotaExceeded
 from streamproxy.gateway import keyring as keyring_module
 from streamproxy.gateway.config import Budgets, ConfigError, split
 from streamproxy.gateway.holds import NOTHING, Holds, WorstCase, worst_case
 from streamproxy.gateway.keyring import Keyring
-from streamproxy.gateway.relay import Api
 from streamproxy.ledger.keys import StoredKey, period_start
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import LedgerRecord, UsageQuery
@@ -47,15 +49,15 @@ def quick_refresh(monkeypatch):
 
 
 @pytest.mark.parametrize(("api", "body", "completion", "capped"), [
-    (Api.OPENAI, {"max_completion_tokens": 50, "max_tokens": 10}, 50, True),  # the newer name first
-    (Api.OPENAI, {"max_tokens": 10, "n": 3}, 30, True),
-    (Api.OPENAI, {"prompt": "x", "max_tokens": 10, "n": 2, "best_of": 4}, 40, True),  # legacy completions
-    (Api.OPENAI, {"messages": []}, 4096, False),
-    (Api.OPENAI, {"max_tokens": True, "n": "2"}, 4096, False),  # not numbers: the default, one choice
-    (Api.OPENAI, {"max_tokens": -5, "n": 0}, 4096, False),
-    (Api.RESPONSES, {"max_output_tokens": 64, "max_tokens": 9}, 64, True),
-    (Api.RESPONSES, {"input": "hi"}, 4096, False),
-    (Api.ANTHROPIC, {"max_tokens": 100, "n": 5}, 100, True),
+    (OPENAI, {"max_completion_tokens": 50, "max_tokens": 10}, 50, True),  # the newer name first
+    (OPENAI, {"max_tokens": 10, "n": 3}, 30, True),
+    (OPENAI, {"prompt": "x", "max_tokens": 10, "n": 2, "best_of": 4}, 40, True),  # legacy completions
+    (OPENAI, {"messages": []}, 4096, False),
+    (OPENAI, {"max_tokens": True, "n": "2"}, 4096, False),  # not numbers: the default, one choice
+    (OPENAI, {"max_tokens": -5, "n": 0}, 4096, False),
+    (RESPONSES, {"max_output_tokens": 64, "max_tokens": 9}, 64, True),
+    (RESPONSES, {"input": "hi"}, 4096, False),
+    (ANTHROPIC, {"max_tokens": 100, "n": 5}, 100, True),
 ])
 def test_the_worst_case_is_the_prompts_estimate_plus_the_cap_times_the_choices(api, body, completion, capped) -> None:
     assert worst_case(api, True, body, 400, BUDGETS) == WorstCase(prompt=101, completion=completion, capped=capped)

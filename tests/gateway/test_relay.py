@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from streamproxy.apis.anthropic.spec import ANTHROPIC
+from streamproxy.apis.responses.spec import RESPONSES
+from streamproxy.apis.spec import OPENAI, Usage
 from streamproxy.errors import ServiceUnavailable
-from streamproxy.gateway.relay import Api, SSERelay, Usage, error_event, keepalive
+from streamproxy.gateway.relay import SSERelay, meter_body
 
 ROLE = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TEXT = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"\\"model\\":\\"Qwen/Qwen3-8B\\" \xf0\x9f\x8c\x8a"}}]}\n\n'
@@ -25,7 +28,7 @@ def public(event: bytes) -> bytes:
 
 
 def relay_all(pieces: list[bytes], **kw) -> tuple[bytes, SSERelay]:
-    relay = SSERelay(Api.OPENAI, served="Qwen/Qwen3-8B", public="support-bot", **kw)
+    relay = SSERelay(OPENAI, served="Qwen/Qwen3-8B", public="support-bot", **kw)
     return b"".join(relay.feed(p) for p in pieces), relay
 
 
@@ -45,7 +48,7 @@ def test_every_two_way_split_is_the_same_bytes(cut):
 
 
 def test_no_output_until_an_event_is_whole():
-    relay = SSERelay(Api.OPENAI, served="m", public="m", strip_usage=False)
+    relay = SSERelay(OPENAI, served="m", public="m", strip_usage=False)
     assert relay.feed(ROLE[:-1]) == b""
     assert relay.pending
     assert relay.feed(b"\n") == ROLE
@@ -58,14 +61,14 @@ def test_the_asked_usage_chunk_stays_and_is_metered():
 
 
 def test_same_name_needs_no_rewrite_and_spaced_json_is_renamed_too():
-    relay = SSERelay(Api.OPENAI, served="a", public="b", strip_usage=False)
+    relay = SSERelay(OPENAI, served="a", public="b", strip_usage=False)
     assert relay.feed(b'data: {"model": "a", "x": 1}\n\n') == b'data: {"model": "b", "x": 1}\n\n'
-    same = SSERelay(Api.OPENAI, served="a", public="a", strip_usage=False)
+    same = SSERelay(OPENAI, served="a", public="a", strip_usage=False)
     assert same.feed(b'data: {"model":"a"}\n\n') == b'data: {"model":"a"}\n\n'
 
 
 def test_crlf_framed_replica():
-    relay = SSERelay(Api.OPENAI, served="m", public="m", strip_usage=False)
+    relay = SSERelay(OPENAI, served="m", public="m", strip_usage=False)
     assert relay.feed(b"data: 1\r\n\r\ndata: [DO") == b"data: 1\r\n\r\n"
     assert relay.feed(b"NE]\r\n\r\n") == b"data: [DONE]\r\n\r\n"
     assert relay.done
@@ -98,7 +101,7 @@ def test_responses_usage_from_the_final_event():
         b'event: response.completed\ndata: {"type":"response.completed","response":{"model":"m",'
         b'"usage":{"input_tokens":30,"output_tokens":4,"total_tokens":34,"input_tokens_details":{"cached_tokens":16}}}}\n\n'
     )
-    relay = SSERelay(Api.RESPONSES, served="m", public="m", strip_usage=False)
+    relay = SSERelay(RESPONSES, served="m", public="m", strip_usage=False)
     assert relay.feed(created + done) == created + done
     assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens, relay.done) == (30, 4, 16, True)
 
@@ -110,7 +113,7 @@ def test_anthropic_usage_from_message_start_and_delta():
     )
     delta = b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":7}}\n\n'
     stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-    relay = SSERelay(Api.ANTHROPIC, served="m", public="m", strip_usage=False)
+    relay = SSERelay(ANTHROPIC, served="m", public="m", strip_usage=False)
     relay.feed(start)
     relay.feed(delta + stop)
     assert (relay.usage.prompt_tokens, relay.usage.completion_tokens, relay.usage.cached_tokens, relay.done) == (30, 7, 20, True)
@@ -118,24 +121,24 @@ def test_anthropic_usage_from_message_start_and_delta():
 
 def test_non_stream_body_usage():
     usage = Usage()
-    usage.take_body(b'{"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}')
+    meter_body(OPENAI, b'{"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}', usage)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.billed) == (5, 3, 4, True)
     broken = Usage()
-    broken.take_body(b"not json")
+    meter_body(OPENAI, b"not json", broken)
     assert not broken.billed
 
 
 def test_error_events_in_each_api_shape():
     exc = ServiceUnavailable("gone", code="upstream_unavailable")
-    assert error_event(Api.OPENAI, exc) == (
+    assert OPENAI.error(exc) == (
         b'data: {"error":{"message":"gone","type":"service_unavailable","param":null,"code":"upstream_unavailable"}}\n\ndata: [DONE]\n\n'
     )
-    assert error_event(Api.ANTHROPIC, exc).startswith(b'event: error\ndata: {"type":"error","error":{"type":')
-    assert error_event(Api.RESPONSES, exc, 7) == (
+    assert ANTHROPIC.error(exc).startswith(b'event: error\ndata: {"type":"error","error":{"type":')
+    assert RESPONSES.error(exc, 7) == (
         b'event: error\ndata: {"type":"error","code":"upstream_unavailable","message":"gone","param":null,"sequence_number":7}\n\n'
     )
-    assert keepalive(Api.OPENAI) == b": keepalive\n\n"
-    assert keepalive(Api.ANTHROPIC) == b'event: ping\ndata: {"type":"ping"}\n\n'
+    assert OPENAI.keepalive == RESPONSES.keepalive == b": keepalive\n\n"
+    assert ANTHROPIC.keepalive == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
 def test_a_cut_responses_or_anthropic_stream_counts_only_its_text_events():
@@ -151,9 +154,29 @@ def test_a_cut_responses_or_anthropic_stream_counts_only_its_text_events():
         b'event: ping\ndata: {"type":"ping"}\n\n'
         b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"Hi"}}\n\n'
     )
-    for api, stream, tokens in ((Api.RESPONSES, responses, 2), (Api.ANTHROPIC, anthropic, 1)):
+    for api, stream, tokens in ((RESPONSES, responses, 2), (ANTHROPIC, anthropic, 1)):
         relay = SSERelay(api, served="m", public="m", strip_usage=False)
         for i in range(len(stream)):  # byte by byte: a marker cut between reads is counted once
             relay.feed(stream[i : i + 1])
         relay.counted()
         assert (relay.usage.billed, relay.usage.completion_tokens, relay.done) == (False, tokens, False)
+
+
+def test_a_broken_responses_stream_ends_as_serve_ends_one_numbered_after_the_events_relayed():
+    created = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1","model":"m","status":"in_progress","output":[],"usage":null},"sequence_number":0}\n\n'
+    progress = b'event: response.in_progress\ndata: {"type":"response.in_progress","response":{"id":"resp_1"},"sequence_number":1}\n\n'
+    added = b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","content":[]},"sequence_number":2}\n\n'
+    delta = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hi","sequence_number":3}\n\n'
+    relay = SSERelay(RESPONSES, served="m", public="pub", strip_usage=False)
+    for piece in (b": keepalive\n\n", created, b": keepalive\n\n", progress + added, delta):
+        relay.feed(piece)
+    exc = ServiceUnavailable("cut", code="upstream_unavailable")
+    out = relay.error(exc)
+    error, failed = out.split(b"\n\n")[:2]
+    assert error == b'event: error\ndata: {"type":"error","code":"upstream_unavailable","message":"cut","param":null,"sequence_number":4}'
+    assert b'"output":[{"id":"msg_1","type":"message","status":"incomplete","content":[]}]' in failed  # its items, the open one cut
+    assert failed.startswith(b'event: response.failed\ndata: {"type":"response.failed","response":{"id":"resp_1","model":"pub",')
+    assert failed.endswith(b'"error":{"code":"server_error","message":"cut"}},"sequence_number":5}')
+    assert b'"status":"failed"' in failed
+    # Nothing relayed yet (no response.created): the error alone.
+    assert SSERelay(RESPONSES, served="m", public="m", strip_usage=False).error(exc).count(b"event: ") == 1

@@ -60,6 +60,10 @@ from tests.support.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_ARGS = ("--engine", "fake", "--access-log", "off")
+# The real engine's flags for the session's servers (tests/conftest.py) and bench/lmeval_compare.py: vLLM's own
+# server takes the first, streamproxy the second (-O0: up in ~20 s instead of ~60 s).
+VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
+ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
 

@@ -281,7 +281,8 @@ def test_chat_template_from_a_file_or_inline(tmp_path: Path) -> None:
     assert "im_start" in (parse(["--chat-template", "template_chatml.jinja"]).chat_template or "")
 
 
-def test_tool_parser_plugin(tmp_path: Path) -> None:
+def test_tool_parser_plugin(tmp_path: Path, parser_registry: None) -> None:
+    # (parser_registry: ours alone, as a fresh process has it; the vLLM CLI adds vLLM's registries itself)
     plugin = tmp_path / "my_parser.py"
     plugin.write_text(
         "from vllm.tool_parsers import ToolParserManager\n"
@@ -291,6 +292,13 @@ def test_tool_parser_plugin(tmp_path: Path) -> None:
     )
     settings = parse(["--tool-parser-plugin", str(plugin), "--enable-auto-tool-choice", "--tool-call-parser", "my_plugin_parser"])
     assert settings.tool_call_parser == "my_plugin_parser"
+
+
+def test_the_vllm_cli_knows_vllms_parser_names_before_an_engine_exists(parser_registry: None) -> None:
+    settings = parse(["--enable-auto-tool-choice", "--tool-call-parser", "xlam", "--reasoning-parser", "granite"])
+    assert (settings.tool_call_parser, settings.reasoning_parser) == ("xlam", "granite")
+    with pytest.raises(SystemExit, match="unknown --reasoning-parser 'no_such'.*or a name in vLLM's registry"):
+        parse(["--reasoning-parser", "no_such"])
 
 
 def test_an_undecided_flag_is_refused_at_start() -> None:

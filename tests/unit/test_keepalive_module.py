@@ -12,9 +12,10 @@ from typing import cast
 
 import pytest
 
+from streamproxy.apis.anthropic.spec import ANTHROPIC
 from streamproxy.apis.anthropic.stream import AnthropicEncoder
+from streamproxy.apis.spec import OPENAI
 from streamproxy.core.stream import ChatStreamEncoder
-from streamproxy.gateway.relay import Api, keepalive
 from streamproxy.http import keepalive as keepalives
 from streamproxy.http.chunked import SIZE_LINES_N, chunk_frame
 from streamproxy.http.keepalive import ANTHROPIC_PING, NEWLINE, SSE_COMMENT, Keepalive, Ticker
@@ -33,8 +34,8 @@ def test_the_frames_are_the_ones_each_response_sends() -> None:
     assert ANTHROPIC_PING == b'event: ping\ndata: {"type":"ping"}\n\n'
     assert NEWLINE == b"\n"
     # One definition each: serve's encoders and the gateway's relay send the same bytes.
-    assert ChatStreamEncoder.keepalive == keepalive(Api.OPENAI) == SSE_COMMENT
-    assert AnthropicEncoder.keepalive == keepalive(Api.ANTHROPIC) == ANTHROPIC_PING
+    assert ChatStreamEncoder.keepalive == OPENAI.keepalive == SSE_COMMENT
+    assert AnthropicEncoder.keepalive == ANTHROPIC.keepalive == ANTHROPIC_PING
 
 
 @pytest.mark.parametrize("size", [0, 1, 15, 16, 255, SIZE_LINES_N - 1, SIZE_LINES_N, 70_000])

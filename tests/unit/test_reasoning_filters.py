@@ -94,10 +94,12 @@ def test_qwen3_with_thinking_off_needs_no_splitter():
     assert reasoning_spec("", tokenizer=None, template_kwargs={}) is None
 
 
-def test_own_names_are_known_without_vllm():
-    assert known_reasoning_parser("qwen3", vllm_available=False)
-    assert known_reasoning_parser("deepseek_r1", vllm_available=False)
-    assert not known_reasoning_parser("granite", vllm_available=False)
+def test_own_names_are_known_without_vllm(parser_registry):
+    assert known_reasoning_parser("qwen3")
+    assert known_reasoning_parser("deepseek_r1")
+    assert not known_reasoning_parser("granite")
+    with pytest.raises(ValueError, match="unknown reasoning parser 'granite' \\(ours: deepseek_r1, qwen3\\)"):
+        reasoning_spec("granite", tokenizer=None, template_kwargs={})
 
 
 def test_other_parts_pass_through_in_order():

@@ -1,4 +1,4 @@
-"""vLLM's reasoning-parser registry through the adapter filter (`engine_adapter/vllm_reasoning_parsers.py`).
+"""vLLM's reasoning-parser registry through the adapter filter (`engine_adapter/vllm_parsers.py`).
 
 Sans-IO like the other filter tests, but it imports vLLM (about 13 s), so it
 runs with the engine tests (`-m engine`). A tiny tokenizer stands in for a
@@ -16,7 +16,7 @@ from streamproxy.filters.chain import chat_filters, known_reasoning_parser, reas
 from streamproxy.filters.hermes import HermesParser
 from tests.unit.filter_support import TOOLS, outcome
 
-pytestmark = [pytest.mark.engine, pytest.mark.vllm_sources]
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_sources, pytest.mark.usefixtures("vllm_parsers")]
 
 VOCAB = {"<think>": 1, "</think>": 2, "<tool_call>": 3, "</tool_call>": 4, "<|im_start|>": 5, "<|im_end|>": 6}
 
@@ -71,8 +71,8 @@ def own_and_vllm(name: str, **kwargs):
 
 
 def test_registry_names_are_known():
-    assert known_reasoning_parser("vllm:qwen3", vllm_available=True) and known_reasoning_parser("granite", vllm_available=True)
-    assert not known_reasoning_parser("no_such_parser", vllm_available=True)
+    assert known_reasoning_parser("vllm:qwen3") and known_reasoning_parser("granite")
+    assert not known_reasoning_parser("no_such_parser")
 
 
 @pytest.mark.parametrize(("name", "tokens"), [("qwen3", THINK), ("deepseek_r1", THINK), ("qwen3", NO_OPEN), ("deepseek_r1", NO_OPEN)])

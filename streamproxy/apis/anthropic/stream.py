@@ -14,6 +14,8 @@ blocks, each event a named SSE frame (`event: X` + `data: {"type": X, ...}`):
     error     error {"type":"error","error":{"type","message"}}, and the stream ends
     silence   ping (`keepalive`: the writer sends it instead of an SSE comment)
 
+The error and the ping are `spec.ANTHROPIC`'s, which the gateway reads too.
+
 Stop reasons: "stop" -> end_turn, or stop_sequence when the request's
 `StopSequenceFilter` saw the text end on one of its stop sequences; "length"
 -> max_tokens (model_context_window_exceeded when the route had to lower
@@ -33,8 +35,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from streamproxy.apis.anthropic import errors as anthropic_errors
 from streamproxy.apis.anthropic.protocol import Message, TextBlock, ThinkingBlock, ToolUseBlock, Usage
+from streamproxy.apis.anthropic.spec import ANTHROPIC, PING
 from streamproxy.core import sse
 from streamproxy.core.blockstream import CALL, TEXT, Block, BlockEncoder
 from streamproxy.errors import APIError
@@ -45,7 +47,6 @@ from streamproxy.filters.stopseq import StopSequenceFilter
 _dumps = orjson.dumps
 _encode = msgspec.json.Encoder().encode
 
-PING = sse.event_frame(b"ping", b'{"type":"ping"}')
 _STOP = sse.event_frame(b"message_stop", b'{"type":"message_stop"}')
 _DELTA_OPEN = {TEXT: b'"delta":{"type":"text_delta","text":', CALL: b'"delta":{"type":"input_json_delta","partial_json":'}
 _THINKING_OPEN = b'"delta":{"type":"thinking_delta","thinking":'
@@ -57,7 +58,7 @@ def tool_use_id(call_id: str) -> str:
 
 
 class AnthropicEncoder(BlockEncoder):
-    keepalive = PING
+    keepalive = PING  # ANTHROPIC.keepalive
 
     def __init__(
         self,
@@ -164,7 +165,7 @@ class AnthropicEncoder(BlockEncoder):
         return sse.event_frame(b"message_delta", _encode(body)) + _STOP
 
     def _error(self, exc: APIError) -> bytes:
-        return sse.event_frame(b"error", anthropic_errors.error_json(exc))
+        return ANTHROPIC.error(exc)
 
     def error(self, exc: APIError) -> bytes:
         # No message_start first: Anthropic's own streams may fail before it.

@@ -14,7 +14,7 @@ the stream from 0:
     call      response.output_item.added (function_call), response.function_call_arguments.delta ...,
               response.function_call_arguments.done, response.output_item.done
     finish    response.completed, or response.incomplete (max_output_tokens) with usage
-    error     error (our code, message, param), then response.failed (OpenAI's code)
+    error     error (our code, message, param), then response.failed (OpenAI's code): spec.py's, the gateway's too
 
 Per text delta the only encoding work is the delta string: the JSON around
 it is pre-encoded when the item opens. The `Response` in created/completed
@@ -43,6 +43,8 @@ from streamproxy.apis.responses.protocol import (
     ResponseError,
     ResponseUsage,
 )
+from streamproxy.apis.responses.spec import SEQ as _SEQ
+from streamproxy.apis.responses.spec import failed_events, failure
 from streamproxy.core import sse
 from streamproxy.core.blockstream import CALL, TEXT, Block, BlockEncoder
 from streamproxy.errors import APIError
@@ -54,7 +56,6 @@ _encode = msgspec.json.Encoder().encode
 _ID_PREFIX = {TEXT: "msg_", CALL: "fc_"}
 _DELTA_EVENT = {TEXT: b"response.output_text.delta", CALL: b"response.function_call_arguments.delta"}
 _REASONING_DELTA = b"response.reasoning_text.delta"
-_SEQ = b',"sequence_number":'
 _TEXT_TAIL = b',"logprobs":[]' + _SEQ
 
 
@@ -167,12 +168,11 @@ class ResponsesEncoder(BlockEncoder):
         return self._event(name, {"response": self.response()})
 
     def _error(self, exc: APIError) -> bytes:
-        code = exc.code or "server_error"
-        # response.error.code is one of OpenAI's codes; the error event carries ours.
-        failure_code = "rate_limit_exceeded" if exc.status == 429 else "invalid_prompt" if exc.status < 500 else "server_error"
-        self._failure = ResponseError(code=failure_code, message=exc.message)
+        code, message = failure(exc)
+        self._failure = ResponseError(code=code, message=message)
         if self.current is not None:  # cut off: the failed response shows it as incomplete
             self.current.open = False
             self.current = None
-        out = self._event("error", {"code": code, "message": exc.message, "param": exc.param})
-        return out + self._event("response.failed", {"response": self.response()})
+        out = failed_events(exc, self.seq, _encode(self.response()))
+        self.seq += 2
+        return out

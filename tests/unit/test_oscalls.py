@@ -1,4 +1,4 @@
-"""`name_this_thread` sets the OS-level name /proc shows for the calling thread (15 bytes at most)."""
+"""`oscalls.name_this_thread` sets the OS-level name /proc shows for the calling thread (15 bytes at most)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamproxy.core.threadname import name_this_thread
+from streamproxy.oscalls import name_this_thread
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_NAME) is Linux's")
 
