@@ -341,10 +341,7 @@ class Clock:
         log.debug("rejected a request from %s: %s", remote, err.message)
         transport.write(unread_answer(err))
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.enabled():
-            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
-            rec.error_code = err.code
-            accesslog.write(accesslog.line(_Unread("-", "-", remote), rec, err.status, 0.0))
+        accesslog.unread(_Unread("-", "-", remote), err.status, err.code)
         protocol.force_close()  # the answer is flushed first
 
     def _body_due(self, protocol: Protocol) -> None:
@@ -425,10 +422,7 @@ class Protocol(web.RequestHandler):
         err = _parse_error(status, exc, message)
         log.debug("rejected a request from %s: %s", request.remote, exc)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.enabled():
-            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
-            rec.error_code = err.code
-            accesslog.write(accesslog.line(request, rec, err.status, 0.0))
+        accesslog.unread(request, err.status, err.code)
         resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
         resp.force_close()
         return resp
