@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Protocol, TextIO
+from typing import TextIO
 
 import orjson
 
@@ -45,24 +45,11 @@ def finished(ctx: RequestContext) -> None:
         write(line(ctx))
 
 
-class RequestLine(Protocol):
-    """What a line says of a request that never got a context (connection.py's, not read)."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def remote(self) -> str | None: ...
-
-
-def unread(request: RequestLine, status: int, code: str | None) -> None:
-    """The line of a request refused before aiohttp read it (a bad request line, headers too slow)."""
+def unread(method: str, path: str, remote: str | None, status: int, code: str | None) -> None:
+    """The line of a request refused before aiohttp read it (connection.py: a bad request, headers too slow)."""
     if enabled():
-        ctx = RequestContext(new_request_id(), 0.0, request.method, request.path)
-        ctx.remote, ctx.status, ctx.error_code = request.remote, status, code
+        ctx = RequestContext(new_request_id(), 0.0, method, path)
+        ctx.remote, ctx.status, ctx.error_code = remote, status, code
         write(line(ctx))
 
 

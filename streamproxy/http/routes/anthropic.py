@@ -47,7 +47,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return AnthropicEncoder(message_id=message_id, model=model, filters=filters, stop_sequences=stops, window_capped=capped, emit=emit)
 
     work = generation.Work(engine, [prep.prompt_ids], [prep.params])
-    return await generation.run(request, work, generation.Blocks(encoder, AnthropicEncoder.final_json), req.stream)
+    return await generation.run(request, work, generation.blocks(encoder, AnthropicEncoder.final_json), req.stream)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

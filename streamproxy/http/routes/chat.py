@@ -61,7 +61,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await generation.run(request, *_plan(request, await decode_body(request, decode_request)))
 
 
-def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.Work, _ChatOutput, bool]:
+def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.Work, generation.Answer[ChoiceAccumulator], bool]:
     """The engine request and the answer of one decoded chat request."""
     state = app_state(request)
     engine = state.require_engine(req.model)
@@ -86,7 +86,7 @@ def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.
         role=state.settings.response_role if req.add_generation_prompt else req.messages[-1].role,
         token_ids=state.settings.return_tokens_as_token_ids,
     )
-    return work, out, bool(req.stream)
+    return work, generation.Answer(out.encoder, out.accumulator, out.render), bool(req.stream)
 
 
 @dataclass(slots=True, kw_only=True)

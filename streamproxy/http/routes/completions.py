@@ -43,7 +43,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await generation.run(request, *_plan(request, await decode_body(request, decode_request)))
 
 
-def _plan(request: web.Request, req: CompletionRequest) -> tuple[generation.Work, _Output, bool]:
+def _plan(request: web.Request, req: CompletionRequest) -> tuple[generation.Work, generation.Answer[ChoiceAccumulator], bool]:
     state = app_state(request)
     engine = state.require_engine(req.model)
     plan = C.plan(engine, req, max_n=state.settings.max_n)
@@ -61,7 +61,7 @@ def _plan(request: web.Request, req: CompletionRequest) -> tuple[generation.Work
     echo = None if plan.texts is None else [plan.echo(i) for i in range(len(plan.prompts))]
     work = generation.Work(engine, plan.prompts, plan.params, plan.n, echo)
     out.prompt_logprobs_of = work.prompt_logprobs
-    return work, out, out.stream
+    return work, generation.Answer(out.encoder, out.accumulator, out.render), out.stream
 
 
 def _none(i: int) -> None:

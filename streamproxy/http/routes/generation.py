@@ -40,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -78,33 +79,19 @@ A = TypeVar("A", bound=Accumulator)
 B = TypeVar("B", bound=BlockEncoder)
 
 
-class Answer(Protocol[A]):
+@dataclass(frozen=True, slots=True)
+class Answer(Generic[A]):
     """How a route answers: its stream encoder, or its accumulator and the JSON rendered from it."""
 
-    def encoder(self) -> StreamEncoder: ...
-
-    def accumulator(self) -> A: ...
-
-    def render(self, acc: A) -> bytes: ...
+    encoder: Callable[[], StreamEncoder]
+    accumulator: Callable[[], A]
+    render: Callable[[A], bytes]
 
 
-class Blocks(Generic[B]):
-    """The `Answer` of the APIs whose one encoder class (`make(emit)`) is both the stream's encoder
+def blocks(make: Callable[[bool], B], render: Callable[[B], bytes]) -> Answer[B]:
+    """The answer of the APIs whose one encoder class (`make(emit)`) is both the stream's encoder
     (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic."""
-
-    __slots__ = ("_make", "_render")
-
-    def __init__(self, make: Callable[[bool], B], render: Callable[[B], bytes]) -> None:
-        self._make, self._render = make, render
-
-    def encoder(self) -> B:
-        return self._make(True)
-
-    def accumulator(self) -> B:
-        return self._make(False)
-
-    def render(self, acc: B) -> bytes:
-        return self._render(acc)
+    return Answer(partial(make, True), partial(make, False), render)
 
 
 class Work:
@@ -121,7 +108,7 @@ class Work:
         self.params = params
         self.n = n
         self.transforms = transforms
-        self.ids: list[str] = []  # the engine request ids (`claim`)
+        self.ids: list[str] = []  # the engine request ids (`claim`, released by `end`)
         self.outs: list[OutputStream] = []
         self.merged: MergedStream | None = None
         self.span: Any = None  # --otlp-traces-endpoint: the request's span (`_trace`)
@@ -136,8 +123,18 @@ class Work:
         return self.outs[i].prompt_logprobs if i < len(self.outs) else None
 
     def claim(self, state: AppState, request_id: str) -> None:
-        many = len(self.params) > 1
-        self.ids = [state.claim_engine_id(f"{request_id}-{i}" if many else request_id) for i in range(len(self.params))]
+        """The engine request ids: the request's id (`-<i>` per prompt of a batch), made unique among
+        the requests in flight (two clients may send the same X-Request-Id, and an abort must never
+        reach the other one's request)."""
+        taken, many = state.engine_ids, len(self.params) > 1
+        for i in range(len(self.params)):
+            engine_id = base = f"{request_id}-{i}" if many else request_id
+            n = 1
+            while engine_id in taken:
+                n += 1
+                engine_id = f"{base}-{n}"
+            taken.add(engine_id)
+            self.ids.append(engine_id)
 
     async def submit(self) -> OutputStream:
         if self.span is not None:
@@ -166,8 +163,7 @@ class Work:
                 except Exception:  # the engine may already be gone
                     log.debug("abort of %s failed", engine_id, exc_info=True)
         finally:
-            for engine_id in self.ids:
-                state.release_engine_id(engine_id)
+            state.engine_ids.difference_update(self.ids)
 
 
 async def _generate(engine: Engine, engine_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
@@ -193,6 +189,7 @@ async def run(request: web.Request, work: Work, answer: Answer[A], stream: bool)
     ticket = state.admission.enter(work.weight)
     job: asyncio.Future[bytes] | None = None
     outputs: _Outputs | None = None
+    sink: StreamEncoder | A | None = None
     try:
         if ctx.span is not None and not ticket.granted:
             ctx.span.add_event("queued")  # no slot free: waits in the admission queue
@@ -200,15 +197,15 @@ async def run(request: web.Request, work: Work, answer: Answer[A], stream: bool)
         if settings.enable_log_outputs:
             outputs = _Outputs(work)
         if stream:
-            return await _stream(request, state, work, ticket, answer.encoder(), ctx)
-        acc = answer.accumulator()
+            sink = answer.encoder()
+            return await _stream(request, state, work, ticket, sink, ctx)
+        sink = acc = answer.accumulator()
         job = asyncio.ensure_future(_collect(work, ticket, acc, ctx, answer.render))
-        try:
-            life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
-            return await answer_nonstream(request, job, settings, life, ctx)
-        finally:
-            ctx.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
+        life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
+        return await answer_nonstream(request, job, settings, life, ctx)
     finally:
+        if sink is not None:
+            ctx.usage(sink.prompt_tokens, sink.completion_tokens, sink.cached_tokens, sink.finish_reasons)
         if outputs is not None:
             ctx.outputs = outputs.cut(settings.max_log_len)
         if job is not None and not job.done():
@@ -315,7 +312,6 @@ async def _stream(
         ACTIVE_STREAMS.dec()
         if outcome.error is not None and ctx.error_code is None:
             ctx.fail(outcome.error.code)
-        ctx.usage(encoder.prompt_tokens, encoder.completion_tokens, encoder.cached_tokens, encoder.finish_reasons)
     return response
 
 

@@ -89,7 +89,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return enc
 
     try:
-        return await generation.run(request, work, generation.Blocks(encoder, ResponsesEncoder.final_json), bool(req.stream))
+        return await generation.run(request, work, generation.blocks(encoder, ResponsesEncoder.final_json), bool(req.stream))
     finally:
         if store is not None and made and made[0].response().status != "in_progress":
             store.keep(shell.id, encode(made[0].response()))
