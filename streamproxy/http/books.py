@@ -89,21 +89,15 @@ def recorder(state: AppState, ledger: Ledger) -> Subscriber:
     return record
 
 
-async def _close(app: web.Application) -> None:
-    """Last, after the drain: every request's record is queued; write them all."""
-    await app[LEDGER_KEY].close()
-
-
-LEDGER_KEY: web.AppKey[Ledger] = web.AppKey("ledger", Ledger)
-
-
 def install(app: web.Application, state: AppState, ledger: Ledger) -> None:
     """The ledger's subscriber, its writer task's start, and its close after the drain."""
-    app[LEDGER_KEY] = ledger
     on_finish(app, recorder(state, ledger))
 
     async def start(app: web.Application) -> None:
         ledger.start()
 
+    async def close(app: web.Application) -> None:  # last, after the drain: every record is queued; write them all
+        await ledger.close()
+
     app.on_startup.append(start)
-    app.on_cleanup.append(_close)
+    app.on_cleanup.append(close)

@@ -330,7 +330,7 @@ async def _wait_for_slot(
         async with asyncio.timeout(limit if limit > 0 else None):
             outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall, keepalive)
     except TimeoutError:
-        raise QueueTimeout(f"no generation slot became free within {limit:g} seconds; retry later") from None
+        raise _timed_out(ticket, limit) from None  # (not granted: a QueueTimeout)
     return await work.submit()
 
 
