@@ -101,9 +101,9 @@ class Call:
             return
         usage = self.usage
         if usage.billed:
-            self.ctx.metered(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, "billed")
+            self.ctx.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, source="billed")
         else:
-            self.ctx.metered(None, usage.completion_tokens, None, "counted")
+            self.ctx.usage(None, usage.completion_tokens, None, source="counted")
         series = self.pool.series
         if usage.prompt_tokens:
             series.prompt_tokens.inc(usage.prompt_tokens)

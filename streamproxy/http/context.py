@@ -7,7 +7,7 @@ the body decoder the model, user and stream (`body`), auth and the
 gateway's keys the key (`key`), the gateway where the request went
 (`routed`, `tried`: one replica per attempt), the writers the first token
 (`first_token`) and a stream's error or a client gone (`fail`, `gone`), the
-generation runner and the gateway's call the usage (`usage`, `metered`), the
+generation runner and the gateway's call the usage (`usage`), the
 error middleware the error code; a few slots are set by the one module that
 owns them (the span, the gateway's budget hold, --enable-log-outputs' text).
 `on_prepare` notes the status whose headers went out and the time to first
@@ -145,18 +145,14 @@ class RequestContext:
             self.ttft = now - self.start
             TIME_TO_FIRST_TOKEN.observe(self.ttft)
 
-    def usage(self, prompt: int, completion: int, cached: int, finish_reasons: Sequence[str | None]) -> None:
-        self.prompt_tokens = prompt
-        self.completion_tokens = completion
-        self.cached_tokens = cached
+    def usage(self, prompt: int | None, completion: int, cached: int | None, finish_reasons: Sequence[str | None] = (),
+              source: str | None = None) -> None:
+        """`source`, the gateway's: the replica's usage ("billed"), or a cut stream's events ("counted")."""
+        self.prompt_tokens, self.completion_tokens, self.cached_tokens = prompt, completion, cached
+        self.usage_source = source
         if finish_reasons:
             first = finish_reasons[0]
             self.finish_reason = first if all(r == first for r in finish_reasons) else list(finish_reasons)
-
-    def metered(self, prompt: int | None, completion: int, cached: int | None, source: str) -> None:
-        """The gateway's count: the replica's usage ("billed"), or a cut stream's events ("counted")."""
-        self.prompt_tokens, self.completion_tokens, self.cached_tokens = prompt, completion, cached
-        self.usage_source = source
 
     def fail(self, code: str | None) -> None:
         self.error_code = code

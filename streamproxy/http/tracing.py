@@ -92,35 +92,21 @@ class Tracer:
         if op is not None:
             attrs["gen_ai.operation.name"] = op
             span.update_name(f"{op} {ctx.model}" if ctx.model else op)
-        if ctx.model is not None:
-            attrs["gen_ai.request.model"] = ctx.model
-        if ctx.model is not None and status < 400:
-            attrs["gen_ai.response.model"] = ctx.model
-        if ctx.max_tokens is not None:
-            attrs["gen_ai.request.max_tokens"] = ctx.max_tokens
-        if ctx.stream is not None:
-            attrs["gen_ai.request.stream"] = ctx.stream
-        if ctx.prompt_tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = ctx.prompt_tokens
-        if ctx.completion_tokens is not None:
-            attrs["gen_ai.usage.output_tokens"] = ctx.completion_tokens
-        if ctx.cached_tokens:
-            attrs["gen_ai.usage.cache_read.input_tokens"] = ctx.cached_tokens
         reason = ctx.finish_reason
-        if reason is not None:
-            attrs["gen_ai.response.finish_reasons"] = [reason] if isinstance(reason, str) else [r or "" for r in reason]
-        if ctx.deployment is not None:
-            attrs["streamproxy.deployment"] = ctx.deployment
-        if ctx.error_code:
-            attrs["error.type"] = ctx.error_code
-        if ctx.disconnected:
-            attrs["streamproxy.client_disconnected"] = True
-        start_ns = span.start_time or time.time_ns()
+        for name, value in (
+            ("gen_ai.request.model", ctx.model), ("gen_ai.response.model", ctx.model if status < 400 else None),
+            ("gen_ai.request.max_tokens", ctx.max_tokens), ("gen_ai.request.stream", ctx.stream),
+            ("gen_ai.usage.input_tokens", ctx.prompt_tokens), ("gen_ai.usage.output_tokens", ctx.completion_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", ctx.cached_tokens or None),
+            ("gen_ai.response.finish_reasons", None if reason is None else [reason] if isinstance(reason, str) else [r or "" for r in reason]),
+            ("streamproxy.deployment", ctx.deployment), ("error.type", ctx.error_code or None),
+            ("streamproxy.client_disconnected", ctx.disconnected or None),
+            ("gen_ai.server.time_to_first_token", ctx.ttft), ("streamproxy.time_to_first_byte", ctx.ttfb),
+        ):
+            if value is not None:
+                attrs[name] = value
         if ctx.ttft is not None:
-            attrs["gen_ai.server.time_to_first_token"] = ctx.ttft
-            span.add_event("first_token", timestamp=start_ns + int(ctx.ttft * 1e9))
-        if ctx.ttfb is not None:
-            attrs["streamproxy.time_to_first_byte"] = ctx.ttfb
+            span.add_event("first_token", timestamp=(span.start_time or time.time_ns()) + int(ctx.ttft * 1e9))
         span.set_attributes(attrs)
         if status >= 500:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, ctx.error_code or str(status)))
