@@ -8,7 +8,7 @@ deployments it may use (401) and its per-minute limits (429 + Retry-After);
 budget, holds the request's worst case against it until the request ends
 (keyring.py, holds.py; 429 `insufficient_quota` when it does not fit).
 Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
-the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the record.
+the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the request's context.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
 the requests in flight, or under `min_retry_concurrency`.
 
