@@ -301,10 +301,10 @@ def _check_ledger(settings: Settings) -> None:
     a store that cannot be opened stops the start with one line naming --ledger."""
     import asyncio
 
-    from streamproxy.http.books import open_ledger
+    from streamproxy.ledger.writer import open_ledger
 
     async def check() -> None:
-        ledger = await open_ledger(settings)
+        ledger = await open_ledger(settings.ledger, "--ledger")
         if ledger is not None:
             await ledger.store.close()
 

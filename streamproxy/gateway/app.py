@@ -29,7 +29,7 @@ from streamproxy.errors import APIError, InvalidRequest, ModelNotFound
 from streamproxy.gateway import books, deployadmin, keyadmin
 from streamproxy.gateway.config import GatewayConfig
 from streamproxy.gateway.deploysync import DeploymentSync
-from streamproxy.gateway.keyring import Keyring
+from streamproxy.gateway.keyring import Keyring, release_hold
 from streamproxy.gateway.openapi import openapi_json
 from streamproxy.gateway.probes import probe_forever
 from streamproxy.gateway.proxy import relay
@@ -39,14 +39,15 @@ from streamproxy.gateway.source import ReplicaSource
 from streamproxy.gateway.state import STATE_KEY, Current, GatewayState, gateway_state
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Upstreams
-from streamproxy.http import accesslog, error_shapes, tracing
-from streamproxy.http.app import error_middleware
+from streamproxy.http import accesslog, context, error_shapes, tracing
+from streamproxy.http.app import EDGE_SUBSCRIBERS, error_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.metrics import metrics
 from streamproxy.http.server import run_app
 from streamproxy.http.state import VERSION
-from streamproxy.ledger.store import default_url, kind, open_store, redact
+from streamproxy.ledger import writer
+from streamproxy.ledger.store import default_url
 from streamproxy.ledger.writer import Ledger
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo, encode
 
@@ -236,8 +237,8 @@ async def _close_ledger(app: web.Application) -> None:
 
 
 def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger | None = None) -> web.Application:
-    """`ledger`: the request ledger (an opened store, see `open_ledger`), or None (off)."""
-    middlewares = [accesslog.observe, error_middleware]
+    """`ledger`: the request ledger (an opened store, see `ledger.writer.open_ledger`), or None (off)."""
+    middlewares = [context.edge, error_middleware]
     cors = None
     if settings.allowed_origins:
         cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)
@@ -246,7 +247,8 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
     state = GatewayState(settings, config)
     app[STATE_KEY] = Current(state)
     app[INFLIGHT_KEY] = state.inflight
-    app.on_response_prepare.append(accesslog.on_prepare)
+    app[context.SUBSCRIBERS] = list(EDGE_SUBSCRIBERS)
+    app.on_response_prepare.append(context.on_prepare)
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)
     app.on_startup.append(_start)
@@ -256,38 +258,20 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
         state.ledger = ledger
         state.keyring = Keyring(ledger.store)
         ledger.on_written = state.keyring.written
-        app[accesslog.ON_FINISH] = books.recorder(app[STATE_KEY], ledger)
+        context.on_finish(app, release_hold)  # and its real tokens counted by the next, in the same step
+        context.on_finish(app, books.recorder(app[STATE_KEY], ledger))
         app.on_cleanup.append(_close_ledger)
     add_routes(app)
     return app
 
 
-class LedgerStartError(SystemExit):
-    pass
-
-
-async def open_ledger(config: GatewayConfig) -> Ledger | None:
-    """The config's ledger (its default when it names none), its store reached and migrated; None
-    when `off`. A store that cannot be reached is a start-up error naming the field."""
-    url = config.ledger if config.ledger is not None else default_url()
-    if kind(url) == "off":
-        log.info("ledger: off")
-        return None
-    try:
-        store = await open_store(url)
-    except Exception as exc:
-        field = "ledger" if config.ledger is not None else "ledger (its default, $STREAMPROXY_LEDGER or ~/.local/state)"
-        reason = "; ".join(" ".join(part.split()) for part in str(exc).splitlines() if part.strip())  # one line
-        raise LedgerStartError(f"gateway config: `{field}`: cannot open {redact(url)}: {type(exc).__name__}: {reason}") from None
-    w = config.ledger_writer
-    log.info("ledger: %s (a batch every %g s or %d records)", redact(url), w.interval, w.batch_size)
-    return Ledger(store, interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
-
-
 async def serve_gateway(settings: Settings, config: GatewayConfig, *, ready: asyncio.Event | None = None,
                         reload: Load | None = None, source: str = "") -> int:
     """`reload`: how SIGHUP loads the config again (`reload.py`); None: SIGHUP is not handled."""
-    ledger = await open_ledger(config)
+    named, w = config.ledger is not None, config.ledger_writer  # the config's ledger, else its default (None: `off`)
+    field = "ledger" if named else "ledger (its default, $STREAMPROXY_LEDGER or ~/.local/state)"
+    ledger = await writer.open_ledger(config.ledger if named else default_url(), f"gateway config: `{field}`",
+                                      interval=w.interval, batch_size=w.batch_size, max_buffered=w.max_buffered)
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     tracer = tracing.configure(settings.otlp_traces_endpoint, "streamproxy-gateway")
     app = create_gateway_app(settings, config, ledger)

@@ -1,16 +1,16 @@
 """The gateway's use of the ledger: a record per relayed request, and the admin routes that query it.
 
-`recorder(state)` is the access log's `ON_FINISH` hook: when a request on a
-relayed route ends (answered, failed, refused with a 4xx, or its client
-gone), it builds one `LedgerRecord` from the access log's `Record` (the
-tokens `call.meter` put there: what the client saw in `usage`) and queues it
-(`Ledger.add`: an append). A request refused for its key (401 before the key
-is known) is not recorded: the access log has it, and a flood of bad keys
-must not fill the books. Other routes (models, health, metrics) are not
-requests to a deployment and are not recorded. It is also where a request's
-hold on its key's budget (`HOLD`, holds.py) is released, in the same step
-as its real tokens are counted (`Keyring.queued`): every request that took
-a hold ends here, however it ended.
+`recorder(state)` is a finish subscriber of every request (context.py): when
+a request on a relayed route ends (answered, failed, refused with a 4xx, or
+its client gone), it builds one `LedgerRecord` from the request's context
+(the tokens the call metered there: what the client saw in `usage`) and
+queues it (`Ledger.add`: an append), and its key's budget counts its real
+tokens from then on (`Keyring.queued`), in the same step on the event loop
+as its hold is released (`keyring.release_hold`, the subscriber before).
+A request refused for its key (401 before the key is known) is not
+recorded: the access log has it, and a flood of bad keys must not fill the
+books. Other routes (models, health, metrics) are not requests to a
+deployment and are not recorded.
 
 `GET /v1/deployments/{deployment}/requests` and `GET /v1/usage` take the
 admin key; their parameters are `ledger.params`'. Without a ledger (`ledger:
@@ -30,9 +30,9 @@ from aiohttp import web
 
 from streamproxy.errors import NotFound, ServiceUnavailable
 from streamproxy.gateway.routes import ROUTES, relayed_paths
-from streamproxy.gateway.state import HOLD, Current, GatewayState, gateway_state
-from streamproxy.http.accesslog import Finished, Record
+from streamproxy.gateway.state import Current, GatewayState, gateway_state
 from streamproxy.http.books import ledger_record
+from streamproxy.http.context import RequestContext, Subscriber
 from streamproxy.ledger import params
 from streamproxy.ledger.deployments import DeploymentExists
 from streamproxy.ledger.keys import KeyExists
@@ -46,27 +46,22 @@ T = TypeVar("T")
 _LEDGERED: dict[str, str] = {path: route.upstream_path for name, route in ROUTES.items() for path in relayed_paths(name)}
 
 
-def recorder(current: Current, ledger: Ledger) -> Finished:
-    def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
-        hold = request.get(HOLD)
-        if hold is not None:
-            hold.release()  # and its real tokens are counted below (`queued`): no moment with neither
+def recorder(current: Current, ledger: Ledger) -> Subscriber:
+    def record(ctx: RequestContext) -> None:
         state = current.state
-        resource = request.match_info.route.resource
-        route = _LEDGERED.get(resource.canonical) if resource is not None else None
-        if route is None or (rec.key_id is None and (state.keys or state.keyring)):
+        route = _LEDGERED.get(ctx.route)
+        if route is None or (ctx.key_id is None and (state.keys or state.keyring)):
             return
-        record = ledger_record(rec, deployment=rec.deployment, replica=rec.upstream, route=route, status=status, code=code,
-                               duration=duration, usage_source=rec.usage_source)
-        if state.keyring and rec.key_id is not None:  # its key's budget counts it from now, kept or not
-            if ledger.add(record):
-                state.keyring.queued(record)
+        entry = ledger_record(ctx, deployment=ctx.deployment, replica=ctx.upstream, route=route, usage_source=ctx.usage_source)
+        if state.keyring and ctx.key_id is not None:  # its key's budget counts it from now, kept or not
+            if ledger.add(entry):
+                state.keyring.queued(entry)
             else:
-                state.keyring.dropped(record)
+                state.keyring.dropped(entry)
         else:
-            ledger.add(record)
+            ledger.add(entry)
 
-    return finished
+    return record
 
 
 _encode = msgspec.json.Encoder().encode

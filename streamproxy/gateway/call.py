@@ -1,24 +1,51 @@
-"""One relayed request (`Call`), and what every way of relaying it shares: sending it
-(`open_call`: failover before the first byte) and ending it (`done`: the replica's
-health and counts, `meter`: the tokens into the access log, the metrics and the key's
-limits). The relaying itself is `proxy` (the body) and `streaming` (the stream).
+"""One relayed request (`Call`) and its tries on replicas (`Attempt`): what every way of relaying shares.
+
+A `Call` is the request from its deployment's choice to its end (`with call:`:
+counted on the deployment, its source and the retry budget while it runs;
+at its end the tokens metered into the request's context, the metrics and
+the key's per-minute limit). `open` sends it with failover before the first
+byte: replicas are tried one at a time (`Pool.choose`, never one this call
+tried already); a connect error, a timeout before the response headers, or
+a retryable status (503, 429 by default) moves on to another replica while
+Envoy's retry budget and `num_retries` allow. The first answer not retried
+comes back open. When no replica can take the request the answer is 503
+`upstream_unavailable` with a Retry-After, or, if the last replica answered
+429/503 itself, that answer (its Retry-After passed on).
+
+The call owns its attempts (`attempts`, in order: stream migration will add
+more than one answered). An `Attempt` is counted on its replica from its
+start to its `end`, the one place an attempt's outcome is recorded: the
+replica's counts, health and breaker (an ejection logged), its span, and
+its connection (back to the pool after a complete answer, else closed: which
+is how the replica learns to abort). `done` ends the answered one. The
+relaying itself is `proxy` (the body) and `streaming` (the stream).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
+from types import TracebackType
+from typing import Any
 
 import orjson
 
 from streamproxy.apis.spec import ApiSpec, Usage
+from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
-from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.state import GatewayState
-from streamproxy.gateway.upstream import Attempt, open_upstream
+from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError, ask, read_error
+from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http import tracing
-from streamproxy.http.accesslog import Record
+from streamproxy.http.context import RequestContext
+
+log = logging.getLogger("streamproxy.gateway")
+
+BROKEN = 502  # the outcome of a stream the replica broke off
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +57,12 @@ class Route:
 
 @dataclass(slots=True)
 class Call:
-    """One relayed request: what was asked and where it went."""
+    """One relayed request: what was asked, where it went, what it cost."""
 
     state: GatewayState
     pool: Pool
     route: Route
-    rec: Record
+    ctx: RequestContext
     limiter: KeyLimiter | None
     body: bytes
     headers: dict[str, str]
@@ -44,6 +71,7 @@ class Call:
     stream: bool
     strip_usage: bool
     usage: Usage
+    attempts: list[Attempt] = field(default_factory=list)
 
     def renamed(self, raw: bytes) -> bytes:
         served, public = self.pool.deployment.upstream_model, self.public_model
@@ -53,47 +81,161 @@ class Call:
             raw = raw.replace(b'"model"' + colon + orjson.dumps(served), b'"model"' + colon + orjson.dumps(public))
         return raw
 
+    # -- its life on the deployment -------------------------------------------------------
+    def __enter__(self) -> Call:
+        self.state.retries.active += 1
+        self.pool.active += 1  # no await since `resolve` chose it: a reload sees this request on its deployment
+        self.state.sources[self.pool.deployment.name].begin(time.monotonic())
+        return self
 
-async def open_call(call: Call) -> Attempt:
-    source = call.state.sources[call.pool.deployment.name]
-    if not source.serving:
-        await source.until_ready(call.state.settings.request_timeout)  # wait_for_wake
-    attempt = await open_upstream(call.state, call.pool, call.route.upstream_path, call.body, call.headers, call.keys, call.rec)
-    M.ADDED_LATENCY.observe(attempt.sent_at - call.rec.start)
-    return attempt
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        state, pool = self.state, self.pool
+        state.retries.active -= 1
+        state.sources[pool.deployment.name].end(time.monotonic())
+        self._meter()
+        pool.active -= 1
+        state.request_ended(pool)  # a deployment a reload removed stops after its last request
+
+    def _meter(self) -> None:
+        if not self.route.generates:
+            return
+        usage = self.usage
+        if usage.billed:
+            self.ctx.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, source="billed")
+        else:
+            self.ctx.usage(None, usage.completion_tokens, None, source="counted")
+        series = self.pool.series
+        if usage.prompt_tokens:
+            series.prompt_tokens.inc(usage.prompt_tokens)
+        if usage.cached_tokens:
+            series.cached_tokens.inc(usage.cached_tokens)
+        if usage.completion_tokens:
+            series.completion_tokens.inc(usage.completion_tokens)
+        if self.limiter is not None:
+            self.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)
+
+    # -- its attempts -----------------------------------------------------------------------
+    async def open(self) -> Attempt:
+        """The first answer not retried, open (see the module's comment)."""
+        state, pool = self.state, self.pool
+        source = state.sources[pool.deployment.name]
+        if not source.serving:
+            await source.until_ready(state.settings.request_timeout)  # wait_for_wake
+        upstreams, budget = state.upstreams, state.retries
+        assert upstreams is not None
+        tls = state.tls.get(pool.deployment.name)
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        retrying = False
+        try:
+            for retry in range(state.policy.num_retries + 1):
+                replica, matched = pool.choose(self.keys, tried, time.monotonic())
+                if replica is None:
+                    break
+                if retry:
+                    if not budget.allows():
+                        break
+                    if not retrying:
+                        budget.retrying += 1
+                        retrying = True
+                tried.add(replica.url)
+                attempt = Attempt(self, replica, matched, retry)
+                self.attempts.append(attempt)
+                try:
+                    exchange = await ask(upstreams, replica.url, self.route.upstream_path, self.body, attempt.headers, tls)
+                except CONNECT_ERRORS as exc:
+                    attempt.end(False, error=type(exc).__name__)
+                    if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why
+                        log.warning("deployment %s: upstream %s refused: %s; trying another", pool.deployment.name, replica.url, exc)
+                    else:
+                        log.info("deployment %s: %s did not answer (%s); trying another", pool.deployment.name, replica.url,
+                                 type(exc).__name__)
+                    pool.series.retries("connect_failure").inc()
+                    continue
+                except BaseException:
+                    attempt.end(None, error="cancelled")
+                    raise
+                pool.series.ttfb.observe(perf_counter() - attempt.sent_at)
+                status = exchange.status
+                if status in state.policy.retry_on_status:
+                    attempt.end(False if status >= 500 else None, status)
+                    pool.series.retries(str(status)).inc()
+                    last = UpstreamError(status, await read_error(exchange), exchange.headers.get("retry-after"))
+                    continue
+                attempt._answer = exchange
+                M.ADDED_LATENCY.observe(attempt.sent_at - self.ctx.start)
+                return attempt
+        finally:
+            if retrying:
+                budget.retrying -= 1
+        if last is not None:
+            raise last
+        raise ServiceUnavailable(
+            f"no replica of deployment `{pool.deployment.name}` can take the request now; retry shortly",
+            code="upstream_unavailable",
+            retry_after=pool.retry_after(time.monotonic()),
+        )
+
+    def done(self, attempt: Attempt, outcome: int | None) -> None:
+        """The answered attempt is over. `outcome`: the replica's status, `BROKEN`, or None when the client left first."""
+        attempt.end(None if outcome is None else outcome < 500, attempt.status, "broken" if outcome == BROKEN else None)
+        usage = self.usage
+        if usage.billed:
+            self.pool.observed_cache(attempt.replica, self.keys, attempt.matched, usage.prompt_tokens, usage.cached_tokens)
+        attempt.replica.series.requests(str(outcome) if outcome is not None else "client_gone").inc()
 
 
-# -- the end of every request ---------------------------------------------------------
+class Attempt:
+    """One try of a call on one replica, counted on it from its start to its `end`."""
 
+    __slots__ = ("pool", "replica", "matched", "headers", "span", "sent_at", "_answer", "ended")
 
-BROKEN = 502  # the outcome of a stream the replica broke off
+    def __init__(self, call: Call, replica: Replica, matched: int, retry: int) -> None:
+        self.pool, self.replica, self.matched = call.pool, replica, matched  # matched: prefix keys the replica held
+        self._answer: Exchange | None = None
+        self.ended = False
+        call.ctx.tried(replica.url)  # a request abandoned while a replica holds it is logged with that replica
+        call.pool.dispatched(replica, call.keys)
+        replica.series.in_flight.inc()
+        self.headers = call.headers
+        self.span: Any = None
+        if call.ctx.span is not None and tracing.TRACER is not None:  # the replica's spans are this attempt's children
+            self.span = tracing.TRACER.attempt(call.ctx.span, call.pool.deployment.name, replica.url, retry)
+            self.headers = {**call.headers, **tracing.TRACER.headers(self.span)}
+        self.sent_at = perf_counter()
 
+    @property
+    def exchange(self) -> Exchange:
+        """The answer (of an attempt `Call.open` returned)."""
+        assert self._answer is not None
+        return self._answer
 
-def done(call: Call, attempt: Attempt, outcome: int | None) -> None:
-    """`outcome`: the replica's status, `BROKEN`, or None when the client left first."""
-    attempt.release(ok=None if outcome is None else outcome < 500)
-    if attempt.span is not None and tracing.TRACER is not None:
-        tracing.TRACER.end_attempt(attempt.span, attempt.exchange.status, "broken" if outcome == BROKEN else None)
-    usage = call.usage
-    if usage.billed:
-        call.pool.observed_cache(attempt.replica, call.keys, attempt.matched, usage.prompt_tokens, usage.cached_tokens)
-    attempt.replica.series.requests(str(outcome) if outcome is not None else "client_gone").inc()
+    @property
+    def status(self) -> int | None:
+        return self._answer.status if self._answer is not None else None
 
-
-def meter(call: Call) -> None:
-    if not call.route.generates:
-        return
-    usage, rec = call.usage, call.rec
-    rec.usage_source = "billed" if usage.billed else "counted"
-    rec.prompt_tokens = usage.prompt_tokens if usage.billed else None
-    rec.cached_tokens = usage.cached_tokens if usage.billed else None
-    rec.completion_tokens = usage.completion_tokens
-    series = call.pool.series
-    if usage.prompt_tokens:
-        series.prompt_tokens.inc(usage.prompt_tokens)
-    if usage.cached_tokens:
-        series.cached_tokens.inc(usage.cached_tokens)
-    if usage.completion_tokens:
-        series.completion_tokens.inc(usage.completion_tokens)
-    if call.limiter is not None:
-        call.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)
+    def end(self, ok: bool | None, status: int | None = None, error: str | None = None) -> None:
+        """Over on this replica (once): `ok` is what it says of the replica's health (None: nothing);
+        `status` its answer's and `error` what went wrong, for the span."""
+        if self.ended:
+            return
+        self.ended = True
+        pool, replica = self.pool, self.replica
+        pool.completed(replica)
+        series, health = replica.series, replica.health
+        series.in_flight.dec()
+        if ok:
+            health.succeeded()
+        elif ok is None:
+            health.trial = False
+        elif health.failed(time.monotonic()):
+            log.warning("deployment %s: upstream %s ejected for %.0f s", pool.deployment.name, replica.url,
+                        health.ejected_until - time.monotonic())
+            M.EJECTIONS.labels(pool.deployment.name, replica.url).inc()
+        series.breaker.set(int(health.breaker))
+        if self.span is not None and tracing.TRACER is not None:
+            tracing.TRACER.end_attempt(self.span, status, error)
+        if self._answer is not None:
+            # Read to the end: the connection goes back to the pool (nginx `keepalive`); a stream still
+            # open is closed, which is how the replica learns to abort.
+            self._answer.finish(reuse=bool(ok))

@@ -7,8 +7,9 @@ plus the most it may generate) and refuses one whose hold does not fit in
 what is left: spent (the ledger's sums, keyring.py) + held by the key's
 requests running + this one's worst case must stay within the budget. When
 the request ends, however it ends, its hold is released and its real tokens
-are counted instead, in one step on the event loop (books.recorder, the
-access log's end-of-request hook), so between the two nothing is uncounted.
+are counted instead, in one step on the event loop (keyring.release_hold and
+books.recorder, the request's finish subscribers), so between the two
+nothing is uncounted.
 
 The worst case, without a tokenizer (the gateway has none) and without
 walking the messages: the body's bytes / `budgets.prompt_bytes_per_token`

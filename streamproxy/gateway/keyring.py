@@ -21,9 +21,10 @@ read: a key is stopped a little early, never late.
 
 Requests running are counted too: `reserve` (at admission) holds a
 request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
-when spent + held + its worst case is over the budget; its hold is
-released and its real tokens counted in the same step when it ends
-(books.recorder). The check is in memory: no store round trip per request.
+when spent + held + its worst case is over the budget; when it ends, its
+hold is released (`release_hold`, a finish subscriber of every request) and
+its real tokens counted (books.recorder, the next one) in the same step on
+the event loop. The check is in memory: no store round trip per request.
 
 Across gateway processes sharing the store, each refresh also publishes
 what this process holds per budgeted key and has not yet written (its holds
@@ -55,6 +56,7 @@ from streamproxy.gateway.holds import Hold, Holds, WorstCase
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.metrics import BUDGET_HELD
 from streamproxy.gateway.poll import StorePoll
+from streamproxy.http.context import RequestContext
 from streamproxy.ledger.keys import StoredKey, period_start
 from streamproxy.ledger.records import LedgerRecord, UsageQuery
 from streamproxy.ledger.store import LedgerStore
@@ -63,6 +65,12 @@ log = logging.getLogger("streamproxy.gateway")
 
 REFRESH = 1.0  # s
 STALE = 10.0  # s: another process's holds not renewed for this long are not counted (it is gone)
+
+
+def release_hold(ctx: RequestContext) -> None:
+    """A request ended, however it ended: its hold on its key's budget is given back (a finish subscriber)."""
+    if ctx.hold is not None:
+        ctx.hold.release()
 
 
 class Entry:

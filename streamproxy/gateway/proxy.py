@@ -4,7 +4,7 @@
     (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
     id; 404)  ->  the key may use it (401/429)  ->  its token budget holds the request's worst
     case (429 insufficient_quota; released when the request ends)  ->  model renamed, usage asked for
-    ->  `call.open_call` (failover before the first byte)  ->  stream or body
+    ->  `Call.open` (failover before the first byte)  ->  stream or body
 
 The body goes on re-encoded by msgspec (integers of any size as they were), with the
 client's `_FORWARD` headers as the bytes it sent.
@@ -12,13 +12,13 @@ client's `_FORWARD` headers as the bytes it sent.
 Streams are `streaming.stream`'s. A non-streaming answer goes through the edge's
 `answer_nonstream` (early 200 and newlines when slow, late errors in the body).
 Whatever way the request ends, the upstream response is closed (which is what makes
-the replica abort), and the tokens are metered and charged to the key (`call.meter`).
+the replica abort: `Call.done`), and the tokens are metered and charged to the key (the
+end of `with call:`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from functools import partial
 from time import perf_counter
 
@@ -27,13 +27,13 @@ from aiohttp import web
 
 from streamproxy.apis.spec import OPENAI, Usage
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, ServiceUnavailable
-from streamproxy.gateway.call import BROKEN, Call, Route, done, meter, open_call
+from streamproxy.gateway.call import BROKEN, Call, Route
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
-from streamproxy.gateway.state import HOLD, gateway_state
+from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
-from streamproxy.gateway.upstream import _CONNECT_ERRORS, UpstreamError
-from streamproxy.http.accesslog import record
+from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.nonstream import answer_nonstream
 from streamproxy.http.routes.body import decode, read_body
 
@@ -44,29 +44,16 @@ _FORWARD = {name.lower(): name for name in ("anthropic-version", "anthropic-beta
 
 
 async def relay(request: web.Request, route: Route) -> web.StreamResponse:
-    call = await _prepare(request, route)
-    state = call.state
-    state.retries.active += 1
-    pool = call.pool
-    pool.active += 1  # no await since `resolve` chose it: a reload sees this request on its deployment
-    source = state.sources[pool.deployment.name]
-    source.begin(time.monotonic())
-    try:
+    with await _prepare(request, route) as call:
         if call.stream:
             return await stream(request, call)
         return await _nonstream(request, call)
-    finally:
-        state.retries.active -= 1
-        source.end(time.monotonic())
-        meter(call)
-        pool.active -= 1
-        state.request_ended(pool)  # a deployment a reload removed stops after its last request
 
 
 async def _prepare(request: web.Request, route: Route) -> Call:
     state = gateway_state(request)
-    rec = record(request)
-    rec.generation = route.generates
+    ctx = request[CONTEXT]
+    ctx.generation = route.generates
     key = state.identify(request)  # 401 before anything else: the body, the deployments
     # serve's decoding rules (its 400s for bodies that are not JSON, or nest too deep); msgspec keeps
     # integers past 64 bits exact (orjson made floats of them) and encodes whatever it decoded.
@@ -79,13 +66,11 @@ async def _prepare(request: web.Request, route: Route) -> Call:
         raise InvalidRequest("the request body must be a JSON object")
     pool = state.resolve(data.get("model"), request.match_info.get("deployment"))
     deployment = pool.deployment
-    rec.deployment = rec.model = deployment.name
+    ctx.routed(deployment.name)
     limiter = state.authorize(key, deployment)
     if key is not None and state.keyring:
-        # A key's token budget holds this request's worst case until it ends (books.recorder releases it).
-        hold = state.reserve(key, route.api, route.generates, data, len(raw))
-        if hold is not None:
-            request[HOLD] = hold
+        # A key's token budget holds this request's worst case until it ends (keyring.release_hold).
+        ctx.hold = state.reserve(key, route.api, route.generates, data, len(raw))
     # 503 deployment_waking / deployment_failed / upstream_unavailable (and the wake), unless wait_for_wake
     state.sources[deployment.name].admit()
     model = data.get("model")
@@ -93,7 +78,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     data["model"] = deployment.upstream_model
     # Only a generating route streams: embeddings, count_tokens, tokenize answer JSON whatever `stream` says.
     stream = route.generates and data.get("stream") is True
-    rec.stream = stream
+    ctx.stream = stream
     strip = False
     if stream and route.api is OPENAI and route.generates:
         # Asked for only where the client left it out (absent, null, false): a value the replica
@@ -107,10 +92,10 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
     # passes bodies on without their Content-Encoding, so a compressed answer would reach the client garbled.
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": rec.request_id, **pool.upstream_headers}
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": ctx.request_id, **pool.upstream_headers}
     if any(name in request.headers for name in _FORWARD.values()):  # three lookups, not a walk over every header
         _forward(request, headers)
-    return Call(state, pool, route, rec, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
+    return Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
 
 
 def _forward(request: web.Request, headers: dict[str, str]) -> None:
@@ -131,7 +116,7 @@ async def _nonstream(request: web.Request, call: Call) -> web.StreamResponse:
     work = asyncio.ensure_future(_fetch(call))
     try:
         life = call.state.inflight.lifetime(settings.request_timeout, partial(_timed_out, settings.request_timeout))
-        return await answer_nonstream(request, work, settings, life, call.rec)
+        return await answer_nonstream(request, work, settings, life, call.ctx)
     finally:
         if not work.done():
             work.cancel()
@@ -142,7 +127,7 @@ def _timed_out(limit: float) -> APIError:
 
 
 async def _fetch(call: Call) -> bytes:
-    attempt = await open_call(call)
+    attempt = await call.open()
     outcome: int | None = None
     try:
         exchange = attempt.exchange
@@ -152,10 +137,10 @@ async def _fetch(call: Call) -> bytes:
             raise UpstreamError(exchange.status, call.renamed(raw), exchange.headers.get("retry-after"))
         if call.route.generates:
             meter_body(call.route.api, raw, call.usage)
-            call.rec.first_token(perf_counter())
+            call.ctx.first_token(perf_counter())
         return call.renamed(raw)
-    except _CONNECT_ERRORS:
+    except CONNECT_ERRORS:
         outcome = BROKEN
         raise ServiceUnavailable("the replica failed before it answered; retry", code="upstream_unavailable", retry_after=1) from None
     finally:
-        done(call, attempt, outcome)
+        call.done(attempt, outcome)

@@ -8,7 +8,7 @@ deployments it may use (401) and its per-minute limits (429 + Retry-After);
 budget, holds the request's worst case against it until the request ends
 (keyring.py, holds.py; 429 `insufficient_quota` when it does not fit).
 Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
-the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the record.
+the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the request's context.
 `retries` is Envoy's retry budget: retries in flight stay under a share of
 the requests in flight, or under `min_retry_concurrency`.
 
@@ -48,8 +48,8 @@ from streamproxy.gateway.managed import ManagedDeployment, Supervisor
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
-from streamproxy.http.accesslog import RECORD
 from streamproxy.http.auth import presented_key
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.drain import InFlight
 from streamproxy.ledger.writer import Ledger
 
@@ -283,7 +283,7 @@ class GatewayState:
             if presented is None:
                 raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
             raise AuthenticationError("incorrect API key provided")
-        request[RECORD].key_id = found[0].id
+        request[CONTEXT].key(found[0].id)
         return found
 
     def authorize(self, found: tuple[ApiKey, KeyLimiter] | None, deployment: Deployment) -> KeyLimiter | None:
@@ -335,8 +335,6 @@ class Current:
 
 
 STATE_KEY: web.AppKey[Current] = web.AppKey("gateway_state", Current)
-# A request's hold on its key's budget (`reserve`), released when it ends (books.recorder).
-HOLD: web.RequestKey[Hold] = web.RequestKey("budget_hold", Hold)
 
 
 def gateway_state(request: web.Request) -> GatewayState:

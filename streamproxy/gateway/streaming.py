@@ -28,9 +28,9 @@ from typing import Any
 from aiohttp import web
 
 from streamproxy.errors import APIError, ServiceUnavailable
-from streamproxy.gateway.call import BROKEN, Call, done, open_call
+from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.upstream import Attempt, UpstreamError
+from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http import keepalive as keepalives
 from streamproxy.http.chunked import SIZE_LINES, SIZE_LINES_N, chunk_frame
@@ -66,7 +66,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     try:
         async with call.state.inflight.lifetime():
             try:
-                attempt = await open_call(call)
+                attempt = await call.open()
             except APIError as exc:
                 if warm is not None:
                     await warm.stop()
@@ -91,7 +91,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                 outcome = BROKEN
         await finish_response(response, tail, stall, transport)
     except (WriteStalled, ConnectionResetError) as exc:
-        client_gone(request, exc, call.rec)
+        client_gone(request, exc, call.ctx)
     except TimeoutError:  # the drain deadline (the Lifetime)
         if not response.prepared:
             raise ServiceUnavailable("the gateway is shutting down; retry on another instance", code="server_shutting_down") from None
@@ -100,7 +100,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
         if warm is not None:
             warm.cancel()
         if attempt is not None:
-            done(call, attempt, outcome)
+            call.done(attempt, outcome)
     return response
 
 
@@ -189,7 +189,7 @@ async def _pump(call: Call, attempt: Attempt, relay_: SSERelay, response: web.St
     except (_Broken, UpstreamClosed) as exc:
         reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off: {exc}"
         error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
-        call.rec.error_code = error.code
+        call.ctx.fail(error.code)
         if tail:  # the events that came before the break, in their own chunk as they came
             await write(response, transport, tail, stall)
             sink.wrote()
@@ -270,7 +270,7 @@ class _Sink:
         if self.first:
             self.first = False
             now = perf_counter()
-            self.call.rec.first_token(now)
+            self.call.ctx.first_token(now)
             self.call.pool.series.ttft.observe(now - self.attempt.sent_at)
 
 

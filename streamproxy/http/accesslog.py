@@ -1,11 +1,10 @@
-"""One structured JSON access-log line per request, and the per-response metrics.
+"""One structured JSON access-log line per request: the request context's finish subscriber.
 
-`observe` is the outermost middleware. It gives the request its id and a
-`Record`; the layers below fill the record in (the body decoder: model, user,
-stream; the generation route: tokens, time to first token, finish reason;
-the error middleware: the error code), and when the handler returns, raises
-or is cancelled (the client went away), `observe` writes the line and counts
-the response, once. Nothing here runs per token.
+`finished` is subscribed to every request's end (context.py): it writes the
+line from what the `RequestContext` collected on the way (the body: model,
+user, stream; the generation route or the gateway's call: tokens, time to
+first token, finish reason; the error middleware and the writers: the error
+code). Nothing here runs per token.
 
 The line has no prompt or completion text (the completion's only with
 `--enable-log-outputs`, vLLM's flag, at most `--max-log-len` characters per
@@ -22,202 +21,36 @@ aiohttp's own access log is off (server.py). Paths named by
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import re
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from itertools import count
-from time import perf_counter
-from typing import Any, Protocol, TextIO
+from typing import TextIO
 
 import orjson
-from aiohttp import web
 
-from streamproxy.http import tracing
-from streamproxy.http.metrics import CLIENT_DISCONNECTS, REQUEST_DURATION, RESPONSES, TIME_TO_FIRST_BYTE, TIME_TO_FIRST_TOKEN
+from streamproxy.http.context import RequestContext, new_request_id
 from streamproxy.oscalls import name_this_thread
 
 log = logging.getLogger("streamproxy.access")
 log.propagate = False
 _errors = logging.getLogger("streamproxy")
 
-_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-# Generated request ids: 32 hex digits like a UUID's, a random prefix per process and a counter,
-# unique without a getrandom() system call and a UUID object per request.
-_ID_PREFIX = os.urandom(8).hex()
-_ids = count()
+
+def finished(ctx: RequestContext) -> None:
+    """The request's line (a finish subscriber)."""
+    if enabled() and ctx.path not in QUIET_PATHS:
+        write(line(ctx))
 
 
-def new_request_id() -> str:
-    return f"{_ID_PREFIX}{next(_ids):016x}"
-
-# Status logged for a request whose client left before any response went out (nginx's convention).
-CLIENT_CLOSED = 499
-
-
-class Record:
-    """What the access-log line says about one request; filled in along the way."""
-
-    __slots__ = (
-        "request_id", "start", "sent_status", "ttfb", "ttft", "model", "user", "stream", "generation",
-        "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "error_code", "disconnected",
-        "deployment", "upstream", "key_id", "usage_source", "outputs", "span", "max_tokens",
-    )
-
-    def __init__(self, request_id: str, start: float) -> None:
-        self.request_id = request_id
-        self.start = start
-        self.sent_status: int | None = None  # the status whose headers went out
-        self.ttfb: float | None = None
-        self.ttft: float | None = None
-        self.model: str | None = None
-        self.user: str | None = None
-        self.stream: bool | None = None
-        self.generation = False
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.cached_tokens: int | None = None
-        self.finish_reason: str | list[str | None] | None = None
-        self.error_code: str | None = None
-        self.disconnected = False
-        # The gateway's: where the request went, whose key, and whether the tokens were
-        # reported by the replica ("billed") or counted by the gateway ("counted").
-        self.deployment: str | None = None
-        self.upstream: str | None = None
-        self.key_id: str | None = None
-        self.usage_source: str | None = None
-        # --enable-log-outputs: the generated text per choice (cut to --max-log-len).
-        self.outputs: list[str] | None = None
-        # --otlp-traces-endpoint: the request's span (tracing.py), and the max_tokens it asked for.
-        self.span: Any = None
-        self.max_tokens: int | None = None
-
-    def first_token(self, now: float) -> None:
-        """`now` is `time.perf_counter()` (uvloop's loop.time() only has milliseconds)."""
-        if self.ttft is None:
-            self.ttft = now - self.start
-            TIME_TO_FIRST_TOKEN.observe(self.ttft)
-
-    def usage(self, prompt: int, completion: int, cached: int, finish_reasons: Sequence[str | None]) -> None:
-        self.prompt_tokens = prompt
-        self.completion_tokens = completion
-        self.cached_tokens = cached
-        if finish_reasons:
-            first = finish_reasons[0]
-            self.finish_reason = first if all(r == first for r in finish_reasons) else list(finish_reasons)
-
-
-# What each request carries for the whole app (aiohttp's typed request storage).
-REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
-RECORD: web.RequestKey[Record] = web.RequestKey("record", Record)
-
-# An app's own use of each finished request (the gateway's ledger), with the line's facts:
-# (request, record, status, error code or "", duration in s). Called once per request, after the metrics.
-Finished = Callable[[web.Request, Record, int, str, float], None]
-ON_FINISH: web.AppKey[Finished] = web.AppKey("on_finish")
-
-
-def record(request: web.Request) -> Record:
-    return request[RECORD]
-
-
-def note_body(request: web.Request, body: Any) -> None:
-    """The decoded request body: what the log line may say about it (never the prompt)."""
-    rec = request.get(RECORD)
-    if rec is None:
-        return
-    model = getattr(body, "model", None)
-    user = getattr(body, "user", None)
-    rec.model = model if isinstance(model, str) else None
-    rec.user = user if isinstance(user, str) else None
-    rec.stream = bool(getattr(body, "stream", False))
-    if rec.span is not None:
-        limit = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
-        rec.max_tokens = limit if isinstance(limit, int) else None
-
-
-def _route(request: web.Request) -> str:
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "unmatched"
-
-
-@web.middleware
-async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
-    rid = request.headers.get("X-Request-Id")
-    if not (rid and _REQUEST_ID_OK.fullmatch(rid)):
-        rid = new_request_id()
-    rec = Record(rid, perf_counter())
-    request[REQUEST_ID] = rid
-    request[RECORD] = rec
-    if tracing.TRACER is not None and request.method == "POST":
-        rec.span = tracing.TRACER.start(request)
-    response: web.StreamResponse | None = None
-    try:
-        response = await handler(request)
-        return response
-    except (asyncio.CancelledError, ConnectionResetError):
-        rec.disconnected = True
-        raise
-    finally:
-        _finish(request, rec, response, perf_counter())
-
-
-async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Response headers are going out: the time to first byte, and the status really sent."""
-    rec = request.get(RECORD)
-    if rec is not None and rec.sent_status is None:
-        rec.sent_status = response.status
-        rec.ttfb = perf_counter() - rec.start
-        response.headers["X-Request-Id"] = rec.request_id
-
-
-def _finish(request: web.Request, rec: Record, response: web.StreamResponse | None, now: float) -> None:
-    duration = now - rec.start
-    if rec.sent_status is not None:
-        status = rec.sent_status
-    elif response is not None:
-        status = response.status  # a plain Response: aiohttp sends it right after this
-    else:
-        status = CLIENT_CLOSED if rec.disconnected else 500
-    if rec.ttfb is None and response is not None:
-        rec.ttfb = duration
-    if rec.disconnected:
-        CLIENT_DISCONNECTS.inc()
-    code = rec.error_code or ("client_disconnected" if rec.disconnected else "")
-    _responses(_route(request), status, code).inc()
-    if rec.generation:
-        REQUEST_DURATION.observe(duration)
-        if rec.ttfb is not None:
-            TIME_TO_FIRST_BYTE.observe(rec.ttfb)
-    hook = request.app.get(ON_FINISH)
-    try:
-        if hook is not None:  # the books (ledger record, budget hold) first: they must not depend on the log line
-            hook(request, rec, status, code, duration)
-    finally:
-        try:  # best effort, as nginx's: a line that cannot be written never fails the request it describes
-            if enabled() and request.path not in QUIET_PATHS:
-                write(line(request, rec, status, duration))
-            if rec.span is not None and tracing.TRACER is not None:
-                tracing.TRACER.end(rec.span, request, rec, status)
-        except Exception:
-            _errors.exception("access log line or span of request %s not written", rec.request_id)
-
-
-_RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}
-
-
-def _responses(route: str, status: int, code: str) -> Any:
-    """The `streamproxy_responses_total` child, looked up once per (route, status, code), not per request."""
-    key = (route, status, code)
-    child = _RESPONSE_SERIES.get(key)
-    if child is None:
-        child = _RESPONSE_SERIES[key] = RESPONSES.labels(route, str(status), code)
-    return child
+def unread(method: str, path: str, remote: str | None, status: int, code: str | None) -> None:
+    """The line of a request refused before aiohttp read it (connection.py: a bad request, headers too slow)."""
+    if enabled():
+        ctx = RequestContext(new_request_id(), 0.0, method, path)
+        ctx.remote, ctx.status, ctx.error_code = remote, status, code
+        write(line(ctx))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -228,48 +61,35 @@ def _ms(seconds: float | None) -> float | None:
 PID: int | None = None
 
 
-class RequestLine(Protocol):
-    """What a line says of the request: a `web.BaseRequest`, or (a request never read) a stand-in."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def remote(self) -> str | None: ...
-
-
-def line(request: RequestLine, rec: Record, status: int, duration: float) -> str:
+def line(ctx: RequestContext) -> str:
     fields = {
         "ts": round(time.time(), 3),
-        "request_id": rec.request_id,
-        "method": request.method,
-        "path": request.path,
-        "status": status,
-        "model": rec.model,
-        "user": rec.user,
-        "stream": rec.stream,
-        "prompt_tokens": rec.prompt_tokens,
-        "completion_tokens": rec.completion_tokens,
-        "cached_tokens": rec.cached_tokens,
-        "finish_reason": rec.finish_reason,
-        "error_code": rec.error_code,
-        "ttfb_ms": _ms(rec.ttfb),
-        "ttft_ms": _ms(rec.ttft),
-        "duration_ms": _ms(duration),
-        "client_disconnected": rec.disconnected,
-        "remote": request.remote,
+        "request_id": ctx.request_id,
+        "method": ctx.method,
+        "path": ctx.path,
+        "status": ctx.status,
+        "model": ctx.model,
+        "user": ctx.user,
+        "stream": ctx.stream,
+        "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": ctx.completion_tokens,
+        "cached_tokens": ctx.cached_tokens,
+        "finish_reason": ctx.finish_reason,
+        "error_code": ctx.error_code,
+        "ttfb_ms": _ms(ctx.ttfb),
+        "ttft_ms": _ms(ctx.ttft),
+        "duration_ms": _ms(ctx.duration),
+        "client_disconnected": ctx.disconnected,
+        "remote": ctx.remote,
     }
     if PID is not None:
         fields["pid"] = PID
-    if rec.outputs is not None:
-        fields["output"] = rec.outputs[0] if len(rec.outputs) == 1 else rec.outputs
-    if rec.deployment is not None:
+    if ctx.outputs is not None:
+        fields["output"] = ctx.outputs[0] if len(ctx.outputs) == 1 else ctx.outputs
+    if ctx.deployment is not None:
         fields.update(
-            deployment=rec.deployment, upstream=rec.upstream, key_id=rec.key_id,
-            cached_prompt_tokens=rec.cached_tokens, usage_source=rec.usage_source,
+            deployment=ctx.deployment, upstream=ctx.upstream, key_id=ctx.key_id,
+            cached_prompt_tokens=ctx.cached_tokens, usage_source=ctx.usage_source,
         )
     return orjson.dumps(fields).decode()
 

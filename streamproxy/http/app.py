@@ -1,8 +1,9 @@
 """Application factory: routes, middlewares, response hooks, engine life cycle.
 
-Middlewares, outermost first: `accesslog.observe` (request id, the record,
-the access-log line and response metrics), `error_middleware`, CORS (only
-with --allowed-origins), API-key auth (only with --api-key).
+Middlewares, outermost first: `context.edge` (request id, the request's
+context, and at its end the finish subscribers: response metrics, the
+access-log line, the span; `--ledger`'s record), `error_middleware`, CORS
+(only with --allowed-origins), API-key auth (only with --api-key).
 
 The server listens before the engine is ready: `on_startup` starts the engine
 in a background task, and until it is up the generation routes answer 503
@@ -28,9 +29,9 @@ from engine_adapter.base import Engine
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFound, PayloadTooLarge
 from streamproxy.filters.detect import AUTO, resolve
-from streamproxy.http import accesslog
+from streamproxy.http import accesslog, context, tracing
 from streamproxy.http import metrics as metrics_module
-from streamproxy.http.accesslog import RECORD, REQUEST_ID
+from streamproxy.http.context import CONTEXT, Subscriber
 from streamproxy.http.auth import make_auth_middleware
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
@@ -61,10 +62,12 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
     return err
 
 
+# What every request's end is told to, in this order (serve's and the gateway's; the ledger's comes after).
+EDGE_SUBSCRIBERS: tuple[Subscriber, ...] = (metrics_module.finished, accesslog.finished, tracing.finished)
+
+
 def _error(request: web.Request, exc: APIError) -> web.Response:
-    rec = request.get(RECORD)
-    if rec is not None:
-        rec.error_code = exc.code
+    request[CONTEXT].fail(exc.code)
     return error_response(request, exc)
 
 
@@ -87,7 +90,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
-        log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request[REQUEST_ID])
+        log.exception("unhandled error on %s %s (request %s)", request.method, request.path, request[CONTEXT].request_id)
         return _error(request, InternalError("the server failed to handle this request"))
 
 
@@ -149,7 +152,7 @@ async def _publish_metrics(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings, engine: Engine) -> web.Application:
-    middlewares: list[Middleware] = [accesslog.observe, error_middleware]
+    middlewares: list[Middleware] = [context.edge, error_middleware]
     cors = None
     if settings.allowed_origins:
         cors = Cors(settings.allowed_origins, settings.allowed_methods, settings.allowed_headers, settings.allow_credentials)
@@ -168,8 +171,9 @@ def create_app(settings: Settings, engine: Engine) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[STATE_KEY] = AppState(settings, engine)
     app[INFLIGHT_KEY] = app[STATE_KEY].inflight
+    app[context.SUBSCRIBERS] = list(EDGE_SUBSCRIBERS)
     watch_engine(engine)
-    app.on_response_prepare.append(accesslog.on_prepare)
+    app.on_response_prepare.append(context.on_prepare)
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)
     deprecations = Deprecations(settings.deprecated, settings.deprecation_link)

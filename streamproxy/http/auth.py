@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from streamproxy.errors import AuthenticationError
-from streamproxy.http.accesslog import RECORD
+from streamproxy.http.context import CONTEXT
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
 
@@ -64,9 +64,7 @@ def make_auth_middleware(
                 if presented is None:
                     raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
                 raise AuthenticationError("incorrect API key provided")
-            rec = request.get(RECORD)
-            if rec is not None:
-                rec.key_id = matched  # the ledger's key id (books.key_id), never the key
+            request[CONTEXT].key(matched)  # the ledger's key id (auth.key_id), never the key
         return await handler(request)
 
     return auth_middleware

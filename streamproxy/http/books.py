@@ -1,16 +1,17 @@
 """`serve`'s use of the request ledger (`--ledger URL`): a record per request on a generation route.
 
 Off unless `--ledger` names a store (`sqlite:///…` or `postgresql://…`; the
-gateway's is on by default, serve's is not). `open_ledger(settings)` opens and
-migrates the store before the server listens; one that cannot be opened is a
-one-line start-up error naming `--ledger` (`LedgerStartError`). `recorder` is
-the access log's `ON_FINISH` hook, the same mechanism as the gateway's
-(`gateway/books.py`): when a request on a generation route ends (answered,
-failed, refused with a 4xx, or its client gone) it builds one `LedgerRecord`
-from the access log's `Record` (the tokens the route put there: what the
-client saw in `usage`) and queues it (`Ledger.add`, an append; the writer
-task writes batches off the request path). A request refused for its key
-(401: no `--api-key` matched) is not recorded, as in the gateway.
+gateway's is on by default, serve's is not). The store is opened and
+migrated (`ledger.writer.open_ledger`, the gateway's opener too) before the
+server listens; one that cannot be opened is a one-line start-up error
+naming `--ledger`. `recorder` is a finish subscriber of every request
+(context.py), as the gateway's is (`gateway/books.py`): when a request on a
+generation route ends (answered, failed, refused with a 4xx, or its client
+gone) it builds one `LedgerRecord` from the request's context (the tokens
+the route put there: what the client saw in `usage`) and queues it
+(`Ledger.add`, an append; the writer task writes batches off the request
+path). A request refused for its key (401: no `--api-key` matched) is not
+recorded, as in the gateway.
 
 The record's fields: `deployment` the served model name the request named
 (an adapter's name for a LoRA request; the first served name when it named
@@ -27,19 +28,15 @@ PostgreSQL any number.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from aiohttp import web
 
 from streamproxy.config import Settings
-from streamproxy.http.accesslog import ON_FINISH, Finished, Record
+from streamproxy.http.context import RequestContext, Subscriber, on_finish
 from streamproxy.http.state import AppState
 from streamproxy.ledger.records import LedgerRecord
-from streamproxy.ledger.store import kind, open_store, redact
 from streamproxy.ledger.writer import Ledger
-
-log = logging.getLogger("streamproxy.ledger")
 
 # The generation routes (with usage in the access log) and the route each record names.
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"})
@@ -49,86 +46,58 @@ def address(settings: Settings) -> str:
     return settings.uds if settings.uds else f"{settings.host}:{settings.port}"
 
 
-def ledger_record(rec: Record, *, deployment: str | None, replica: str | None, route: str, status: int, code: str,
-                  duration: float, usage_source: str | None) -> LedgerRecord:
-    """The ledger's record of a request that ended, from its access-log `Record` (serve's and the gateway's)."""
+def ledger_record(ctx: RequestContext, *, deployment: str | None, replica: str | None, route: str,
+                  usage_source: str | None) -> LedgerRecord:
+    """The ledger's record of a request that ended, from its context (serve's and the gateway's)."""
     return LedgerRecord(
-        ts_us=int((time.time() - duration) * 1_000_000),
-        request_id=rec.request_id,
+        ts_us=int((time.time() - ctx.duration) * 1_000_000),
+        request_id=ctx.request_id,
         deployment=deployment,
         replica=replica,
-        key_id=rec.key_id,
+        key_id=ctx.key_id,
         route=route,
-        status=status,
-        error_code=code or None,
-        prompt_tokens=rec.prompt_tokens,
-        cached_prompt_tokens=rec.cached_tokens,
-        completion_tokens=rec.completion_tokens,
+        status=ctx.status,
+        error_code=ctx.code or None,
+        prompt_tokens=ctx.prompt_tokens,
+        cached_prompt_tokens=ctx.cached_tokens,
+        completion_tokens=ctx.completion_tokens,
         usage_source=usage_source,
-        ttft_ms=None if rec.ttft is None else round(rec.ttft * 1000.0, 3),
-        duration_ms=round(duration * 1000.0, 3),
+        ttft_ms=None if ctx.ttft is None else round(ctx.ttft * 1000.0, 3),
+        duration_ms=round(ctx.duration * 1000.0, 3),
     )
 
 
-def recorder(state: AppState, ledger: Ledger) -> Finished:
+def recorder(state: AppState, ledger: Ledger) -> Subscriber:
     settings = state.settings
     root = settings.root_path or ""
     replica = address(settings)
     keyed = bool(settings.api_key)
 
-    def finished(request: web.Request, rec: Record, status: int, code: str, duration: float) -> None:
-        resource = request.match_info.route.resource
-        path = resource.canonical if resource is not None else ""
+    def record(ctx: RequestContext) -> None:
+        path = ctx.route
         if root and path.startswith(root + "/"):
             path = path[len(root):]
-        if path not in GENERATION_ROUTES or (keyed and rec.key_id is None):
+        if path not in GENERATION_ROUTES or (keyed and ctx.key_id is None):
             return
-        model = rec.model
+        model = ctx.model
         served = state.engine.info.served_names
         if model is None or not (model in served or model in state.adapters):
             model = served[0] if served else model
-        usage_source = "billed" if rec.prompt_tokens is not None or rec.completion_tokens is not None else None
-        ledger.add(ledger_record(rec, deployment=model, replica=replica, route=path, status=status, code=code,
-                                 duration=duration, usage_source=usage_source))
+        usage_source = "billed" if ctx.prompt_tokens is not None or ctx.completion_tokens is not None else None
+        ledger.add(ledger_record(ctx, deployment=model, replica=replica, route=path, usage_source=usage_source))
 
-    return finished
-
-
-class LedgerStartError(SystemExit):
-    pass
-
-
-async def open_ledger(settings: Settings) -> Ledger | None:
-    """`--ledger`'s store reached and migrated; None when not given (or `off`). A store that cannot
-    be opened is a one-line start-up error naming --ledger."""
-    url = settings.ledger
-    try:
-        if url is None or kind(url) == "off":
-            return None
-        store = await open_store(url)
-    except Exception as exc:
-        reason = "; ".join(" ".join(part.split()) for part in str(exc).splitlines() if part.strip())  # one line
-        shown = redact(url) if url else url
-        raise LedgerStartError(f"--ledger: cannot open {shown}: {type(exc).__name__}: {reason}") from None
-    log.info("ledger: %s", redact(url))
-    return Ledger(store)
-
-
-async def _close(app: web.Application) -> None:
-    """Last, after the drain: every request's record is queued; write them all."""
-    await app[LEDGER_KEY].close()
-
-
-LEDGER_KEY: web.AppKey[Ledger] = web.AppKey("ledger", Ledger)
+    return record
 
 
 def install(app: web.Application, state: AppState, ledger: Ledger) -> None:
-    """The ledger's hook, its writer task's start, and its close after the drain."""
-    app[LEDGER_KEY] = ledger
-    app[ON_FINISH] = recorder(state, ledger)
+    """The ledger's subscriber, its writer task's start, and its close after the drain."""
+    on_finish(app, recorder(state, ledger))
 
     async def start(app: web.Application) -> None:
         ledger.start()
 
+    async def close(app: web.Application) -> None:  # last, after the drain: every record is queued; write them all
+        await ledger.close()
+
     app.on_startup.append(start)
-    app.on_cleanup.append(_close)
+    app.on_cleanup.append(close)

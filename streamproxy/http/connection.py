@@ -66,7 +66,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -148,14 +148,6 @@ def unread_answer(err: APIError) -> bytes:
         "Connection: close",
     ]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-class _Unread(NamedTuple):
-    """The access log's view of a request whose request line never arrived."""
-
-    method: str
-    path: str
-    remote: str | None
 
 
 # Python 3.12+ has eager tasks, and aiohttp starts each handler's task eagerly.
@@ -341,10 +333,7 @@ class Clock:
         log.debug("rejected a request from %s: %s", remote, err.message)
         transport.write(unread_answer(err))
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.enabled():
-            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
-            rec.error_code = err.code
-            accesslog.write(accesslog.line(_Unread("-", "-", remote), rec, err.status, 0.0))
+        accesslog.unread("-", "-", remote, err.status, err.code)  # its request line never arrived
         protocol.force_close()  # the answer is flushed first
 
     def _body_due(self, protocol: Protocol) -> None:
@@ -425,10 +414,7 @@ class Protocol(web.RequestHandler):
         err = _parse_error(status, exc, message)
         log.debug("rejected a request from %s: %s", request.remote, exc)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
-        if accesslog.enabled():
-            rec = accesslog.Record(accesslog.new_request_id(), 0.0)
-            rec.error_code = err.code
-            accesslog.write(accesslog.line(request, rec, err.status, 0.0))
+        accesslog.unread(request.method, request.path, request.remote, err.status, err.code)
         resp = web.Response(status=err.status, body=err.to_json(), content_type="application/json", headers=err.headers())
         resp.force_close()
         return resp

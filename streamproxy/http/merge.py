@@ -17,7 +17,7 @@ every part has ended, or with the first part's error. `prompt_tokens` and
 `cached_tokens` are the parts' sums.
 
 `close()` cancels the tasks; aborting the engine requests is the caller's
-(`generation.Batch`), in the route's `finally` like any engine request.
+(`generation.Work.end`), in the runner's `finally` like any engine request.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -43,6 +43,9 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from engine_adapter.base import Engine
+
+if TYPE_CHECKING:
+    from streamproxy.http.context import RequestContext
 
 # Set by the parent of --api-server-count workers before they start (prometheus_client reads it at import).
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -180,6 +183,24 @@ ENGINE_ABORTS = Counter(
     "streamproxy_engine_aborts",
     "Engine requests aborted because the response ended early (client gone, write stall, timeout, drain)",
 )
+
+
+def finished(ctx: RequestContext) -> None:
+    """A request's response metrics (a finish subscriber, context.py)."""
+    if ctx.disconnected:
+        CLIENT_DISCONNECTS.inc()
+    key = (ctx.route, ctx.status, ctx.code)
+    child = _RESPONSE_SERIES.get(key)
+    if child is None:  # looked up once per (route, status, code), not per request
+        child = _RESPONSE_SERIES[key] = RESPONSES.labels(ctx.route, str(ctx.status), ctx.code)
+    child.inc()
+    if ctx.generation:
+        REQUEST_DURATION.observe(ctx.duration)
+        if ctx.ttfb is not None:
+            TIME_TO_FIRST_BYTE.observe(ctx.ttfb)
+
+
+_RESPONSE_SERIES: dict[tuple[str, int, str], Any] = {}
 
 
 async def metrics(request: web.Request) -> web.Response:

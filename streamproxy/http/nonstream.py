@@ -30,13 +30,13 @@ from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
 from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
 
 if TYPE_CHECKING:
-    from streamproxy.http.accesslog import Record
+    from streamproxy.http.context import RequestContext
     from streamproxy.http.drain import Lifetime
 
 log = logging.getLogger("streamproxy.writer")
 
 
-async def collect(out: OutputStream, sink: Accumulator, record: Record | None = None) -> None:
+async def collect(out: OutputStream, sink: Accumulator, record: RequestContext | None = None) -> None:
     """Feed every step into `sink.step(deltas)` until the engine is done."""
     try:
         while True:
@@ -62,7 +62,7 @@ async def respond_nonstream(
     life: Lifetime,
     stall_timeout: float,
     headers: dict[str, str] | None = None,
-    record: Record | None = None,
+    record: RequestContext | None = None,
     error_body: Callable[[APIError], bytes] | None = None,
 ) -> web.StreamResponse:
     """Answer with the JSON `work` resolves to; keep the connection alive if it is slow.
@@ -89,7 +89,7 @@ async def respond_nonstream(
 
 
 async def answer_nonstream(
-    request: web.Request, work: asyncio.Future[bytes], settings: Settings, life: Lifetime, record: Record
+    request: web.Request, work: asyncio.Future[bytes], settings: Settings, life: Lifetime, record: RequestContext
 ) -> web.StreamResponse:
     """`respond_nonstream` with the server's keepalive and stall settings and the route's error shape."""
     return await respond_nonstream(
@@ -113,7 +113,7 @@ async def _respond_nonstream(
     life: Lifetime,
     stall_timeout: float,
     headers: dict[str, str] | None,
-    record: Record | None,
+    record: RequestContext | None,
     error_body: Callable[[APIError], bytes] | None,
 ) -> web.StreamResponse:
     response: web.StreamResponse | None = None
@@ -152,7 +152,7 @@ async def _respond_nonstream(
     return response
 
 
-def _body_error(exc: APIError, record: Record | None, error_body: Callable[[APIError], bytes] | None) -> bytes:
+def _body_error(exc: APIError, record: RequestContext | None, error_body: Callable[[APIError], bytes] | None) -> bytes:
     if record is not None:
-        record.error_code = exc.code
+        record.fail(exc.code)
     return exc.to_json() if error_body is None else error_body(exc)

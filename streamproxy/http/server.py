@@ -157,9 +157,9 @@ async def serve(settings: Settings, engine: Engine, *, ready: asyncio.Event | No
     workers, streamproxy/workers.py) instead of binding host:port."""
     ledger = None
     if settings.ledger is not None:  # --ledger: each worker writes its own records (the ledger's metrics only then)
-        from streamproxy.http import books
+        from streamproxy.ledger.writer import open_ledger
 
-        ledger = await books.open_ledger(settings)
+        ledger = await open_ledger(settings.ledger, "--ledger")
     listener = accesslog.configure(settings.access_log, settings.disable_access_log_for_endpoints)
     tracer = tracing.configure(settings.otlp_traces_endpoint, "streamproxy")
     if sock is not None:

@@ -37,7 +37,7 @@ class AppState:
         self.engine_died = False  # engine_watch saw it die
         self.admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
         self.inflight = InFlight()
-        self._engine_ids: set[str] = set()
+        self.engine_ids: set[str] = set()  # of the requests in flight (generation.Work claims and releases them)
         # Called when the engine cannot start, or after it died (the server then exits non-zero).
         self.on_engine_failure: list[Callable[[], None]] = []
         self.death_watch: asyncio.Task[None] | None = None  # engine_watch.watch, once the engine is up
@@ -48,20 +48,6 @@ class AppState:
         self.responses = ResponseStore(size_from(settings.responses_store))
         # The tasks running background responses (routes/responses.py); cancelled on shutdown.
         self.background: set[asyncio.Task[None]] = set()
-
-    def claim_engine_id(self, request_id: str) -> str:
-        """The engine request id for a request: its X-Request-Id, made unique
-        among requests in flight (two clients may send the same header, and
-        an abort must never reach the other one's request)."""
-        engine_id, n = request_id, 1
-        while engine_id in self._engine_ids:
-            n += 1
-            engine_id = f"{request_id}-{n}"
-        self._engine_ids.add(engine_id)
-        return engine_id
-
-    def release_engine_id(self, engine_id: str) -> None:
-        self._engine_ids.discard(engine_id)
 
     @property
     def ready(self) -> bool:

@@ -1,23 +1,24 @@
 """OpenTelemetry traces (`--otlp-traces-endpoint`), for serve and the gateway alike.
 
 With no endpoint `TRACER` stays None and OpenTelemetry is never imported: the
-access log's `observe` checks `TRACER is None` once per request and that is all
+edge (context.py) checks `TRACER is None` once per request and that is all
 tracing costs. With one, `configure` imports the SDK and its OTLP exporter
 (gRPC, or HTTP with `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, as vLLM
 picks them; batching per the SDK's `OTEL_BSP_*` variables) and:
 
-- `observe` opens one SERVER span per POST request (`Tracer.start`), as the
+- the edge opens one SERVER span per POST request (`Tracer.start`), as the
   child of the client's W3C `traceparent`/`tracestate` when it sent one (a new
-  trace otherwise), and keeps it on the request's `Record`;
+  trace otherwise), and keeps it on the request's context;
 - serve hands `headers(span)` to the engine (vLLM's `trace_headers`), the
   gateway opens a CLIENT span per upstream attempt (`attempt`, ended by
   `end_attempt`) and sends that span's context to the replica;
-- when the access log finishes the `Record`, `end` sets the GenAI semantic
-  convention attributes from it (model, token counts, finish reasons, time to
-  first token, as an attribute and as an event at its time) and ends the span.
+- when the request ends, `finished` (a finish subscriber) sets the GenAI
+  semantic convention attributes from the context (model, token counts,
+  finish reasons, time to first token, as an attribute and as an event at its
+  time) and ends the span.
 
 Nothing here runs per token: every attribute is set at the end, from what the
-`Record` already collected.
+context already collected.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from streamproxy.http.accesslog import Record
+    from streamproxy.http.context import RequestContext
 
 # Which GenAI operation each route is (gen_ai.operation.name), by the path's end.
 _OPERATIONS = (
@@ -84,44 +85,31 @@ class Tracer:
         self.propagator.inject(carrier, context=self._trace.set_span_in_context(span))
         return carrier
 
-    def end(self, span: Any, request: web.Request, rec: Record, status: int) -> None:
-        attrs: dict[str, Any] = {"http.response.status_code": status, "streamproxy.request_id": rec.request_id}
-        op = operation(request.path) if rec.generation else None
+    def end(self, ctx: RequestContext) -> None:
+        span, status = ctx.span, ctx.status
+        attrs: dict[str, Any] = {"http.response.status_code": status, "streamproxy.request_id": ctx.request_id}
+        op = operation(ctx.path) if ctx.generation else None
         if op is not None:
             attrs["gen_ai.operation.name"] = op
-            span.update_name(f"{op} {rec.model}" if rec.model else op)
-        if rec.model is not None:
-            attrs["gen_ai.request.model"] = rec.model
-        if rec.model is not None and status < 400:
-            attrs["gen_ai.response.model"] = rec.model
-        if rec.max_tokens is not None:
-            attrs["gen_ai.request.max_tokens"] = rec.max_tokens
-        if rec.stream is not None:
-            attrs["gen_ai.request.stream"] = rec.stream
-        if rec.prompt_tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = rec.prompt_tokens
-        if rec.completion_tokens is not None:
-            attrs["gen_ai.usage.output_tokens"] = rec.completion_tokens
-        if rec.cached_tokens:
-            attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
-        reason = rec.finish_reason
-        if reason is not None:
-            attrs["gen_ai.response.finish_reasons"] = [reason] if isinstance(reason, str) else [r or "" for r in reason]
-        if rec.deployment is not None:
-            attrs["streamproxy.deployment"] = rec.deployment
-        if rec.error_code:
-            attrs["error.type"] = rec.error_code
-        if rec.disconnected:
-            attrs["streamproxy.client_disconnected"] = True
-        start_ns = span.start_time or time.time_ns()
-        if rec.ttft is not None:
-            attrs["gen_ai.server.time_to_first_token"] = rec.ttft
-            span.add_event("first_token", timestamp=start_ns + int(rec.ttft * 1e9))
-        if rec.ttfb is not None:
-            attrs["streamproxy.time_to_first_byte"] = rec.ttfb
+            span.update_name(f"{op} {ctx.model}" if ctx.model else op)
+        reason = ctx.finish_reason
+        for name, value in (
+            ("gen_ai.request.model", ctx.model), ("gen_ai.response.model", ctx.model if status < 400 else None),
+            ("gen_ai.request.max_tokens", ctx.max_tokens), ("gen_ai.request.stream", ctx.stream),
+            ("gen_ai.usage.input_tokens", ctx.prompt_tokens), ("gen_ai.usage.output_tokens", ctx.completion_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", ctx.cached_tokens or None),
+            ("gen_ai.response.finish_reasons", None if reason is None else [reason] if isinstance(reason, str) else [r or "" for r in reason]),
+            ("streamproxy.deployment", ctx.deployment), ("error.type", ctx.error_code or None),
+            ("streamproxy.client_disconnected", ctx.disconnected or None),
+            ("gen_ai.server.time_to_first_token", ctx.ttft), ("streamproxy.time_to_first_byte", ctx.ttfb),
+        ):
+            if value is not None:
+                attrs[name] = value
+        if ctx.ttft is not None:
+            span.add_event("first_token", timestamp=(span.start_time or time.time_ns()) + int(ctx.ttft * 1e9))
         span.set_attributes(attrs)
         if status >= 500:
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, rec.error_code or str(status)))
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, ctx.error_code or str(status)))
         span.end()
 
     # -- the gateway's attempts ------------------------------------------------------
@@ -162,6 +150,12 @@ def _exporter(endpoint: str) -> Any:
 
 # None: no --otlp-traces-endpoint (and OpenTelemetry not imported).
 TRACER: Tracer | None = None
+
+
+def finished(ctx: RequestContext) -> None:
+    """The request's span ends (a finish subscriber)."""
+    if ctx.span is not None and TRACER is not None:
+        TRACER.end(ctx)
 
 
 def configure(endpoint: str | None, service: str) -> Tracer | None:

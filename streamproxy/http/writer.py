@@ -60,7 +60,7 @@ from streamproxy.http.keepalive import Keepalive
 from streamproxy.http.metrics import INTER_TOKEN_LATENCY, SSE_HEARTBEATS, WRITE_STALLS
 
 if TYPE_CHECKING:
-    from streamproxy.http.accesslog import Record
+    from streamproxy.http.context import RequestContext
 
 log = logging.getLogger("streamproxy.writer")
 
@@ -193,7 +193,7 @@ class _Pump:
 
     __slots__ = ("out", "encoder", "transport", "record", "written_at", "last_text_at", "pushed")
 
-    def __init__(self, out: OutputStream, encoder: StreamEncoder, transport: Any, record: Record | None) -> None:
+    def __init__(self, out: OutputStream, encoder: StreamEncoder, transport: Any, record: RequestContext | None) -> None:
         self.out = out
         self.encoder = encoder
         self.transport = transport
@@ -270,7 +270,7 @@ async def pump_sse(
     heartbeat: float,
     stall_timeout: float,
     outcome: StreamOutcome | None = None,
-    record: Record | None = None,
+    record: RequestContext | None = None,
     push: bool = True,
 ) -> StreamOutcome:
     """Write the stream until the engine is done; the response is already prepared.
@@ -347,15 +347,15 @@ async def _heartbeat(
     pump.written_at = perf_counter()
 
 
-def client_gone(request: web.Request, exc: BaseException, record: Record | None) -> None:
+def client_gone(request: web.Request, exc: BaseException, record: RequestContext | None) -> None:
     """After the headers: the client stopped reading (drop the connection and what is
     buffered for it) or went away. Either way the route's `finally` aborts the engine."""
     if isinstance(exc, WriteStalled):
         WRITE_STALLS.inc()
         if record is not None:
-            record.error_code = "write_stalled"
+            record.fail("write_stalled")
         log.info("request %s: the client stopped reading; response ended", record and record.request_id)
         if request.transport is not None:
             request.transport.abort()
     elif record is not None:
-        record.disconnected = True
+        record.gone()

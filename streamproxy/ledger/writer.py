@@ -32,7 +32,7 @@ from itertools import islice
 from prometheus_client import Counter, Gauge
 
 from streamproxy.ledger.records import LedgerRecord
-from streamproxy.ledger.store import LedgerStore
+from streamproxy.ledger.store import LedgerStore, kind, open_store, redact
 
 log = logging.getLogger("streamproxy.ledger")
 
@@ -165,3 +165,23 @@ class Ledger:
             log.error("ledger: %d record(s) not written: the store did not take them within %.0f s",
                       len(self._buffer), self.close_timeout)
         await self.store.close()
+
+
+class LedgerStartError(SystemExit):
+    """A ledger that cannot be opened at start: one line on stderr naming the setting."""
+
+
+async def open_ledger(url: str | None, setting: str, *, interval: float = INTERVAL, batch_size: int = BATCH_SIZE,
+                      max_buffered: int = MAX_BUFFERED) -> Ledger | None:
+    """The ledger at `url`, its store reached and migrated; None for none or `off`. A store that
+    cannot be opened is a `LedgerStartError` naming `setting` (serve's --ledger, the gateway's field)."""
+    try:
+        if url is None or kind(url) == "off":
+            log.info("ledger: off")
+            return None
+        store = await open_store(url)
+    except Exception as exc:
+        reason = "; ".join(" ".join(part.split()) for part in str(exc).splitlines() if part.strip())  # one line
+        raise LedgerStartError(f"{setting}: cannot open {redact(url) if url else url}: {type(exc).__name__}: {reason}") from None
+    log.info("ledger: %s (a batch every %g s or %d records)", redact(url), interval, batch_size)
+    return Ledger(store, interval=interval, batch_size=batch_size, max_buffered=max_buffered)

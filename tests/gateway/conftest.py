@@ -44,7 +44,7 @@ from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
-from streamproxy.http.accesslog import RECORD, REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.app import create_app
 from streamproxy.http.server import Runner, make_runner
 from streamproxy.http.tls import server_context
@@ -104,8 +104,8 @@ class Replica:
             assert await wait_until(lambda: self.engine.state == "ready", timeout=5.0), self.engine.state
 
     async def _saw(self, request: web.Request, response: web.StreamResponse) -> None:
-        rec = request.get(RECORD)
-        self.seen.append(Seen(request.method, request.path, dict(request.headers), rec.model if rec else None, request[REQUEST_ID]))
+        ctx = request[CONTEXT]
+        self.seen.append(Seen(request.method, request.path, dict(request.headers), ctx.model, ctx.request_id))
 
     async def stop(self) -> None:
         """Gone at once, as a crashed replica: the port refuses, every open connection is dropped."""

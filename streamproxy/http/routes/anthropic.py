@@ -25,7 +25,7 @@ from streamproxy.apis.anthropic import convert as C
 from streamproxy.apis.anthropic.protocol import TokenCount, decode_count_request, decode_request, encode
 from streamproxy.apis.anthropic.stream import AnthropicEncoder
 from streamproxy.core.prepare import prepare, prompt, renamed
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
@@ -39,14 +39,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
         chat = C.to_chat(req)
         prep = prepare(state.settings, engine, chat, cap_to_context=True)
     prep.params.adapter = state.adapter(req.model)
-    message_id = "msg_" + request[REQUEST_ID]
+    message_id = "msg_" + request[CONTEXT].request_id
     model = req.model or engine.info.name
     filters, stops, capped = prep.filters, req.stop_sequences, prep.window_capped
 
     def encoder(emit: bool) -> AnthropicEncoder:
         return AnthropicEncoder(message_id=message_id, model=model, filters=filters, stop_sequences=stops, window_capped=capped, emit=emit)
 
-    return await generation.run_blocks(request, state, engine, prep, stream=req.stream, make=encoder, render=AnthropicEncoder.final_json)
+    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
+    return await generation.run(request, work, generation.blocks(encoder, AnthropicEncoder.final_json), req.stream)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -3,7 +3,7 @@
 vLLM's model, bounded. The create (`start`) checks vLLM's rules (the
 server's store on, else vLLM's 400; `store: false` is convert's 400), enters
 admission (its 429s apply) and the store (at most N running: 429), and
-starts a task of the server that runs `generation.run_detached`: not the
+starts a task of the server that runs `generation.detach`: not the
 connection's, so a client that leaves does not end it. Without `stream` the
 create answers the response `queued` at once; with `stream` it answers the
 response's SSE events as they come (`follow`), and `GET /v1/responses/{id}
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from time import perf_counter
 
 import msgspec
 from aiohttp import web
@@ -37,8 +36,8 @@ from streamproxy.apis.responses.store import ResponseStore
 from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import Prepared
 from streamproxy.errors import APIError, InternalError, InvalidRequest
-from streamproxy.http.accesslog import REQUEST_ID, Record, record
 from streamproxy.http.admission import Ticket
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.state import STATE_KEY, AppState, app_state
 from streamproxy.http.writer import SSE_HEADERS, WriteStalled, client_gone, write
@@ -146,19 +145,15 @@ async def start(
     if store is None:  # `store: false` with background is convert's 400; here the server keeps nothing
         raise InvalidRequest(NO_STORE, param="background")
     shell.background = True
-    gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)
+    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
     bg = Background(shell, ResponsesEncoder(shell, prep.filters, emit=stream), stream)
+    ticket = state.admission.enter(work.weight)
     try:
-        ticket = state.admission.enter(gen.weight)
-        try:
-            store.start(shell.id, bg)
-        except APIError:
-            ticket.release()
-            raise
+        store.start(shell.id, bg)
     except APIError:
-        state.release_engine_id(gen.request_id)
+        ticket.release()
         raise
-    task = asyncio.get_running_loop().create_task(_run(state, store, bg, gen, ticket))
+    task = asyncio.get_running_loop().create_task(_run(state, store, bg, work, ticket, request[CONTEXT].request_id))
     bg.task = task
     state.background.add(task)
     task.add_done_callback(state.background.discard)
@@ -167,12 +162,12 @@ async def start(
     return web.Response(body=bg.snapshot(), content_type="application/json")
 
 
-async def _run(state: AppState, store: ResponseStore, bg: Background, gen: generation.Generation, ticket: Ticket) -> None:
+async def _run(state: AppState, store: ResponseStore, bg: Background, work: generation.Work, ticket: Ticket, request_id: str) -> None:
     enc = bg.enc
     final: Response
     frames = b""
     try:
-        await generation.run_detached(state, gen, ticket, bg, Record(bg.shell.id, perf_counter()), bg.started)
+        await generation.detach(state, work, ticket, bg, request_id, bg.started)
         frames = enc.finish()
         final = enc.response()
     except asyncio.CancelledError:  # a cancel (or shutdown): vLLM's `cancelled`, with the output so far
@@ -211,7 +206,7 @@ async def follow(request: web.Request, bg: Background, start_at: int) -> web.Str
                 await write(response, transport, bg.enc.keepalive, stall)
         await response.write_eof()
     except (WriteStalled, ConnectionResetError) as exc:
-        client_gone(request, exc, record(request))
+        client_gone(request, exc, request[CONTEXT])
     return response
 
 

@@ -23,7 +23,8 @@ import msgspec
 from aiohttp import web
 
 from streamproxy.errors import InvalidJSON, InvalidRequest, from_validation_error
-from streamproxy.http import accesslog, deprecation
+from streamproxy.http import deprecation
+from streamproxy.http.context import CONTEXT
 
 T = TypeVar("T")
 
@@ -98,7 +99,7 @@ def decode(body: bytes, decoder: Callable[[bytes], T]) -> T:
 
 async def decode_body(request: web.Request, decoder: Callable[[bytes], T]) -> T:
     decoded = decode(await read_body(request), decoder)
-    # What the access log may say about it (model, user, stream), deprecated fields.
-    accesslog.note_body(request, decoded)
+    # What the request's context may say about it (model, user, stream), deprecated fields.
+    request[CONTEXT].body(decoded)
     deprecation.note_body(request, decoded)
     return decoded

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions: decode -> core.prepare -> generation.run.
+"""POST /v1/chat/completions: decode -> plan (core.prepare) -> generation.run.
 
 `core.prepare` builds prompt, params and the per-choice filter chain; the
 same chain runs in the stream encoder and in the non-stream accumulator, so
@@ -11,9 +11,8 @@ and sent beside the choices, in vLLM's shape.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -22,10 +21,10 @@ from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries, vllm_prompt_logprobs
 from streamproxy.core.prepare import prepare
 from streamproxy.core.stream import ChatStreamEncoder
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
+from streamproxy.http.state import SYSTEM_FINGERPRINT, app_state
 from streamproxy.protocol.common import usage
 from streamproxy.protocol.openai_chat import (
     ChatChoice,
@@ -56,33 +55,22 @@ def _message(acc: ChoiceAccumulator, i: int, reasoning_content: bool, role: str)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    # Everything is planned in a plain function and handed straight to generation.run: this
+    # coroutine's frame lives as long as the stream, and so keeps neither the decoded body, its
+    # messages, nor the prompt's ids.
+    return await generation.run(request, *_plan(request, await decode_body(request, decode_request)))
+
+
+def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.Work, generation.Answer[ChoiceAccumulator], bool]:
+    """The engine request and the answer of one decoded chat request."""
     state = app_state(request)
-    # Everything is planned in a plain function and handed straight to
-    # generation.run_work: this coroutine's frame lives as long as the stream, and
-    # so keeps neither the decoded body, its messages, nor the prompt's ids.
-    return await generation.run_work(request, state, **_plan(request, state, await decode_body(request, decode_request)))
-
-
-class _RunArgs(TypedDict):
-    """generation.run_work's keyword arguments (a plain dict at run time; mypy checks them against `run_work`)."""
-
-    gen: generation.Generation
-    stream: bool
-    encoder: Callable[[], ChatStreamEncoder]
-    render: Callable[[ChoiceAccumulator], bytes]
-    accumulator: Callable[[], ChoiceAccumulator]
-
-
-def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> _RunArgs:
-    """generation.run's arguments for one decoded chat request."""
     engine = state.require_engine(req.model)
     prep = prepare(state.settings, engine, req)
     prep.params.adapter = state.adapter(req.model)
     options = req.stream_options
-    # Claimed last: nothing between here and run_work (which releases it) can fail.
-    gen = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prep.prompt_ids, prep.params)
+    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
     out = _ChatOutput(
-        response_id="chatcmpl-" + request[REQUEST_ID],
+        response_id="chatcmpl-" + request[CONTEXT].request_id,
         created=int(time.time()),
         model=req.model or engine.info.name,
         n=prep.params.n,
@@ -93,18 +81,12 @@ def _plan(request: web.Request, state: AppState, req: ChatCompletionRequest) -> 
         logprobs=prep.params.logprobs is not None,
         forced_call=prep.forced_call,
         reasoning_content=state.settings.reasoning_content_field,
-        gen=gen if prep.params.prompt_logprobs is not None else None,
+        work=work if prep.params.prompt_logprobs is not None else None,
         # vLLM's rule: --response-role when the template adds the generation prompt, else the last message's role.
         role=state.settings.response_role if req.add_generation_prompt else req.messages[-1].role,
         token_ids=state.settings.return_tokens_as_token_ids,
     )
-    return {
-        "gen": gen,
-        "stream": bool(req.stream),
-        "encoder": out.encoder,
-        "render": out.render,
-        "accumulator": out.accumulator,
-    }
+    return work, generation.Answer(out.encoder, out.accumulator, out.render), bool(req.stream)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -125,7 +107,7 @@ class _ChatOutput:
     logprobs: bool
     forced_call: bool
     reasoning_content: bool
-    gen: generation.Generation | None  # when the prompt's logprobs were asked for: where they come from
+    work: generation.Work | None  # when the prompt's logprobs were asked for: where they come from
     role: str
     token_ids: bool  # --return-tokens-as-token-ids
 
@@ -163,7 +145,7 @@ class _ChatOutput:
         answer = ChatCompletion(
             id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
         )
-        if self.gen is not None:
-            prompt = self.gen.prompt_logprobs()
+        if self.work is not None:
+            prompt = self.work.prompt_logprobs()
             answer.prompt_logprobs = None if prompt is None else vllm_prompt_logprobs(prompt)
         return _encode(answer)

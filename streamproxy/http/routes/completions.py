@@ -1,12 +1,11 @@
 """POST /v1/completions: the legacy text endpoint (`vllm bench serve`'s default).
 
-`core.completion.plan` turns the request into prompts and params. One
-prompt without echo is one engine request (`generation.run`, the common
-path); a batch of prompts, or echo, is a `generation.Batch`: one engine
-request per prompt (ids suffixed `-<i>` in a batch, as vLLM does), each
-prompt's choices numbered from prompt × n, merged into one stream that the
-usual encoder, writer and accumulator take as if it were one request with
-prompts × n choices. Usage is summed over the prompts.
+`core.completion.plan` turns the request into prompts and params: a
+`generation.Work` of one engine request per prompt (ids suffixed `-<i>` in a
+batch, as vLLM does). A batch of prompts, or echo, is merged into one stream
+(each prompt's choices numbered from prompt × n) that the usual encoder,
+writer and accumulator take as if it were one request with prompts × n
+choices. Usage is summed over the prompts.
 
 `logprobs: N` gives the legacy logprobs shape (see `logprobs.py`);
 `response_format` and vLLM's structured-output fields constrain the text
@@ -22,17 +21,17 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from engine_adapter.base import Engine, TokenLogprob
+from engine_adapter.base import TokenLogprob
 from streamproxy.core import completion as C
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
 from streamproxy.config import Settings
 from streamproxy.errors import InvalidRequest
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.routes.body import decode_body
-from streamproxy.http.state import SYSTEM_FINGERPRINT, AppState, app_state
+from streamproxy.http.state import SYSTEM_FINGERPRINT, app_state
 from streamproxy.protocol.common import usage
 from streamproxy.protocol.openai_completions import Completion, CompletionChoice, CompletionRequest, decode_request
 
@@ -40,8 +39,12 @@ _encode = msgspec.json.Encoder().encode
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    # Planned in a plain function, as chat's: this frame lives as long as the stream.
+    return await generation.run(request, *_plan(request, await decode_body(request, decode_request)))
+
+
+def _plan(request: web.Request, req: CompletionRequest) -> tuple[generation.Work, generation.Answer[ChoiceAccumulator], bool]:
     state = app_state(request)
-    req = await decode_body(request, decode_request)
     engine = state.require_engine(req.model)
     plan = C.plan(engine, req, max_n=state.settings.max_n)
     adapter = state.adapter(req.model)
@@ -54,26 +57,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "(--max-concurrent-requests); send fewer per request",
             param="prompt",
         )
-    out = _Output(req, engine.info.name, request[REQUEST_ID], plan, state.settings)
-    work: generation.Generation | generation.Batch
-    if len(plan.prompts) == 1 and plan.texts is None:
-        work = generation.Generation(engine, state.claim_engine_id(request[REQUEST_ID]), plan.prompts[0], plan.params[0])
-    else:
-        work = _batch(state, request[REQUEST_ID], engine, plan)
+    out = _Output(req, engine.info.name, request[CONTEXT].request_id, plan, state.settings)
+    echo = None if plan.texts is None else [plan.echo(i) for i in range(len(plan.prompts))]
+    work = generation.Work(engine, plan.prompts, plan.params, plan.n, echo)
     out.prompt_logprobs_of = work.prompt_logprobs
-    del plan, req  # `work` holds what the engine needs; this frame lives as long as the stream
-    return await generation.run_work(
-        request, state, work, stream=out.stream, encoder=out.encoder, render=out.render, accumulator=out.accumulator
-    )
-
-
-def _batch(state: AppState, request_id: str, engine: Engine, plan: C.CompletionPlan) -> generation.Batch:
-    many = len(plan.prompts) > 1
-    parts = [
-        generation.Generation(engine, state.claim_engine_id(f"{request_id}-{i}" if many else request_id), ids, params)
-        for i, (ids, params) in enumerate(zip(plan.prompts, plan.params))
-    ]
-    return generation.Batch(parts, plan.n, [plan.echo(i) for i in range(len(parts))])
+    return work, generation.Answer(out.encoder, out.accumulator, out.render), out.stream
 
 
 def _none(i: int) -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 from engine_adapter.base import EngineFailure, EngineRejected
 from streamproxy.core import params as P
 from streamproxy.errors import ContextLengthExceeded, InvalidRequest, ServiceUnavailable
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
 from streamproxy.protocol.embeddings import Embedding, EmbeddingList, EmbeddingUsage, decode_request, encode
@@ -60,7 +60,7 @@ async def embeddings(request: web.Request) -> web.Response:
             raise ContextLengthExceeded(
                 f"input {i} has {len(ids)} tokens, more than the model's maximum of {limit}", param="input"
             )
-    rid = request[REQUEST_ID]
+    rid = request[CONTEXT].request_id
     ids_for = [f"{rid}-{i}" for i in range(len(prompts))]
     tasks = [asyncio.ensure_future(engine.embed(ids_for[i], p, req.dimensions)) for i, p in enumerate(prompts)]
     try:

@@ -1,27 +1,38 @@
-"""The shared tail of every generating route: admit -> submit -> stream or collect -> abort.
+"""serve's one generation runner: a route decodes its request, plans it, and `run`s the plan.
 
-A route decodes its own request shape and builds the prompt and params; from
-there this module runs the same life cycle for all of them:
+A plan is a `Work` (the engine requests to make) and an `Answer` (the stream
+encoder, or the accumulator and the JSON body rendered from it). From there
+every generating route has the same life cycle:
 
     ticket = admission.enter()              429 at once when over capacity
+    work.claim()                            the engine ids: the request's id, unique among those
+                                            in flight (`-<i>` per prompt of a batch)
     stream:   headers out (submitting first when a slot is free, so engine
               rejections are still HTTP 400s), the encoder's keepalives while
               queued (at most --request-timeout), pump_sse(out, encoder)
     else:     wait for a slot + submit + collect in one background task, and
               respond_nonstream (keepalive newlines if slow, request timeout;
               an error after the early 200 in the route's error shape)
-    finally:  release the slot; if the engine is not done (disconnect, error,
-              timeout, write stall, drain) -> abort
+    finally:  the usage and outcome into the request's context; the slot
+              released; work.end(): the engine requests not done (disconnect,
+              error, timeout, write stall, drain) aborted, their ids released
 
-so there is exactly one place where an engine request can be left behind.
-What is submitted is a `Work`: one engine request (`Generation`), or a
-`Batch` of them (a completions request with several prompts, or with echo:
-one engine request per prompt, merged into one stream by `merge.py`; its
-ticket counts one slot per prompt, and an abort reaches every one of them).
-Each request runs inside a `Lifetime` (drain.py): a drain deadline ends a
-stream with an in-band `server_shutting_down` event, a request timeout ends
-a non-streaming request with `generation_timeout`. Whatever happened goes
-into the request's access-log record.
+so there is exactly one place where an engine request is made and one where
+it can be left behind. A `Work` is one engine request, or several answered
+as one (a completions request with several prompts, or with echo: one engine
+request per prompt, merged into one stream by `merge.py`; its ticket counts
+one slot per prompt, and an abort reaches every one of them). Each request
+runs inside a `Lifetime` (drain.py): a drain deadline ends a stream with an
+in-band `server_shutting_down` event, a request timeout ends a non-streaming
+request with `generation_timeout`. `detach` runs a work from a task of the
+server instead (Responses' `background: true`).
+
+With --otlp-traces-endpoint each engine request carries the request's span as
+its parent (vLLM's `trace_headers`, so the engine's spans join the trace), and
+the span gets `queued` and `engine.submit` events. With --enable-log-outputs
+each part's raw engine text (as vLLM logs it: before reasoning or tool-call
+parsing) is kept on the way by a transform of its Deltas, for the access log;
+the stream path pays nothing for either otherwise.
 """
 
 from __future__ import annotations
@@ -29,25 +40,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from time import perf_counter
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from engine_adapter.base import Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
+from engine_adapter.base import Delta, Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
-from streamproxy.core.output_tap import AccumulatorTap, EncoderTap
-from streamproxy.core.prepare import Prepared
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
-from streamproxy.http.accesslog import REQUEST_ID, Record, record
+from streamproxy.http import tracing
 from streamproxy.http.admission import Ticket
+from streamproxy.http.context import CONTEXT, RequestContext
 from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
-from streamproxy.http.state import AppState, engine_dead
+from streamproxy.http.state import STATE_KEY, AppState, engine_dead
 from streamproxy.http.writer import (
     SSE_HEADERS,
     StreamOutcome,
@@ -64,252 +76,187 @@ log = logging.getLogger("streamproxy.generation")
 
 # The route's non-stream sink: what its `accumulator` makes, its `render` reads.
 A = TypeVar("A", bound=Accumulator)
+B = TypeVar("B", bound=BlockEncoder)
 
 
-class Work(Protocol):
-    """What `run_work` submits and, if it is left unfinished, aborts."""
+@dataclass(frozen=True, slots=True)
+class Answer(Generic[A]):
+    """How a route answers: its stream encoder, or its accumulator and the JSON rendered from it."""
+
+    encoder: Callable[[], StreamEncoder]
+    accumulator: Callable[[], A]
+    render: Callable[[A], bytes]
+
+
+def blocks(make: Callable[[bool], B], render: Callable[[B], bytes]) -> Answer[B]:
+    """The answer of the APIs whose one encoder class (`make(emit)`) is both the stream's encoder
+    (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic."""
+    return Answer(partial(make, True), partial(make, False), render)
+
+
+class Work:
+    """One answer's engine requests: submitted in order, merged into one stream when there are
+    several (or a part has a transform: echo), aborted together. Part i's choices are numbered
+    from i × n, and `transforms[i]` is applied to its Deltas first."""
+
+    __slots__ = ("engine", "prompts", "params", "n", "transforms", "ids", "outs", "merged", "span")
+
+    def __init__(self, engine: Engine, prompts: list[list[int]], params: list[GenerationParams], n: int = 1,
+                 transforms: Sequence[Transform | None] | None = None) -> None:
+        self.engine = engine
+        self.prompts = prompts  # the engine's once submitted: not kept for the stream's life
+        self.params = params
+        self.n = n
+        self.transforms = transforms
+        self.ids: list[str] = []  # the engine request ids (`claim`, released by `end`)
+        self.outs: list[OutputStream] = []
+        self.merged: MergedStream | None = None
+        self.span: Any = None  # --otlp-traces-endpoint: the request's span (`_trace`)
 
     @property
     def weight(self) -> int:
         """Admission slots it takes: one per engine request."""
-        ...
-
-    @property
-    def engine_ids(self) -> list[str]:
-        """Its engine request ids (claimed from the state; released when the request ends)."""
-        ...
-
-    async def submit(self) -> OutputStream: ...
-
-    async def abort_if_running(self) -> None: ...
-
-
-class Generation:
-    """One engine request: submit it, and abort it if it is left unfinished."""
-
-    __slots__ = ("engine", "request_id", "prompt_ids", "params", "out")
-
-    weight = 1
-
-    def __init__(self, engine: Engine, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
-        self.engine = engine
-        self.request_id = request_id
-        self.prompt_ids: list[int] | None = prompt_ids
-        self.params = params
-        self.out: OutputStream | None = None
-
-    @property
-    def engine_ids(self) -> list[str]:
-        return [self.request_id]
+        return len(self.params)
 
     def prompt_logprobs(self, i: int = 0) -> list[TokenLogprob] | None:
-        """The prompt's logprobs, once the engine has sent them (when asked for); `i` is
-        the prompt's number, always 0 here (the signature `Batch.prompt_logprobs` has)."""
-        return None if self.out is None else self.out.prompt_logprobs
+        """Prompt i's logprobs, once the engine has sent them (when asked for)."""
+        return self.outs[i].prompt_logprobs if i < len(self.outs) else None
+
+    def claim(self, state: AppState, request_id: str) -> None:
+        """The engine request ids: the request's id (`-<i>` per prompt of a batch), made unique among
+        the requests in flight (two clients may send the same X-Request-Id, and an abort must never
+        reach the other one's request)."""
+        taken, many = state.engine_ids, len(self.params) > 1
+        for i in range(len(self.params)):
+            engine_id = base = f"{request_id}-{i}" if many else request_id
+            n = 1
+            while engine_id in taken:
+                n += 1
+                engine_id = f"{base}-{n}"
+            taken.add(engine_id)
+            self.ids.append(engine_id)
 
     async def submit(self) -> OutputStream:
-        prompt_ids, self.prompt_ids = self.prompt_ids, None  # the engine's now: not kept for the stream's life
-        assert prompt_ids is not None, "a generation is submitted once"
-        try:
-            self.out = await self.engine.generate(self.request_id, prompt_ids, self.params)
-        except APIError:
-            raise
-        except EngineFailure as exc:
-            if self.engine.state == "dead":
-                raise engine_dead() from exc
-            raise ServiceUnavailable(str(exc), code=exc.code) from exc
-        except EngineRejected as exc:
-            # The engine's own validation of sampling parameters.
-            raise InvalidRequest(str(exc), param=exc.param) from exc
-        return self.out
-
-    async def abort_if_running(self) -> None:
-        if self.out is None or self.out.finished:
-            return
-        ENGINE_ABORTS.inc()
-        try:
-            await self.engine.abort(self.request_id)
-        except Exception:  # the engine may already be gone
-            log.debug("abort of %s failed", self.request_id, exc_info=True)
-
-
-class Batch:
-    """Several engine requests answered as one: submitted in order, merged, aborted together.
-
-    Part i's choices are numbered from i × n; `transforms[i]` (e.g. echo) is
-    applied to its Deltas first.
-    """
-
-    __slots__ = ("parts", "n", "transforms", "merged")
-
-    def __init__(self, parts: list[Generation], n: int, transforms: Sequence[Transform | None]) -> None:
-        self.parts = parts
-        self.n = n
-        self.transforms = transforms
-        self.merged: MergedStream | None = None
-
-    @property
-    def weight(self) -> int:
-        return len(self.parts)
-
-    @property
-    def engine_ids(self) -> list[str]:
-        return [part.request_id for part in self.parts]
-
-    def prompt_logprobs(self, i: int) -> list[TokenLogprob] | None:
-        return self.parts[i].prompt_logprobs()
-
-    async def submit(self) -> OutputStream:
-        streams = [await part.submit() for part in self.parts]  # a refusal aborts those before it (abort_if_running)
-        self.merged = MergedStream([Part(out, i * self.n, t) for i, (out, t) in enumerate(zip(streams, self.transforms))])
+        if self.span is not None:
+            self.span.add_event("engine.submit")  # after the wait for a slot
+        prompts, self.prompts = self.prompts, []
+        for engine_id, prompt_ids, params in zip(self.ids, prompts, self.params):  # a refusal: `end` aborts those before it
+            self.outs.append(await _generate(self.engine, engine_id, prompt_ids, params))
+        if self.transforms is None and len(self.outs) == 1:
+            return self.outs[0]
+        transforms = self.transforms or [None] * len(self.outs)
+        self.merged = MergedStream([Part(out, i * self.n, t) for i, (out, t) in enumerate(zip(self.outs, transforms))])
         return self.merged
 
-    async def abort_if_running(self) -> None:
-        if self.merged is not None:
-            self.merged.close()
-        for part in self.parts:
-            await part.abort_if_running()
+    async def end(self, state: AppState) -> None:
+        """Abort what the engine still runs (the client gone, an error, a timeout, a drain), and
+        release the ids."""
+        try:
+            if self.merged is not None:
+                self.merged.close()
+            for engine_id, out in zip(self.ids, self.outs):
+                if out.finished:
+                    continue
+                ENGINE_ABORTS.inc()
+                try:
+                    await self.engine.abort(engine_id)
+                except Exception:  # the engine may already be gone
+                    log.debug("abort of %s failed", engine_id, exc_info=True)
+        finally:
+            state.engine_ids.difference_update(self.ids)
 
 
-async def run(
-    request: web.Request,
-    state: AppState,
-    engine: Engine,
-    *,
-    prompt_ids: list[int],
-    params: GenerationParams,
-    stream: bool,
-    encoder: Callable[[], StreamEncoder],
-    render: Callable[[A], bytes],
-    accumulator: Callable[[], A],
-) -> web.StreamResponse:
-    gen = Generation(engine, state.claim_engine_id(request[REQUEST_ID]), prompt_ids, params)
-    del prompt_ids  # `gen` hands them to the engine; this frame lives as long as the stream
-    return await run_work(request, state, gen, stream=stream, encoder=encoder, render=render, accumulator=accumulator)
-
-
-def _trace(gen: Work, rec: Record) -> Work:
-    """--otlp-traces-endpoint: each engine request carries the request's span as its parent
-    (vLLM's `trace_headers`), so the engine's spans join the trace; the span gets an
-    `engine.submit` event when the work goes to the engine (after its wait for a slot)."""
-    from streamproxy.http import tracing
-
-    if tracing.TRACER is None:
-        return gen
-    headers = tracing.TRACER.headers(rec.span)
-    parts = gen.parts if isinstance(gen, Batch) else [gen] if isinstance(gen, Generation) else []
-    for part in parts:
-        part.params = msgspec.structs.replace(part.params, trace_headers=headers)
-        if rec.max_tokens is None:
-            rec.max_tokens = part.params.max_tokens
-    return _Traced(gen, rec.span)
-
-
-class _Traced:
-    """A `Work` whose submit is an event on the request's span (only made when tracing)."""
-
-    __slots__ = ("_work", "_span")
-
-    def __init__(self, work: Work, span: Any) -> None:
-        self._work = work
-        self._span = span
-
-    @property
-    def weight(self) -> int:
-        return self._work.weight
-
-    @property
-    def engine_ids(self) -> list[str]:
-        return self._work.engine_ids
-
-    async def submit(self) -> OutputStream:
-        self._span.add_event("engine.submit")
-        return await self._work.submit()
-
-    async def abort_if_running(self) -> None:
-        await self._work.abort_if_running()
-
-
-async def run_work(
-    request: web.Request,
-    state: AppState,
-    gen: Work,
-    *,
-    stream: bool,
-    encoder: Callable[[], StreamEncoder],
-    render: Callable[[A], bytes],
-    accumulator: Callable[[], A],
-) -> web.StreamResponse:
-    """`run` for work the route built itself (a `Batch`, or a `Generation` its answer reads from);
-    its engine ids are released here."""
-    rec = record(request)
-    rec.generation = True
-    rec.stream = stream
-    if rec.span is not None:
-        gen = _trace(gen, rec)
-    ticket: Ticket | None = None
-    work: asyncio.Task[bytes] | None = None
-    settings = state.settings
-    tap: EncoderTap | AccumulatorTap | None = None
+async def _generate(engine: Engine, engine_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
     try:
-        ticket = state.admission.enter(gen.weight)
-        if rec.span is not None and not ticket.granted:
-            rec.span.add_event("queued")  # no slot free: waits in the admission queue
-        if stream:
-            enc = encoder()
-            if settings.enable_log_outputs:
-                enc = tap = EncoderTap(enc)
-            return await _stream(request, state, gen, ticket, enc, rec)
-        acc = accumulator()
+        return await engine.generate(engine_id, prompt_ids, params)
+    except APIError:
+        raise
+    except EngineFailure as exc:
+        if engine.state == "dead":
+            raise engine_dead() from exc
+        raise ServiceUnavailable(str(exc), code=exc.code) from exc
+    except EngineRejected as exc:
+        # The engine's own validation of sampling parameters.
+        raise InvalidRequest(str(exc), param=exc.param) from exc
+
+
+async def run(request: web.Request, work: Work, answer: Answer[A], stream: bool) -> web.StreamResponse:
+    state, ctx = request.app[STATE_KEY], request[CONTEXT]
+    settings = state.settings
+    ctx.generating(stream)
+    if ctx.span is not None:
+        _trace(work, ctx)
+    ticket = state.admission.enter(work.weight)
+    job: asyncio.Future[bytes] | None = None
+    outputs: _Outputs | None = None
+    sink: StreamEncoder | A | None = None
+    try:
+        if ctx.span is not None and not ticket.granted:
+            ctx.span.add_event("queued")  # no slot free: waits in the admission queue
+        work.claim(state, ctx.request_id)
         if settings.enable_log_outputs:
-            tap = AccumulatorTap(acc)
-            work = asyncio.ensure_future(_finish(gen, ticket, tap, rec, partial(_render_inner, render)))
-        else:
-            work = asyncio.ensure_future(_finish(gen, ticket, acc, rec, render))
-        try:
-            life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
-            return await answer_nonstream(request, work, settings, life, rec)
-        finally:
-            rec.usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.finish_reasons)
+            outputs = _Outputs(work)
+        if stream:
+            sink = answer.encoder()
+            return await _stream(request, state, work, ticket, sink, ctx)
+        sink = acc = answer.accumulator()
+        job = asyncio.ensure_future(_collect(work, ticket, acc, ctx, answer.render))
+        life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
+        return await answer_nonstream(request, job, settings, life, ctx)
     finally:
-        if tap is not None:
-            rec.outputs = tap.outputs(settings.max_log_len)
-        if work is not None and not work.done():
-            work.cancel()
-        if ticket is not None:
-            ticket.release()
-        try:
-            await gen.abort_if_running()
-        finally:
-            for engine_id in gen.engine_ids:
-                state.release_engine_id(engine_id)
+        if sink is not None:
+            ctx.usage(sink.prompt_tokens, sink.completion_tokens, sink.cached_tokens, sink.finish_reasons)
+        if outputs is not None:
+            ctx.outputs = outputs.cut(settings.max_log_len)
+        if job is not None and not job.done():
+            job.cancel()
+        ticket.release()
+        await work.end(state)
 
 
-def _render_inner(render: Callable[[A], bytes], tap: AccumulatorTap) -> bytes:
-    return render(tap.inner)  # type: ignore[arg-type]  # the tap holds the route's own accumulator
+def _trace(work: Work, ctx: RequestContext) -> None:
+    """--otlp-traces-endpoint: the engine requests are the span's children (and its `engine.submit` event)."""
+    if tracing.TRACER is None:
+        return
+    headers = tracing.TRACER.headers(ctx.span)
+    work.params = [msgspec.structs.replace(params, trace_headers=headers) for params in work.params]
+    work.span = ctx.span
+    if ctx.max_tokens is None:
+        ctx.max_tokens = work.params[0].max_tokens
 
 
-B = TypeVar("B", bound=BlockEncoder)
+class _Outputs:
+    """--enable-log-outputs: each choice's raw text, kept by a transform on each of the work's parts."""
 
+    __slots__ = ("texts",)
 
-async def run_blocks(
-    request: web.Request, state: AppState, engine: Engine, prep: Prepared, *, stream: bool, make: Callable[[bool], B], render: Callable[[B], bytes]
-) -> web.StreamResponse:
-    """`run` for the APIs whose one encoder class (`make(emit)`) is both the stream's
-    encoder (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic."""
-    return await run(
-        request, state, engine, prompt_ids=prep.prompt_ids, params=prep.params, stream=stream,
-        encoder=partial(make, True), render=render, accumulator=partial(make, False),
-    )
+    def __init__(self, work: Work) -> None:
+        self.texts: dict[int, list[str | bytes]] = {}
+        inner = work.transforms or [None] * work.weight
+        work.transforms = [partial(self._keep, i * work.n, t) for i, t in enumerate(inner)]
+
+    def _keep(self, offset: int, inner: Transform | None, deltas: Sequence[Delta], prompt: list[TokenLogprob] | None) -> list[Delta]:
+        out = inner(deltas, prompt) if inner is not None else list(deltas)
+        for d in out:
+            if d.text:
+                self.texts.setdefault(offset + d.index, []).append(d.text)
+        return out
+
+    def cut(self, limit: int | None) -> list[str]:
+        """Each choice's text (in choice order), at most `limit` characters each."""
+        out = []
+        for index in sorted(self.texts):
+            text = b"".join(p if isinstance(p, bytes) else p.encode() for p in self.texts[index]).decode("utf-8", "replace")
+            out.append(text if limit is None else text[:limit])
+        return out
 
 
 # The non-streaming path's pieces are module functions, not closures in `run`:
 # a closure's cells would be made for every request, a stream's included, and
 # kept as long as it runs.
-async def _finish(gen: Work, ticket: Ticket, acc: A, rec: Record, render: Callable[[A], bytes]) -> bytes:
+async def _collect(work: Work, ticket: Ticket, acc: A, ctx: RequestContext, render: Callable[[A], bytes]) -> bytes:
     await ticket.wait()
-    out = await gen.submit()
-    await collect(out, acc, rec)
+    await collect(await work.submit(), acc, ctx)
     return render(acc)
 
 
@@ -321,11 +268,11 @@ def _timed_out(ticket: Ticket, timeout: float) -> APIError:
 
 
 async def _stream(
-    request: web.Request, state: AppState, gen: Work, ticket: Ticket, encoder: StreamEncoder, rec: Record
+    request: web.Request, state: AppState, work: Work, ticket: Ticket, encoder: StreamEncoder, ctx: RequestContext
 ) -> web.StreamResponse:
     settings = state.settings
     heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
-    out = await gen.submit() if ticket.granted else None
+    out = await work.submit() if ticket.granted else None
     # Admitted at once: the headers leave with the first frame (`sse_response`). Queued: now.
     response = sse_response(request) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
     transport = request.transport
@@ -339,10 +286,10 @@ async def _stream(
                 if out is None:
                     # Queued: the headers are out, keep the connection warm until a slot frees.
                     out = await _wait_for_slot(
-                        response, transport, gen, ticket, outcome, settings.request_timeout, heartbeat, stall, encoder.keepalive
+                        response, transport, work, ticket, outcome, settings.request_timeout, heartbeat, stall, encoder.keepalive
                     )
                 await pump_sse(
-                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=rec,
+                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=ctx,
                     push=settings.stream_push,
                 )
         except TimeoutError:
@@ -360,19 +307,18 @@ async def _stream(
             await write(response, transport, encoder.error(exc), stall)
         await finish_response(response, outcome.tail, stall, transport)
     except (WriteStalled, ConnectionResetError) as exc:
-        client_gone(request, exc, rec)
+        client_gone(request, exc, ctx)
     finally:
         ACTIVE_STREAMS.dec()
-        if outcome.error is not None and rec.error_code is None:
-            rec.error_code = outcome.error.code
-        rec.usage(encoder.prompt_tokens, encoder.completion_tokens, encoder.cached_tokens, encoder.finish_reasons)
+        if outcome.error is not None and ctx.error_code is None:
+            ctx.fail(outcome.error.code)
     return response
 
 
 async def _wait_for_slot(
     response: web.StreamResponse,
     transport: asyncio.Transport | None,
-    gen: Work,
+    work: Work,
     ticket: Ticket,
     outcome: StreamOutcome,
     limit: float,
@@ -384,25 +330,26 @@ async def _wait_for_slot(
         async with asyncio.timeout(limit if limit > 0 else None):
             outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall, keepalive)
     except TimeoutError:
-        raise QueueTimeout(f"no generation slot became free within {limit:g} seconds; retry later") from None
-    return await gen.submit()
+        raise _timed_out(ticket, limit) from None  # (not granted: a QueueTimeout)
+    return await work.submit()
 
 
-async def run_detached(state: AppState, gen: Work, ticket: Ticket, acc: A, rec: Record, started: Callable[[], None]) -> None:
-    """The life cycle of a background request (Responses' `background: true`): like the
-    non-streaming path, but in a task of the server, not of a connection, so a client that
-    leaves does not end it. The caller entered `ticket` (a 429 belongs on the create) and
-    owns the task; `started()` runs once the engine took the work. No request timeout (vLLM
-    has none for these); a drain ends it at the drain deadline (TimeoutError, see drain.py),
-    and a cancel of its task (CancelledError) ends it at once. Either way the engine request
-    is aborted here before the exception goes on."""
+async def detach(state: AppState, work: Work, ticket: Ticket, acc: Accumulator, request_id: str, started: Callable[[], None]) -> None:
+    """A background request's life cycle (Responses' `background: true`): like the non-streaming
+    path, but in a task of the server, not of a connection, so a client that leaves does not end
+    it. The caller entered `ticket` (a 429 belongs on the create) and owns the task; `started()`
+    runs once the engine took the work. No request timeout (vLLM has none for these); a drain ends
+    it at the drain deadline (TimeoutError, see drain.py), and a cancel of its task
+    (CancelledError) ends it at once. Either way the engine request is aborted here before the
+    exception goes on."""
     life = state.inflight.lifetime()
     try:
+        work.claim(state, request_id)
         async with life:
             await ticket.wait()
-            out = await gen.submit()
+            out = await work.submit()
             started()
-            await collect(out, acc, rec)
+            await collect(out, acc, RequestContext(request_id, perf_counter()))  # (its time to first token counted)
     except TimeoutError:
         reason = life.reason
         if not life.expired or reason is None:
@@ -411,17 +358,9 @@ async def run_detached(state: AppState, gen: Work, ticket: Ticket, acc: A, rec: 
     finally:
         ticket.release()
         # The abort finishes even if the task is cancelled meanwhile (shutdown cancels what is left).
-        ending = asyncio.ensure_future(_end_detached(state, gen))
+        ending = asyncio.ensure_future(work.end(state))
         try:
             await asyncio.shield(ending)
         except asyncio.CancelledError:
             await ending
             raise
-
-
-async def _end_detached(state: AppState, gen: Work) -> None:
-    try:
-        await gen.abort_if_running()
-    finally:
-        for engine_id in gen.engine_ids:
-            state.release_engine_id(engine_id)

@@ -20,7 +20,7 @@ from aiohttp import web
 from engine_adapter.base import GenerationParams
 from streamproxy.core import completion as C
 from streamproxy.core.prepare import prepare
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
 from streamproxy.protocol import openai_chat, openai_completions
@@ -43,7 +43,7 @@ async def render_chat(request: web.Request) -> web.Response:
     req = await decode_body(request, openai_chat.decode_request)
     engine = state.require_engine(req.model)
     prep = prepare(state.settings, engine, req)
-    return _json(_entry("chatcmpl-" + request[REQUEST_ID], prep.prompt_ids, prep.params, req))
+    return _json(_entry("chatcmpl-" + request[CONTEXT].request_id, prep.prompt_ids, prep.params, req))
 
 
 async def render_completion(request: web.Request) -> web.Response:
@@ -51,7 +51,7 @@ async def render_completion(request: web.Request) -> web.Response:
     req = await decode_body(request, openai_completions.decode_request)
     engine = state.require_engine(req.model)
     plan = C.plan(engine, req, max_n=state.settings.max_n)
-    base = "cmpl-" + request[REQUEST_ID]
+    base = "cmpl-" + request[CONTEXT].request_id
     many = len(plan.prompts) > 1
     return _json([
         _entry(f"{base}-{i}" if many else base, ids, params, req)

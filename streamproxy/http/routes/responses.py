@@ -1,4 +1,4 @@
-"""POST /v1/responses: decode -> chat request -> prepare -> generation.run with Responses events.
+"""POST /v1/responses: decode -> plan (chat request -> prepare) -> generation.run with Responses events.
 
 `convert_responses.to_chat` translates the request, `core.prepare`
 builds prompt, params and filter chain exactly as chat does, and
@@ -37,7 +37,7 @@ from streamproxy.apis.responses.protocol import (
 from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import prepare, renamed
 from streamproxy.errors import InvalidRequest
-from streamproxy.http.accesslog import REQUEST_ID
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import background, generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
@@ -74,11 +74,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
         prep = prepare(state.settings, engine, chat)
     prep.params.adapter = state.adapter(req.model)
     store = state.responses if state.responses.enabled and req.store is not False else None
-    shell = _shell(req, "resp_" + request[REQUEST_ID], req.model or engine.info.name)
+    shell = _shell(req, "resp_" + request[CONTEXT].request_id, req.model or engine.info.name)
     shell.store = store is not None
     filters = prep.filters
     if req.background:
         return await background.start(request, state, engine, prep, shell, store, bool(req.stream))
+    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
     made: list[ResponsesEncoder] = []
 
     def encoder(emit: bool) -> ResponsesEncoder:
@@ -88,8 +89,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return enc
 
     try:
-        return await generation.run_blocks(request, state, engine, prep, stream=bool(req.stream), make=encoder,
-                                           render=ResponsesEncoder.final_json)
+        return await generation.run(request, work, generation.blocks(encoder, ResponsesEncoder.final_json), bool(req.stream))
     finally:
         if store is not None and made and made[0].response().status != "in_progress":
             store.keep(shell.id, encode(made[0].response()))
