@@ -44,7 +44,7 @@ from streamproxy.config import Settings
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
 from tests.support.served import WriteRecorder, serve_app
-from streamproxy.http.writer import SSE_HEADERS, can_write_direct, sse_response
+from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from tests.support import wait_until
 
 VERSION = aiohttp.__version__
