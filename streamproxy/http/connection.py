@@ -287,7 +287,8 @@ class Clock:
     def _idle(self) -> None:
         self._phase = IDLE
         self._body = None
-        self._disarm()
+        if self._timer is not None:
+            self._disarm()
         self._idle_until = self._loop.time() + self._limits.keepalive_timeout
 
     def _arm(self, delay: float) -> None:
