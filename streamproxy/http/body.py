@@ -34,7 +34,7 @@ written from the engine's own step) and `RelayBody.relay` (the gateway: a replic
 whole events, from the replica connection's data callback). `answer_unread` is the one
 response aiohttp never sees: the 408 to a request whose headers never all came.
 
-tests/unit/test_layers.py fails if anything else in the product writes to a transport or
+tests/unit/test_one_writer.py fails if anything else in the product writes to a transport or
 reads its buffer size.
 """
 
@@ -166,8 +166,21 @@ class Body:
         """`data` as the body's next bytes (the held headers with them, or alone if `data` is empty)."""
         if self._beating is not None or self._error is not None:
             await self.begun()
-        if data or not self.sent:
-            await self._send(data)
+        if not data and self.sent:
+            return
+        transport = self.transport
+        stall = self.stall
+        if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):
+            try:
+                async with asyncio.timeout(stall):
+                    await self.response.write(data)
+            except TimeoutError:
+                raise WriteStalled from None
+        else:
+            await self.response.write(data)
+        self.written_at = perf_counter()
+        if not self.sent:
+            self._opened()
 
     def writable(self) -> bool:
         """A sink may write straight to the transport now: direct, not closing, not behind (a slow reader)."""
@@ -187,7 +200,8 @@ class Body:
     async def finish(self, tail: bytes = b"") -> None:
         """`tail` (the last frames) and the terminating chunk in one write (`write_eof`), bounded by the
         stall timeout when it could block; no heartbeat after it."""
-        await self.begun()
+        if self._beating is not None or self._error is not None:
+            await self.begun()
         self.close()
         transport = self.transport
         if self.stall <= 0 or (transport is not None and transport.get_write_buffer_size() == 0 and len(tail) <= _UNBOUNDED_WRITE):
@@ -217,26 +231,11 @@ class Body:
             await response.prepare(self.request)
         if not self.sent and not isinstance(response, SSEResponse):
             self._opened()
-
-    async def _send(self, data: bytes) -> None:
-        transport = self.transport
-        stall = self.stall
-        if stall > 0 and transport is not None and (transport.get_write_buffer_size() > 0 or len(data) > _UNBOUNDED_WRITE):
-            try:
-                async with asyncio.timeout(stall):
-                    await self.response.write(data)
-            except TimeoutError:
-                raise WriteStalled from None
-        else:
-            await self.response.write(data)
-        self.written_at = perf_counter()
-        if not self.sent:
-            self._opened()
+            self.written_at = perf_counter()
 
     def _opened(self) -> None:
         self.sent = True
         self.direct = can_write_direct(self.response, self.transport)
-        self.written_at = perf_counter()
 
     def _tick(self) -> None:
         self._timer = None
@@ -263,7 +262,14 @@ class Body:
         """A heartbeat aiohttp writes (the headers not out yet, or not chunked), in a task of its own."""
         try:
             await self._open()
-            await self._send(self.keepalive)
+            try:
+                async with asyncio.timeout(self.stall if self.stall > 0 else None):
+                    await self.response.write(self.keepalive)  # the held headers with it
+            except TimeoutError:
+                raise WriteStalled from None
+            self.written_at = perf_counter()
+            if not self.sent:
+                self._opened()
             self.counter.inc()
         except Exception as exc:  # the client gone, or not reading: the handler's next write raises it
             self._error = exc

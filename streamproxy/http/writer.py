@@ -72,7 +72,8 @@ def engine_error(exc: BaseException) -> APIError:
 
 async def pump_sse(body: StreamBody, out: OutputStream, outcome: StreamOutcome | None = None, *,
                    push: bool = True) -> StreamOutcome:
-    """Write the stream until the engine is done (the caller ends the body: `body.finish(outcome.tail)`).
+    """Write the stream until the engine is done: the caller has opened the body (`open()`) and
+    ends it (`body.finish(outcome.tail)`).
 
     `outcome` (made here when not given) is filled in as the stream goes, so a caller whose
     lifetime ends the pump early still knows what happened. With `push`, whenever nothing is
@@ -84,7 +85,6 @@ async def pump_sse(body: StreamBody, out: OutputStream, outcome: StreamOutcome |
     encoder = body.encoder
     body.out = out
     encoder.prompt_tokens = out.prompt_tokens
-    await body.open()
     # The headers leave now (an `SSEResponse` holds them for its first write): with the first
     # frame, or alone (an empty write; nothing at all once they are out).
     await body.write(encoder.start())

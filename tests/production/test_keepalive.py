@@ -203,6 +203,7 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
         await response.prepare(request)
         encoder = HoldBack(response_id="r", created=0, model="m", n=1)
         body = StreamBody(request, response, encoder, heartbeat=0.1, stall=1.0)
+        await body.open()
         outcome = await pump_sse(body, out)
         await producer
         await body.finish(outcome.tail)  # the usage/[DONE] frames ride with the last chunk
