@@ -275,7 +275,7 @@ class Clock:
             self._disarm()
 
     def lost(self) -> None:
-        if self._phase == IDLE and self._loop.time() >= self._idle_until:
+        if self._phase == IDLE and self._limits.keepalive_timeout > 0 and self._loop.time() >= self._idle_until:
             CLOSED_KEEPALIVE_TIMEOUT.inc()  # idle that long: aiohttp's keep-alive timer closed it
         self._disarm()
         self._phase = GONE

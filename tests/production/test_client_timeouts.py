@@ -194,11 +194,14 @@ async def test_once_a_request_begins_the_header_timeout_applies_not_the_keepaliv
 
 async def test_keepalive_timeout_zero_closes_after_each_response(server):
     srv = await server(keepalive_timeout=0)
+    before = closed("keepalive_timeout")
     reader, writer = await connect(srv.port)
     writer.write(http_request("GET", "/v1/models"))
     status, headers, _ = parse(await until_closed(reader))
     writer.close()
     assert status == 200 and headers["connection"] == "close"
+    assert await wait_until(lambda: srv.runner.server.open_connections == 0, BOUND)
+    assert closed("keepalive_timeout") == before  # closed as the response said, not for idling
 
 
 async def test_timeouts_do_not_touch_a_request_being_answered(server):
