@@ -10,7 +10,7 @@ more and more of the chunk path switched on, so each difference is one part:
 1. engine: the fake engine's step (one `Delta` per stream) and
    `DeltaQueue.put` calling a sink that only returns True;
 2. + encoder: the sink runs `encoder.step` (the chunk's bytes);
-3. + writer: the real sink (`writer._Pump`): chunked-encoding framing, the
+3. + writer: the real sink (`body.StreamBody.push`): chunked-encoding framing, the
    `transport.write` call into a transport that drops the bytes, and the
    per-write bookkeeping (heartbeat deadline, inter-token latency).
 
@@ -28,12 +28,15 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, cast
+
+from aiohttp import web
 
 from engine_adapter.base import Delta, DeltaQueue, GenerationParams
 from engine_adapter.fake import FakeEngine, FakeScript
 from streamproxy.core.stream import ChatStreamEncoder
-from streamproxy.http.writer import _Pump
+from streamproxy.http.body import StreamBody
 
 
 class NullTransport:
@@ -54,14 +57,22 @@ def _encoder(i: int) -> ChatStreamEncoder:
                              include_usage=True, system_fingerprint="fp_streamproxy")
 
 
+def _body(out: DeltaQueue, transport: NullTransport) -> StreamBody:
+    """The server's body of one stream, on a transport that drops the bytes (no heartbeat)."""
+    request = cast(web.BaseRequest, SimpleNamespace(transport=transport))
+    body = StreamBody(request, web.StreamResponse(), _encoder(0), heartbeat=None, stall=0.0)
+    body.out = out
+    return body
+
+
 def _sink(layer: str, out: DeltaQueue, transport: NullTransport) -> Callable[[list[Delta]], bool]:
     if layer == "engine":
         return lambda deltas: True
     if layer == "encoder":
         step = _encoder(0).step
         return lambda deltas: bool(step(deltas)) or True
-    pump = _Pump(out, _encoder(0), transport, None)
-    return cast(Callable[[list[Delta]], bool], getattr(pump, "push", pump))
+    body = _body(out, transport)
+    return cast(Callable[[list[Delta]], bool], body.push)
 
 
 async def _round(layer: str, streams: int, steps: int) -> float:

@@ -132,15 +132,15 @@ def _source_line(file: str, line: int) -> str:
 def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str, str] | None = None) -> str:
     leaf = stack[-1]
     file, name, line = leaf.get("file") or "", leaf["name"], leaf.get("line") or 0
-    if "streamproxy/http/writer.py" in file and (name.startswith("_Pump") or name == "_write_batch"):
+    if "streamproxy/http/body.py" in file and (name.startswith("StreamBody.") or name == "_write_batch"):
         source = file.replace(*moved) if moved else file
         src = lines.setdefault((file, line), _source_line(source, line)).strip()
         # The transport's write (the syscall included: uvloop holds the GIL through it). py-spy
         # charges some of its samples to the sink's `return True` right after it.
-        if "transport.write(" in src or (src == "return True" and name.startswith("_Pump")):
+        if "transport.write(" in src or (src == "return True" and name.startswith("StreamBody.")):
             return "socket write"
         return "writer (framing, bookkeeping)"
-    if name == "FastHistogram.observe" or (name == "chunk_frame" and "http/chunked.py" in file):
+    if name == "FastHistogram.observe" or (name == "chunk_frame" and "http/body.py" in file):
         return "writer (framing, bookkeeping)"
     names = [f["name"] for f in stack]
     files = [f.get("file") or "" for f in stack]
@@ -156,7 +156,7 @@ def _part(stack: list[dict], lines: dict[tuple[str, int], str], moved: tuple[str
             return _VLLM
         if any("streamproxy/core/" in f for f in files):
             return "encoder"
-        if any(n.startswith("_Pump") for n in names):
+        if any(n.startswith("StreamBody.") for n in names):
             return "writer (framing, bookkeeping)"
         return "event loop, timers, other"
     if any("aiohttp/" in f or "streamproxy/http/" in f for f in files):

@@ -4,19 +4,20 @@ Only aiohttp's public server API: `Connections` is a `web.Server` (the
 low-level server, a protocol factory) whose `__call__` makes a `Protocol`, a
 `web.RequestHandler` that overrides its public methods (`connection_made`,
 `connection_lost`, `data_received`, `finish_response`, `handle_error`) and
-calls `force_close()`; the request factory it hands aiohttp (`request_factory`)
-tells each connection's `Clock` that a request's headers are in. The
-per-connection state is the `Clock`'s, not in aiohttp's objects.
+calls `force_close()` and `keep_alive()`; the request
+factory it hands aiohttp (`request_factory`) tells each connection's `Clock`
+that a request's headers are in. The per-connection state is the `Clock`'s,
+not in aiohttp's objects.
 
-A connection is in one phase at a time, bounded by one loop timer:
+A connection is in one phase at a time:
 
   fresh   accepted, nothing received: `client_header_timeout` from the accept,
           then a close (there is no request to answer);
   header  part of a request's headers is in: the same timer (from the first
           byte on a kept-alive connection), then a 408 with an OpenAI error
-          body written straight to the socket (HTTP/1.0, `Connection: close`,
-          as aiohttp answers a request it could not read; access log and
-          metrics too), then a close;
+          body (`body.answer_unread`: HTTP/1.0, `Connection: close`, as aiohttp
+          answers a request it could not read; access log and metrics too),
+          then a close;
   body    the handler runs, the body is not all in: `client_body_timeout`
           between two reads from the socket. A read only stores the time; the
           timer, when due, re-arms at the last read plus the timeout, and
@@ -28,24 +29,31 @@ A connection is in one phase at a time, bounded by one loop timer:
   busy    body complete: no timer and no work per chunk (streams cost nothing);
   linger  the response is out, the body was not all read: aiohttp reads and
           drops the rest (at most its `lingering_time`), no timer of ours;
-  idle    between requests: `keepalive_timeout`, then a quiet close.
+  idle    between requests: aiohttp's own `keepalive_timeout` (the one idle
+          timer), then its quiet close, counted here (a connection lost after
+          being idle that long).
 
-Phases change in `data_received`, when aiohttp makes a request (the headers
-are in: `Connections.make_request`) and when `finish_response` ends. A
-partial request pipelined behind a complete one counts as idle until its
-next bytes. A timer that fires acts one loop turn later (`call_soon`), so a
+The fresh and header phases are ours, not aiohttp's keep-alive timer's (which
+aiohttp starts at the accept and after each response, and which would close a
+connection mid-headers without a word): `keep_alive(True)` stops it at the accept
+and at a kept-alive connection's first byte; aiohttp starts it again after the
+next response. Phases change in `data_received`, when aiohttp makes a request
+(the headers are in: `Connections.make_request`) and when `finish_response`
+ends. A partial request pipelined behind a complete one counts as idle until
+its next bytes. A timer that fires acts one loop turn later (`call_soon`), so a
 request whose headers were parsed in the same turn is started first and not
 timed out; a timer re-armed or disarmed meanwhile does nothing (`_epoch`).
-aiohttp's own keep-alive timer gets a timeout nobody reaches (`NEVER`): it
-would close a connection mid-headers without a word.
 
-On Python 3.11 aiohttp starts each request's handler in a task of its own,
-one more loop turn after the connection's task wakes; under load a turn waits
-behind every other connection's I/O. `Connections` hands each connection's
-handler a `HandlerLoop` as its (public) `loop` argument: the loop itself,
-except that `create_task`, once the connection's task exists, gives the
-coroutine back, so aiohttp's `start()` awaits the request's handler in the
-connection's own task (3.12+ does the same with eager tasks; no HandlerLoop).
+One thing here is not aiohttp's public API, and is kept because
+tests/production/test_dispatch.py pins it: on Python 3.11 aiohttp starts each
+request's handler in a task of its own, one more loop turn after the
+connection's task wakes, and under load a turn waits behind every other
+connection's I/O. `Connections` hands each connection's handler a `HandlerLoop`
+as its (public) `loop` argument: the loop itself, except that `create_task`,
+once the connection's task exists, gives the coroutine back, so aiohttp's
+`start()` awaits the request's handler in the connection's own task. Python
+3.12+ does the same with eager tasks (no HandlerLoop); on 3.11 there is no
+public way to it.
 
 `Connections` counts the connections it serves; one accepted past
 `max_connections` is closed at once, unread, and the others are served. The
@@ -64,8 +72,6 @@ import resource
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -76,6 +82,7 @@ from aiohttp.streams import StreamReader
 from streamproxy.config import Settings
 from streamproxy.errors import APIError, HeaderTooLarge, InternalError, InvalidRequest, RequestTimeout
 from streamproxy.http import accesslog
+from streamproxy.http.body import answer_unread
 from streamproxy.http.metrics import (
     CLOSED_BODY_TIMEOUT,
     CLOSED_HEADER_TIMEOUT,
@@ -89,9 +96,6 @@ log = logging.getLogger("streamproxy.server")
 
 # Phases of a connection (CLOSING: a 408 is out, nothing more is read; GONE: closed, or refused).
 FRESH, HEADER, BODY, BUSY, LINGER, IDLE, CLOSING, GONE = range(8)
-
-# aiohttp's keep-alive timeout: `Clock` keeps the connection's timers, aiohttp's never fires.
-NEVER = 365 * 86400.0
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 RequestFactory = Callable[[Any, StreamReader, web.RequestHandler, AbstractStreamWriter, "asyncio.Task[None]"], web.BaseRequest]
@@ -135,19 +139,6 @@ def _parse_error(status: int, exc: BaseException | None, message: str | None) ->
     return InvalidRequest("malformed HTTP request", code="bad_request")
 
 
-def unread_answer(err: APIError) -> bytes:
-    """The whole response to a request that was never read: HTTP/1.0 (its version is unknown),
-    the OpenAI error body, `Connection: close`."""
-    body = err.to_json()
-    head = [
-        f"HTTP/1.0 {err.status} {HTTPStatus(err.status).phrase}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        f"Date: {formatdate(usegmt=True)}",
-        *(f"{name}: {value}" for name, value in err.headers().items()),
-        "Connection: close",
-    ]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
 # Python 3.12+ has eager tasks, and aiohttp starts each handler's task eagerly.
@@ -187,7 +178,7 @@ class HandlerLoop:
 class Clock:
     """One connection's phase and its one timer (see the module's docstring)."""
 
-    __slots__ = ("_protocol", "_limits", "_loop", "_phase", "_timer", "_epoch", "_body", "_writer", "_last_read")
+    __slots__ = ("_protocol", "_limits", "_loop", "_phase", "_timer", "_epoch", "_body", "_writer", "_last_read", "_idle_until")
 
     def __init__(self, protocol: Protocol, limits: Limits, loop: asyncio.AbstractEventLoop) -> None:
         self._protocol: Protocol | None = protocol
@@ -199,6 +190,7 @@ class Clock:
         self._body: StreamReader | None = None
         self._writer: AbstractStreamWriter | None = None
         self._last_read = 0.0
+        self._idle_until = 0.0  # idle from the last response: aiohttp closes it at this time
 
     # -- what the connection tells it -------------------------------------------------
 
@@ -219,6 +211,9 @@ class Clock:
             return False
         if data and (phase == FRESH or phase == IDLE):  # the first bytes of a request
             if phase == IDLE:
+                protocol = self._protocol
+                if protocol is not None:
+                    protocol.keep_alive(True)  # aiohttp's idle timer stops: the header timeout now
                 self._arm(self._limits.header_timeout)  # a kept-alive connection: from the first byte
             self._phase = HEADER
         return True
@@ -274,6 +269,8 @@ class Clock:
             self._disarm()
 
     def lost(self) -> None:
+        if self._phase == IDLE and self._limits.keepalive_timeout > 0 and self._loop.time() >= self._idle_until:
+            CLOSED_KEEPALIVE_TIMEOUT.inc()  # idle that long: aiohttp's keep-alive timer closed it
         self._disarm()
         self._phase = GONE
         self._protocol = None
@@ -284,7 +281,9 @@ class Clock:
     def _idle(self) -> None:
         self._phase = IDLE
         self._body = None
-        self._arm(self._limits.keepalive_timeout)  # 0: none, the response said `Connection: close`
+        if self._timer is not None:
+            self._disarm()
+        self._idle_until = self._loop.time() + self._limits.keepalive_timeout
 
     def _arm(self, delay: float) -> None:
         if self._timer is not None:
@@ -311,14 +310,12 @@ class Clock:
         phase = self._phase
         if phase == FRESH:
             CLOSED_HEADER_TIMEOUT.inc()
+            self._phase = CLOSING
             protocol.force_close()
         elif phase == HEADER:
             self._header_timeout(protocol)
         elif phase == BODY:
             self._body_due(protocol)
-        elif phase == IDLE:
-            CLOSED_KEEPALIVE_TIMEOUT.inc()
-            protocol.force_close()
 
     def _header_timeout(self, protocol: Protocol) -> None:
         CLOSED_HEADER_TIMEOUT.inc()
@@ -331,7 +328,7 @@ class Clock:
         peer = transport.get_extra_info("peername")
         remote = peer[0] if isinstance(peer, (tuple, list)) and peer else None
         log.debug("rejected a request from %s: %s", remote, err.message)
-        transport.write(unread_answer(err))
+        answer_unread(transport, err)
         RESPONSES.labels("unparsed", str(err.status), err.code or "").inc()
         accesslog.unread("-", "-", remote, err.status, err.code)  # its request line never arrived
         protocol.force_close()  # the answer is flushed first
@@ -379,6 +376,7 @@ class Protocol(web.RequestHandler):
             transport.close()  # unread; aiohttp never sees it
             return
         super().connection_made(transport)
+        self.keep_alive(True)  # not aiohttp's keep-alive timer until a response is out: the header timeout
         if self.handler_loop is not None:
             self.handler_loop.inline()  # start()'s task exists: the handlers run in it
         self.clock.made()
@@ -430,7 +428,7 @@ class Connections(web.Server):
 
     def __init__(self, limits: Limits, *, handler_cancellation: bool = False, **handler_args: Any) -> None:
         loop = asyncio.get_running_loop()
-        handler_args["keepalive_timeout"] = NEVER  # the Clock's keepalive_timeout, not aiohttp's
+        handler_args["keepalive_timeout"] = limits.keepalive_timeout  # aiohttp's: the one idle timer
         super().__init__(
             _not_set_up, request_factory=self.make_request, handler_cancellation=handler_cancellation, loop=loop,
             **handler_args,

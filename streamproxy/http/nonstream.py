@@ -3,7 +3,7 @@
 `collect` drives a non-streaming request to its end into an accumulator;
 `respond_nonstream` turns the result into a JSON response, or, when the
 answer takes long, sends the 200 early and keeps the connection alive with
-newlines (JSON allows leading whitespace; `keepalive.wait`) until the body is ready; an error
+newlines (JSON allows leading whitespace; the `body.Body`'s heartbeat) until the JSON is ready; an error
 after that 200 is written into the body in the route's error shape. Neither
 aborts the engine request: the route does that in a `finally`.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -23,11 +22,10 @@ from engine_adapter.base import EngineFailure, EngineRejected, OutputStream
 from streamproxy.config import Settings
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.errors import APIError, InternalError
-from streamproxy.http import keepalive as keepalives
+from streamproxy.http.body import NEWLINE, Body, WriteStalled
 from streamproxy.http.error_shapes import error_json
-from streamproxy.http.keepalive import NEWLINE, Keepalive
 from streamproxy.http.metrics import NONSTREAM_HEARTBEATS
-from streamproxy.http.writer import WriteStalled, client_gone, engine_error, write
+from streamproxy.http.writer import client_gone, engine_error
 
 if TYPE_CHECKING:
     from streamproxy.http.context import RequestContext
@@ -116,40 +114,44 @@ async def _respond_nonstream(
     record: RequestContext | None,
     error_body: Callable[[APIError], bytes] | None,
 ) -> web.StreamResponse:
-    response: web.StreamResponse | None = None
-    transport = request.transport
+    body: Body | None = None
     try:
-        async with life:
-            try:
-                async with asyncio.timeout(keepalive_after if keepalive_after > 0 else None):
-                    body = await asyncio.shield(work)
-            except TimeoutError:
-                pass
-            else:
-                return web.Response(body=body, content_type="application/json", headers=headers)
-            response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
-            early.append(response)
-            await response.prepare(request)
-            alive = Keepalive(NEWLINE, keepalive_interval, NONSTREAM_HEARTBEATS)
-            await keepalives.wait(work, alive, partial(write, response, transport, stall=stall_timeout))
-            try:
-                body = work.result()
-            except APIError as exc:
-                body = _body_error(exc, record, error_body)
-            except Exception:
-                log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
-                body = _body_error(InternalError("the server failed to handle this request"), record, error_body)
-    except TimeoutError:
-        if not life.expired:
-            raise
-        work.cancel()
-        reason = life.reason or InternalError("the request ended early")
-        if response is None:
-            raise reason from None
-        body = _body_error(reason, record, error_body)
-    await write(response, transport, body, stall_timeout)
-    await response.write_eof()
-    return response
+        try:
+            async with life:
+                try:
+                    async with asyncio.timeout(keepalive_after if keepalive_after > 0 else None):
+                        answer = await asyncio.shield(work)
+                except TimeoutError:
+                    pass
+                else:
+                    return web.Response(body=answer, content_type="application/json", headers=headers)
+                response = web.StreamResponse(status=200, headers={**(headers or {}), "Content-Type": "application/json"})
+                early.append(response)
+                body = Body(request, response, NEWLINE, heartbeat=keepalive_interval, stall=stall_timeout,
+                            counter=NONSTREAM_HEARTBEATS)
+                await body.open()
+                await asyncio.wait((work,))  # the body's heartbeat meanwhile
+                try:
+                    answer = work.result()
+                except APIError as exc:
+                    answer = _body_error(exc, record, error_body)
+                except Exception:
+                    log.exception("non-streaming request %s failed after the early 200", record and record.request_id)
+                    answer = _body_error(InternalError("the server failed to handle this request"), record, error_body)
+        except TimeoutError:
+            if not life.expired:
+                raise
+            work.cancel()
+            reason = life.reason or InternalError("the request ended early")
+            if body is None:
+                raise reason from None
+            answer = _body_error(reason, record, error_body)
+        assert body is not None
+        await body.finish(answer)  # the JSON and the terminating chunk in one write
+        return body.response
+    finally:
+        if body is not None:
+            body.close()
 
 
 def _body_error(exc: APIError, record: RequestContext | None, error_body: Callable[[APIError], bytes] | None) -> bytes:

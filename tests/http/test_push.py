@@ -1,4 +1,4 @@
-"""Push mode (writer._Pump): engine steps written to the socket from the engine's own step.
+"""Push mode (body.StreamBody.push): engine steps written to the socket from the engine's own step.
 
 What must hold: the bytes on the wire are exactly those of the pull loop
 (valid chunked encoding, same SSE frames); a client that stops reading
@@ -18,7 +18,7 @@ import socket
 import pytest
 
 from engine_adapter.fake import FakeScript
-from streamproxy.http import writer
+from streamproxy.http.body import StreamBody
 from tests.http.http_support import normalize_created
 from tests.support import USER_HI, sse, wait_until
 
@@ -120,14 +120,14 @@ async def test_client_that_stops_reading_moves_to_pull_and_back_to_push(serve, p
 
 
 async def test_sink_exception_ends_only_that_stream_in_band(serve, monkeypatch):
-    original = writer._Pump.push
+    original = StreamBody.push
 
-    def flaky(self: writer._Pump, deltas):
+    def flaky(self: StreamBody, deltas):
         if self.record is not None and self.record.request_id == "boom" and self.pushed >= 3:
             raise RuntimeError("injected sink failure")
         return original(self, deltas)
 
-    monkeypatch.setattr(writer._Pump, "push", flaky)
+    monkeypatch.setattr(StreamBody, "push", flaky)
     client, engine = await serve(FakeScript(text=" w", token_delay=0.01))
 
     async def stream(rid: str) -> bytes:

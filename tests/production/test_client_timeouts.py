@@ -169,13 +169,39 @@ async def test_a_kept_alive_connection_gets_the_header_timeout_from_its_next_fir
     assert (closed("header_timeout"), closed("keepalive_timeout")) == (before[0] + 1, before[1])
 
 
+async def test_once_a_request_begins_the_header_timeout_applies_not_the_keepalive_timeout(server):
+    """aiohttp's idle timer (keepalive_timeout) runs between requests only: on a fresh connection
+    and from a kept-alive connection's first byte the header timeout applies, even when it is the
+    longer one (nginx's client_header_timeout), and a close then is a header timeout's 408."""
+    srv = await server(keepalive_timeout=SHORT, client_header_timeout=SHORT * 3)
+    before = closed("header_timeout"), closed("keepalive_timeout")
+    started = time.monotonic()
+    reader, writer = await connect(srv.port)
+    writer.write(b"GET /v1/mo")  # fresh: past the keep-alive timeout, well within the header timeout
+    await asyncio.sleep(SHORT * 1.5)
+    writer.write(b"dels HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    status, headers, _ = parse(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND))
+    await reader.readexactly(int(headers["content-length"]))
+    assert status == 200 and time.monotonic() - started >= SHORT * 1.5
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHos")  # the next request begins at once, then stalls
+    idle_from = time.monotonic()
+    status, _, body = parse(await until_closed(reader))
+    writer.close()
+    assert status == 408 and openai_error(body)["code"] == "request_timeout"
+    assert time.monotonic() - idle_from >= SHORT * 3 - 0.01
+    assert (closed("header_timeout"), closed("keepalive_timeout")) == (before[0] + 1, before[1])
+
+
 async def test_keepalive_timeout_zero_closes_after_each_response(server):
     srv = await server(keepalive_timeout=0)
+    before = closed("keepalive_timeout")
     reader, writer = await connect(srv.port)
     writer.write(http_request("GET", "/v1/models"))
     status, headers, _ = parse(await until_closed(reader))
     writer.close()
     assert status == 200 and headers["connection"] == "close"
+    assert await wait_until(lambda: srv.runner.server.open_connections == 0, BOUND)
+    assert closed("keepalive_timeout") == before  # closed as the response said, not for idling
 
 
 async def test_timeouts_do_not_touch_a_request_being_answered(server):

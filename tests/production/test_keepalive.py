@@ -19,7 +19,8 @@ from aiohttp import web
 from engine_adapter.base import Delta, DeltaQueue
 from engine_adapter.fake import FakeScript
 from streamproxy.core.stream import ChatStreamEncoder
-from streamproxy.http.writer import SSE_HEADERS, pump_sse
+from streamproxy.http.body import SSE_HEADERS, StreamBody
+from streamproxy.http.writer import pump_sse
 from tests.support import USER_HI, sse, wait_until
 from tests.support.api_events import check_anthropic
 from tests.support.sse import DONE_FRAME as DONE
@@ -201,9 +202,11 @@ async def test_heartbeat_when_steps_write_nothing(unused_tcp_port):
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         encoder = HoldBack(response_id="r", created=0, model="m", n=1)
-        outcome = await pump_sse(request, response, out, encoder, heartbeat=0.1, stall_timeout=1.0)
+        body = StreamBody(request, response, encoder, heartbeat=0.1, stall=1.0)
+        await body.open()
+        outcome = await pump_sse(body, out)
         await producer
-        await response.write_eof(outcome.tail)  # the usage/[DONE] frames ride with the last chunk
+        await body.finish(outcome.tail)  # the usage/[DONE] frames ride with the last chunk
         return response
 
     app = web.Application()

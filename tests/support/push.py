@@ -1,6 +1,6 @@
-"""Watch the writer's push sink (streamproxy.http.writer._Pump) from a test.
+"""Watch the writer's push sink (streamproxy.http.body.StreamBody.push) from a test.
 
-`spy_pushes(monkeypatch)` wraps `_Pump.push` and returns the list it
+`spy_pushes(monkeypatch)` wraps `StreamBody.push` and returns the list it
 fills: one `(request id, whether the sink took the step)` per call. The
 `pushes` fixture (tests/conftest.py) is this, for any test folder.
 `keep(into)` is a push sink (`OutputStream.arm`) that appends every step to
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from engine_adapter.base import Delta
-from streamproxy.http import writer
+from streamproxy.http.body import StreamBody
 
 
 def keep(into: list[list[Delta]]) -> Callable[[list[Delta]], bool]:
@@ -29,12 +29,12 @@ def keep(into: list[list[Delta]]) -> Callable[[list[Delta]], bool]:
 
 def spy_pushes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str | None, bool]]:
     calls: list[tuple[str | None, bool]] = []
-    original = writer._Pump.push
+    original = StreamBody.push
 
-    def spy(self: writer._Pump, deltas):
+    def spy(self: StreamBody, deltas):
         took = original(self, deltas)
         calls.append((self.record.request_id if self.record else None, took))
         return took
 
-    monkeypatch.setattr(writer._Pump, "push", spy)
+    monkeypatch.setattr(StreamBody, "push", spy)
     return calls

@@ -1,12 +1,14 @@
 """An aiohttp app on our server (`make_runner`: serve's connection handler, timeouts and caps) on a
 free loopback port, for tests that talk to it over a raw socket; the caller cleans the runner up.
 `WriteRecorder`: a connection's transport that records each write (put in place through the
-handler's public `transport`), for tests that count the writes of a response; `recorded_answer`
+handler's public `transport`), for tests that count the writes of a response (`StackRecorder`:
+also the files on the call stack of each, for `through`: who wrote them); `recorded_answer`
 sends one request on a new connection and gives the server's writes on it and the bytes read."""
 
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,30 @@ class WriteRecorder:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class StackRecorder(WriteRecorder):
+    """A WriteRecorder that also keeps, per write, the files on the call stack."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(inner)
+        self.stacks: list[set[str]] = []
+
+    def write(self, data: bytes) -> None:
+        self.stacks.append({frame.filename for frame in traceback.extract_stack()})
+        super().write(data)
+
+    def writelines(self, lines: list[bytes]) -> None:
+        self.stacks.append({frame.filename for frame in traceback.extract_stack()})
+        super().writelines(lines)
+
+
+def through(module: str, recorder: StackRecorder) -> None:
+    """Every write `recorder` saw was made with `module` (a path's end) on the call stack."""
+    assert recorder.writes
+    strays = [(data[:60], sorted(f for f in stack if "streamproxy" in f)) for data, stack in zip(recorder.writes, recorder.stacks)
+              if not any(f.endswith(module) for f in stack)]
+    assert strays == [], f"written to the transport without {module}: {strays}"
 
 
 async def recorded_answer(connections: Callable[[], list[Any]], port: int, request: bytes,

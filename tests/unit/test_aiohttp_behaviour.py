@@ -19,8 +19,10 @@ to the range this file and the suite have passed on. Who relies on what:
   response's `force_close()`, and answers what it cannot parse with `handle_error(request, status,
   exc, message)`; reading paused by aiohttp shows as `transport.is_reading()` False;
   `StreamReader.set_exception` ends a pending body read with that error; the writer's
-  `output_size` is 0 until a response byte is out; `keepalive_timeout` is aiohttp's only idle timer.
-- http/writer.py: `prepare()` sends a StreamResponse's headers, `Transfer-Encoding: chunked` among
+  `output_size` is 0 until a response byte is out; `keepalive_timeout` closes a connection idle
+  that long after its last response, and `keep_alive(True)` stops that timer (also the one it
+  starts at the accept).
+- http/body.py: `prepare()` sends a StreamResponse's headers, `Transfer-Encoding: chunked` among
   them on HTTP/1.1; frames written to `request.transport` between `prepare()` and `write_eof()` are
   the body; a `web.Response` (`SSEResponse`, made chunked by `enable_chunked_encoding()`) holds its
   headers until its first `write()` and sends them with that chunk in one transport write.
@@ -44,7 +46,7 @@ from streamproxy.config import Settings
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
 from tests.support.served import WriteRecorder, serve_app
-from streamproxy.http.writer import SSE_HEADERS, can_write_direct, sse_response
+from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from tests.support import wait_until
 
 VERSION = aiohttp.__version__
@@ -142,6 +144,7 @@ def test_the_public_signatures_connection_py_overrides_or_calls() -> None:
         "finish_response": ["self", "request", "resp", "start_time"],
         "handle_error": ["self", "request", "status", "exc", "message"],
         "force_close": ["self"],
+        "keep_alive": ["self", "val"],
     }
     for name, names in expected.items():
         assert params(getattr(handler, name)) == names, f"aiohttp {VERSION}: RequestHandler.{name}{inspect.signature(getattr(handler, name))}"
@@ -251,7 +254,40 @@ async def test_reading_paused_by_aiohttp_shows_in_the_transport_and_set_exceptio
     assert seen.get("raised") == "stalled", f"aiohttp {VERSION}: StreamReader.set_exception did not end the body read: {seen}"
 
 
-# -- http/writer.py: public API, behaviour it relies on ----------------------------------------
+async def test_keepalive_timeout_closes_an_idle_connection_and_keep_alive_true_stops_it() -> None:
+    """connection.py leaves the time between requests to aiohttp's `keepalive_timeout` (from the end
+    of a response) and stops that timer with `keep_alive(True)` where the header timeout applies: at
+    the accept (a fresh connection that says nothing gets the header timeout, here the longer one)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    idle, header = 0.2, 1.0
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner, port = await serve_app(app, Settings(keepalive_timeout=idle, client_header_timeout=header))
+    loop = asyncio.get_running_loop()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        fresh_reader, fresh_writer = await asyncio.open_connection("127.0.0.1", port)
+        fresh_from = loop.time()
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200 ")
+        assert await asyncio.wait_for(reader.readexactly(2), 10) == b"ok"
+        idle_from = loop.time()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        idle_for = loop.time() - idle_from
+        assert await asyncio.wait_for(fresh_reader.read(), 10) == b""
+        fresh_for = loop.time() - fresh_from
+        writer.close()
+        fresh_writer.close()
+    finally:
+        await runner.cleanup()
+    assert idle - 0.01 <= idle_for < header, f"aiohttp {VERSION}: an idle connection closed after {idle_for:.2f} s, not keepalive_timeout's {idle}"
+    assert fresh_for >= header - 0.01, f"aiohttp {VERSION}: keep_alive(True) did not stop the accept's keep-alive timer ({fresh_for:.2f} s)"
+
+
+# -- http/body.py: public API, behaviour it relies on ------------------------------------------
 
 
 async def _serve_one(handler: Any, request: bytes) -> bytes:

@@ -40,7 +40,8 @@ from streamproxy.http.admission import Ticket
 from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.state import STATE_KEY, AppState, app_state
-from streamproxy.http.writer import SSE_HEADERS, WriteStalled, client_gone, write
+from streamproxy.http.body import SSE_HEADERS, Body, WriteStalled
+from streamproxy.http.writer import client_gone
 
 log = logging.getLogger("streamproxy.responses")
 
@@ -128,14 +129,9 @@ class Background:
         task.cancel()
         await asyncio.wait([task])
 
-    async def changed(self, timeout: float) -> bool:
-        """Wait until something was added (True) or `timeout` seconds passed (False)."""
-        try:
-            async with asyncio.timeout(timeout if timeout > 0 else None):
-                await self._changed.wait()
-        except TimeoutError:
-            return False
-        return True
+    async def changed(self) -> None:
+        """Until something was added."""
+        await self._changed.wait()
 
 
 async def start(
@@ -189,25 +185,27 @@ async def follow(request: web.Request, bg: Background, start_at: int) -> web.Str
     """Stream a background response's events from index `start_at` until it ended (or the client left)."""
     assert bg.frames is not None
     settings = app_state(request).settings
-    stall, transport = settings.write_stall_timeout, request.transport
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    body = Body(request, web.StreamResponse(headers=SSE_HEADERS), bg.enc.keepalive, heartbeat=settings.sse_heartbeat,
+                stall=settings.write_stall_timeout)
     try:
-        await response.prepare(request)
+        await body.open()
         at = max(start_at, 0)
         while True:
             frames = bg.frames
             if at < len(frames):
                 data = b"".join(frames[at:])
                 at = len(frames)
-                await write(response, transport, data, stall)
+                await body.write(data)
             elif bg.final is not None:
                 break
-            elif not await bg.changed(settings.sse_heartbeat):
-                await write(response, transport, bg.enc.keepalive, stall)
-        await response.write_eof()
+            else:
+                await bg.changed()  # the body's heartbeat meanwhile
+        await body.finish()
     except (WriteStalled, ConnectionResetError) as exc:
         client_gone(request, exc, request[CONTEXT])
-    return response
+    finally:
+        body.close()
+    return body.response
 
 
 async def stop(app: web.Application) -> None:

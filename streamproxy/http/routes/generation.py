@@ -60,17 +60,8 @@ from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import STATE_KEY, AppState, engine_dead
-from streamproxy.http.writer import (
-    SSE_HEADERS,
-    StreamOutcome,
-    WriteStalled,
-    client_gone,
-    finish_response,
-    pump_sse,
-    sse_response,
-    wait_with_heartbeat,
-    write,
-)
+from streamproxy.http.body import SSE_HEADERS, StreamBody, WriteStalled, sse_response
+from streamproxy.http.writer import StreamOutcome, client_gone, pump_sse
 
 log = logging.getLogger("streamproxy.generation")
 
@@ -271,27 +262,21 @@ async def _stream(
     request: web.Request, state: AppState, work: Work, ticket: Ticket, encoder: StreamEncoder, ctx: RequestContext
 ) -> web.StreamResponse:
     settings = state.settings
-    heartbeat, stall = settings.sse_heartbeat, settings.write_stall_timeout
     out = await work.submit() if ticket.granted else None
     # Admitted at once: the headers leave with the first frame (`sse_response`). Queued: now.
     response = sse_response(request) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
-    transport = request.transport
+    body = StreamBody(request, response, encoder, heartbeat=settings.sse_heartbeat, stall=settings.write_stall_timeout, record=ctx)
     outcome = StreamOutcome()
     life = state.inflight.lifetime()
     ACTIVE_STREAMS.inc()
     try:
         try:
             async with life:
-                await response.prepare(request)
+                await body.open()
                 if out is None:
-                    # Queued: the headers are out, keep the connection warm until a slot frees.
-                    out = await _wait_for_slot(
-                        response, transport, work, ticket, outcome, settings.request_timeout, heartbeat, stall, encoder.keepalive
-                    )
-                await pump_sse(
-                    request, response, out, encoder, heartbeat=heartbeat, stall_timeout=stall, outcome=outcome, record=ctx,
-                    push=settings.stream_push,
-                )
+                    # Queued: the headers are out, the body keeps the connection warm until a slot frees.
+                    out = await _wait_for_slot(work, ticket, settings.request_timeout)
+                await pump_sse(body, out, outcome, push=settings.stream_push)
         except TimeoutError:
             if not life.expired:
                 raise
@@ -300,35 +285,26 @@ async def _stream(
             if not response.prepared:
                 raise reason from None
             outcome.error = reason
-            await write(response, transport, encoder.error(reason), stall)
+            await body.write(encoder.error(reason))
         except APIError as exc:
             # After the headers (a queued request's submit, or its wait timed out).
             outcome.error = exc
-            await write(response, transport, encoder.error(exc), stall)
-        await finish_response(response, outcome.tail, stall, transport)
+            await body.write(encoder.error(exc))
+        await body.finish(outcome.tail)
     except (WriteStalled, ConnectionResetError) as exc:
         client_gone(request, exc, ctx)
     finally:
+        body.close()
         ACTIVE_STREAMS.dec()
         if outcome.error is not None and ctx.error_code is None:
             ctx.fail(outcome.error.code)
     return response
 
 
-async def _wait_for_slot(
-    response: web.StreamResponse,
-    transport: asyncio.Transport | None,
-    work: Work,
-    ticket: Ticket,
-    outcome: StreamOutcome,
-    limit: float,
-    heartbeat: float,
-    stall: float,
-    keepalive: bytes,
-) -> OutputStream:
+async def _wait_for_slot(work: Work, ticket: Ticket, limit: float) -> OutputStream:
     try:
         async with asyncio.timeout(limit if limit > 0 else None):
-            outcome.heartbeats += await wait_with_heartbeat(response, transport, ticket.wait(), heartbeat, stall, keepalive)
+            await ticket.wait()
     except TimeoutError:
         raise _timed_out(ticket, limit) from None  # (not granted: a QueueTimeout)
     return await work.submit()
