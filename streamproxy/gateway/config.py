@@ -10,6 +10,16 @@ deployments:
     id: dep-secure
     upstreams: [https://10.0.0.5:8000]
     tls: {ca_file: /etc/streamproxy/replicas-ca.pem}   # replaces `upstream.tls` for this deployment
+  - name: cached                 # routed by the KV-cache events its replicas publish (scheduler.py)
+    id: dep-cached
+    upstreams: [http://10.0.0.7:8000, http://10.0.0.8:8000]
+    kv_events: {endpoint: "tcp://{host}:5557", replay_endpoint: "tcp://{host}:5558"}  # vLLM's --kv-events-config
+    flow_control:                # queue per key and priority band when the replicas are saturated
+      max_concurrency: 32        # per replica; 0 (the default): no queueing
+      max_queued: 1024
+      max_wait: 30               # s; past it, or past max_queued: 429 with Retry-After
+      priority: 0                # a request's band when neither it nor its key names one
+      scheduling_priority: false # true: replicas run --scheduling-policy priority and get `priority`
   - name: smol                   # a managed deployment: the gateway runs its replicas
     id: dep-smol
     launch:
@@ -36,6 +46,7 @@ keys:                            # none: no key is asked for
     deployments: [support-bot]   # or ["*"]
     rpm: 600                     # requests per minute (0: no limit)
     tpm: 200000                  # prompt + completion tokens per minute
+    priority: 0                  # its requests' band when they name none; weight: its fair share (1)
 upstream:                        # defaults below
   connect_timeout: 5
   tls:                           # how https:// upstreams are verified (a deployment's `tls` replaces it)
@@ -64,6 +75,7 @@ from __future__ import annotations
 
 import os
 import re
+from urllib.parse import urlsplit
 from typing import Any, Literal
 
 import msgspec
@@ -159,6 +171,65 @@ class UpstreamTLS(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     key_file: str | None = None
 
 
+class KVEventsEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Where one replica publishes its KV-cache events: vLLM's `--kv-events-config` names."""
+
+    endpoint: str  # its PUB socket (the gateway's SUB connects to it)
+    replay_endpoint: str | None = None  # its replay ROUTER; None: gaps reset the replica's blocks
+    topic: str = ""
+    # The gateway binds `endpoint` and the replica's PUB connects to it (vLLM connects when its
+    # endpoint has no `*`: llm-d's layout, and the gateway's own `launch:` replicas').
+    bind: bool = False
+
+
+class KVEvents(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A deployment's KV-cache events (`kv_events:`; vLLM's `--kv-events-config` field names). For
+    `upstreams:` and `kubernetes:`, `endpoint` and `replay_endpoint` are patterns: `{host}` (or vLLM's
+    `*`) is each replica's host, `{port}` its HTTP port; `replicas` names them per replica URL instead.
+    `launch:` replicas of a vLLM model publish by default, on free loopback ports the gateway picks."""
+
+    enable_kv_cache_events: bool = True  # false: no subscription (and no flag for `launch:` replicas)
+    endpoint: str | None = None  # e.g. tcp://{host}:5557
+    replay_endpoint: str | None = None  # e.g. tcp://{host}:5558
+    topic: str = ""
+    replicas: dict[str, KVEventsEndpoint] = {}  # by replica URL
+    buffer_steps: int = 10_000  # `launch:`: the replay buffer (vLLM's default)
+
+    def for_replica(self, url: str) -> KVEventsEndpoint | None:
+        """The endpoints of the replica at `url` (None: it publishes none known here)."""
+        if not self.enable_kv_cache_events:
+            return None
+        given = self.replicas.get(url.rstrip("/"))
+        if given is not None:
+            return given
+        if self.endpoint is None:
+            return None
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", str(parts.port or (443 if parts.scheme == "https" else 80))
+        if ":" in host:
+            host = f"[{host}]"
+
+        def fill(pattern: str) -> str:
+            return pattern.replace("{host}", host).replace("{port}", port).replace("*", host)
+
+        return KVEventsEndpoint(endpoint=fill(self.endpoint),
+                                replay_endpoint=fill(self.replay_endpoint) if self.replay_endpoint else None, topic=self.topic)
+
+
+class FlowControl(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A deployment's admission when its replicas are saturated (`flow_control:`; llm-d's flow control):
+    requests queue per tenant (the API key) and priority band, fair within a band, strict across bands."""
+
+    max_concurrency: int = 0  # requests in flight per replica before requests queue; 0: no queueing
+    queue_depth_threshold: int = 5  # a replica reporting this many `vllm:num_requests_waiting` is saturated
+    max_queued: int = 1024  # waiting requests, over every tenant and band; past it: 429 (lowest band first)
+    max_wait: float = 30.0  # seconds a request may wait for a place; past it: 429
+    priority: int = 0  # the band of a request whose key and body name none (vLLM's numbers: lower first)
+    # The replicas schedule by priority (`--scheduling-policy priority`): a request's band goes on as
+    # its body's `priority`; false: the gateway queues by it and sends nothing.
+    scheduling_priority: bool = False
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
@@ -169,6 +240,8 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
     tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
+    kv_events: KVEvents | None = None  # where its replicas publish KV-cache events (None: `launch:` vLLM ones do)
+    flow_control: FlowControl = msgspec.field(default_factory=FlowControl)
 
     @property
     def upstream_model(self) -> str:
@@ -190,6 +263,8 @@ class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     deployments: list[str] = msgspec.field(default_factory=lambda: ["*"])
     rpm: int = 0
     tpm: int = 0
+    priority: int | None = None  # its requests' priority band when they name none (None: the deployment's)
+    weight: float = 1.0  # its share against other keys in a band of a saturated deployment
 
     def secret(self) -> str:
         value = self.key if self.key is not None else os.environ.get(self.key_env or "", "")
@@ -347,6 +422,7 @@ def check(config: GatewayConfig) -> None:
             if not any(url.startswith("https://") for url in d.upstreams):
                 raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
             check_tls(f"deployment {d.name!r}: `tls", d.tls)
+        check_scheduling(d)
     check_tls("gateway config: `upstream.tls", config.upstream.tls)
     if config.admin_key_env and not os.environ.get(config.admin_key_env):
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")
@@ -373,6 +449,30 @@ def check(config: GatewayConfig) -> None:
         unknown = [n for n in key.deployments if n != "*" and n not in names]
         if unknown:
             raise ConfigError(f"key {key.id!r}: no deployment named {', '.join(unknown)}")
+
+
+_ZMQ_SCHEMES = ("tcp://", "ipc://")
+
+
+def check_scheduling(d: Deployment) -> None:
+    """`kv_events` and `flow_control`: each mistake named by its field."""
+    where = f"deployment {d.name!r}: "
+    kv = d.kv_events
+    if kv is not None:
+        given = [kv.endpoint, kv.replay_endpoint] + [e for r in kv.replicas.values() for e in (r.endpoint, r.replay_endpoint)]
+        for endpoint in given:
+            if endpoint is not None and not endpoint.startswith(_ZMQ_SCHEMES):
+                raise ConfigError(f"{where}`kv_events` endpoint {endpoint!r} is not a ZMQ endpoint (tcp://host:port or ipc://path)")
+        if kv.replay_endpoint is not None and kv.endpoint is None:
+            raise ConfigError(f"{where}`kv_events.replay_endpoint` needs `kv_events.endpoint`")
+        unknown = [url for url in kv.replicas if url.rstrip("/") not in {u.rstrip("/") for u in d.upstreams}]
+        if unknown:
+            raise ConfigError(f"{where}`kv_events.replicas` names {', '.join(unknown)}, not among its `upstreams`")
+        if kv.buffer_steps < 1:
+            raise ConfigError(f"{where}`kv_events.buffer_steps` must be at least 1")
+    fc = d.flow_control
+    if fc.max_concurrency < 0 or fc.queue_depth_threshold < 1 or fc.max_queued < 0 or fc.max_wait <= 0:
+        raise ConfigError(f"{where}`flow_control`: max_concurrency >= 0, queue_depth_threshold >= 1, max_queued >= 0, max_wait > 0")
 
 
 def check_tls(where: str, tls: UpstreamTLS) -> None:
