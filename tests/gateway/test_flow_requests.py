@@ -85,7 +85,7 @@ async def drain(gw: Gateway, s: Stub, gates: Gates, n: int) -> None:
 
 async def test_a_saturated_deployment_serves_tenants_fairly_not_first_come(stub, gateway, session) -> None:
     gw, s, gates = await saturated(stub, gateway)
-    sends = [("heavy", "heavy-1", {}), ("heavy", "heavy-2", {}), ("heavy", "heavy-3", {}), ("heavy", "heavy-4", {}),
+    sends: list[tuple[str, str, dict[str, Any]]] = [("heavy", "heavy-1", {}), ("heavy", "heavy-2", {}), ("heavy", "heavy-3", {}), ("heavy", "heavy-4", {}),
              ("light", "light-1", {})]
     tasks = await queue_up(session, gw, s, sends)
     await drain(gw, s, gates, len(sends))
@@ -97,7 +97,7 @@ async def test_a_saturated_deployment_serves_tenants_fairly_not_first_come(stub,
 
 async def test_priority_bands_are_strict(stub, gateway, session) -> None:
     gw, s, gates = await saturated(stub, gateway)
-    sends = [("other", "first", {}), ("heavy", "low-1", {"priority": 5}), ("heavy", "low-2", {"priority": 5}),
+    sends: list[tuple[str, str, dict[str, Any]]] = [("other", "first", {}), ("heavy", "low-1", {"priority": 5}), ("heavy", "low-2", {"priority": 5}),
              ("light", "high-1", {"headers": {"X-Vllm-Priority": "0"}}), ("light", "high-2", {"priority": 0})]
     tasks = await queue_up(session, gw, s, sends)
     await drain(gw, s, gates, len(sends))
@@ -177,7 +177,7 @@ async def test_a_priority_that_is_not_an_integer_is_400(stub, gateway, session) 
 
 async def test_deployments_and_metrics_show_the_queues_per_tenant_and_band(stub, gateway, session) -> None:
     gw, s, gates = await saturated(stub, gateway)
-    sends = [("other", "first", {}), ("heavy", "h1", {}), ("heavy", "h2", {}), ("light", "l1", {"priority": 2})]
+    sends: list[tuple[str, str, dict[str, Any]]] = [("other", "first", {}), ("heavy", "h1", {}), ("heavy", "h2", {}), ("light", "l1", {"priority": 2})]
     tasks = await queue_up(session, gw, s, sends)
     async with session.get(gw.url(f"/v1/deployments/{DEPLOYMENT_ID}"), headers={"Authorization": "Bearer sk-other"}) as resp:
         assert resp.status == 200
