@@ -30,7 +30,11 @@ queues it per tenant (the key) and band (vLLM's `priority`), VTC-fair
 within a band (cost: the prompt's bytes / `prompt_bytes_per_token` at
 admission, corrected to the tokens metered at the end), strict across
 bands; 429 with Retry-After past `max_queued` or `max_wait`. A deployment
-with no routable replica admits at once (the call's 503 says why).
+with no routable replica admits at once (the call's 503 says why). A
+replica whose /metrics (read after each health probe, flow control on)
+reports `queue_depth_threshold` or more requests waiting of its own
+(`vllm:num_requests_waiting`, streamproxy's `streamproxy_requests_queued`)
+takes no more than it has now (`fairq.replica_limit`).
 
 Metrics at scrape time (a collector over the live schedulers: nothing per
 event): each subscriber's state and counters, blocks indexed, queue lengths
@@ -94,6 +98,32 @@ def tokenize_request(path: str, data: dict[str, Any]) -> bytes | list[int] | Non
     return None
 
 
+_METRICS_LIMIT = 8 << 20  # bytes of a replica's /metrics read (vLLM's histograms run to a few hundred KB)
+_WAITING = (b"vllm:num_requests_waiting", b"streamproxy_requests_queued")
+
+
+def requests_waiting(text: bytes) -> int | None:
+    """The requests waiting of a replica's own in its Prometheus text (summed over their labels; None: not there).
+    A scan for the two gauges' lines, not a parse of the whole text (it runs on the event loop)."""
+    total, seen = 0.0, False
+    text = b"\n" + text
+    for name in _WAITING:
+        at = text.find(b"\n" + name)
+        while at >= 0:
+            end = text.find(b"\n", at + 1)
+            line = text[at + 1 : end if end >= 0 else len(text)]
+            rest = line[len(name):]
+            if rest[:1] in (b" ", b"{"):
+                value = rest.rsplit(b"}", 1)[-1].split()
+                try:
+                    total += float(value[0])
+                    seen = True
+                except (IndexError, ValueError):
+                    pass
+            at = text.find(b"\n" + name, at + 1)
+    return int(total) if seen else None
+
+
 class Scheduler:
     def __init__(self, pool: Pool, weights: KVWeights = KVWeights()) -> None:
         self.pool = pool
@@ -110,6 +140,7 @@ class Scheduler:
         self.predicted = M.KV_PREDICTED.labels(pool.deployment.name)
         self.tokenize_seconds = M.KV_TOKENIZE.labels(pool.deployment.name)
         self.tokenize_failures = 0
+        self.waiting: dict[str, int] = {}  # a replica's own requests waiting, from its /metrics (flow control on)
         pool.listeners.append(self.sync)
         self.sync()
         _LIVE.add(self)
@@ -117,6 +148,9 @@ class Scheduler:
     # -- the replicas' event streams ---------------------------------------------------
     def sync(self) -> None:
         """The pool's replicas changed: a subscriber for each that publishes, none for the others."""
+        urls = {r.url for r in self.pool.replicas}
+        for url in [u for u in self.waiting if u not in urls]:
+            del self.waiting[url]
         wanted = self.pool.kv_endpoints
         for url in [u for u in self.subscribers if wanted.get(u) != self._endpoints.get(u)]:
             self._drop(url)
@@ -135,7 +169,7 @@ class Scheduler:
         sub = self.subscribers.pop(url)
         self._endpoints.pop(url, None)
         sub.feed.close()  # its blocks leave the index now: no stale owner
-        if sub._task is not None:
+        if sub.started:
             task = asyncio.get_running_loop().create_task(sub.stop(), name=f"kv-events-stop-{url}")
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
@@ -149,6 +183,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         self.running = False
+        _LIVE.discard(self)  # (a reload's replacement of the same name reports alone)
         await asyncio.gather(*(sub.stop() for sub in self.subscribers.values()), *list(self._stopping), return_exceptions=True)
 
     @property
@@ -206,13 +241,32 @@ class Scheduler:
     # -- flow control -----------------------------------------------------------------
     def limit(self) -> float:
         now = time.monotonic()
-        return deployment_limit([(r.outstanding, None) for r in self.pool.replicas if r.health.available(now)],
+        waiting = self.waiting
+        return deployment_limit([(r.outstanding, waiting.get(r.url)) for r in self.pool.replicas if r.health.available(now)],
                                 self.max_concurrency, self.pool.deployment.flow_control.queue_depth_threshold)
+
+    async def look(self, upstreams: Upstreams, replica: Replica, headers: dict[str, str], tls: ClientTLS | None,
+                   timeout: float) -> None:
+        """After a health probe, with flow control on: the replica's own requests waiting, from its /metrics."""
+        if self.flow is None:
+            return
+        try:
+            reply = await upstreams.get(replica.url, "/metrics", timeout=timeout, headers=headers, tls=tls, limit=_METRICS_LIMIT)
+            found = requests_waiting(reply.body) if reply.status == 200 else None
+        except (*CONNECT_ERRORS, ValueError):
+            found = None
+        if found is None:
+            self.waiting.pop(replica.url, None)
+        else:
+            self.waiting[replica.url] = found
+        if self.running:
+            self.flow.poke()
 
     async def admit(self, tenant: str, band: int, cost: float, weight: float) -> Ticket | None:
         """A place for a generating request (None: no flow control, or no replica to wait for); 429 if refused."""
         flow = self.flow
-        if flow is None or self.limit() == 0:
+        now = time.monotonic()
+        if flow is None or not any(r.health.available(now) for r in self.pool.replicas):
             return None
         return await flow.admit(tenant, band, cost, weight)
 
@@ -273,22 +327,32 @@ class _Collector(Collector):
         outcomes = CounterMetricFamily("streamproxy_gateway_flow_outcomes",
                                        "Requests that waited for a saturated deployment, by band and outcome (dispatched, rejected_capacity, evicted_ttl, cancelled)",
                                        labels=["deployment", "band", "outcome"])
+        # Summed by labels: a deployment a reload changed has two schedulers until the old one's requests end.
+        families = {f.name: f for f in (state, blocks, stream, queued, inflight, outcomes)}
+        values: dict[tuple[str, tuple[str, ...]], float] = {}
+
+        def add(family: Any, labels: tuple[str, ...], value: float) -> None:
+            key = (family.name, labels)
+            values[key] = values.get(key, 0.0) + value
+
         for s in list(_LIVE):
             name = s.pool.deployment.name
             for url, sub in s.subscribers.items():
-                state.add_metric([name, url], _STATES[_state(sub)])
-                blocks.add_metric([name, url], s.index.blocks(url))
+                add(state, (name, url), _STATES[_state(sub)])
+                add(blocks, (name, url), s.index.blocks(url))
                 feed = sub.feed
-                for kind, value in (("batches", feed.batches), ("gaps", feed.gaps), ("replays", feed.replays),
+                for kind, count in (("batches", feed.batches), ("gaps", feed.gaps), ("replays", feed.replays),
                                     ("resets", feed.resets), ("lost", feed.lost), ("decode_errors", feed.decode_errors)):
-                    stream.add_metric([name, url, kind], value)
+                    add(stream, (name, url, kind), count)
             if s.flow is not None:
-                inflight.add_metric([name], s.flow.inflight)
+                add(inflight, (name,), s.flow.inflight)
                 for band, tenants in s.flow.queue.queued().items():
                     for tenant, n in tenants.items():
-                        queued.add_metric([name, tenant, str(band)], n)
+                        add(queued, (name, tenant, str(band)), n)
                 for (band, outcome), n in s.flow.queue.outcomes.items():
-                    outcomes.add_metric([name, str(band), outcome.value], n)
+                    add(outcomes, (name, str(band), outcome.value), n)
+        for (family_name, labels), total in values.items():
+            families[family_name].add_metric(list(labels), total)
         yield from (state, blocks, stream, queued, inflight, outcomes)
 
     def describe(self) -> Iterator[Any]:

@@ -25,12 +25,22 @@ KEYS = [{"id": name, "key": f"sk-{name}"} for name in ("heavy", "light", "other"
 
 
 class Gates:
-    """The stub's handler: each request waits for its own gate, in arrival order."""
+    """The stub's handler: each request waits for its own gate, in arrival order; the gateway's looks at
+    its /metrics (after each health probe, with flow control on) find `waiting` requests of its own, or none."""
 
     def __init__(self) -> None:
         self.gates: list[asyncio.Event] = []
+        self.stub: Stub | None = None
+        self.waiting: int | None = None
 
     async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.stub is not None
+        if self.stub.requests[-1][0].startswith("GET /metrics "):
+            text = b"" if self.waiting is None else (
+                b'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0",model_name="m"} %d.0\n' % self.waiting)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(text) + text)
+            await writer.drain()
+            return
         gate = asyncio.Event()
         self.gates.append(gate)
         await gate.wait()
@@ -40,12 +50,21 @@ class Gates:
 
 def said(s: Stub) -> list[str]:
     """What each request the stub received said, in order."""
-    return [json.loads(body)["messages"][0]["content"] for _, _, body in s.requests]
+    return [json.loads(body)["messages"][0]["content"] for line, _, body in s.requests if line.startswith("POST ")]
+
+
+async def gated(stub: Any) -> tuple[Stub, Gates]:
+    gates = Gates()
+    s = gates.stub = await stub(gates)
+    return s, gates
+
+
+def posts(s: Stub) -> list[tuple[str, dict[str, str], bytes]]:
+    return [r for r in s.requests if r[0].startswith("POST ")]
 
 
 async def saturated(stub: Any, gateway: StartGateway, **flow: Any) -> tuple[Gateway, Stub, Gates]:
-    gates = Gates()
-    s = await stub(gates)
+    s, gates = await gated(stub)
     gw = await gateway(deployments=[{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [s.base],
                                      "flow_control": {"max_concurrency": 1, **flow}}], keys=KEYS)
     return gw, s, gates
@@ -70,7 +89,7 @@ async def queue_up(session: aiohttp.ClientSession, gw: Gateway, s: Stub, sends: 
     for i, (tenant, text, extra) in enumerate(sends):
         tasks.append(send(session, gw, tenant, text, **extra))
         if i == 0:
-            assert await wait_until(lambda: len(s.requests) == 1, 10.0)
+            assert await wait_until(lambda: len(posts(s)) == 1, 10.0)
         else:
             assert await wait_until(lambda: waiting(gw) == i, 10.0), (i, waiting(gw))
     return tasks
@@ -104,7 +123,7 @@ async def test_priority_bands_are_strict(stub, gateway, session) -> None:
     assert [status for status, _, _ in await asyncio.gather(*tasks)] == [200] * 5
     assert said(s) == ["first", "high-1", "high-2", "low-1", "low-2"]
     # The replicas do not schedule by priority (the default): the body's `priority` is not sent on.
-    assert all(b'"priority"' not in body for _, _, body in s.requests)
+    assert all(b'"priority"' not in body for _, _, body in posts(s))
 
 
 async def test_past_the_queue_bound_429_with_retry_after_and_the_lowest_band_goes_first(stub, gateway, session) -> None:
@@ -130,7 +149,7 @@ async def test_past_the_queue_bound_429_with_retry_after_and_the_lowest_band_goe
 async def test_past_the_wait_bound_429_queue_timeout(stub, gateway, session) -> None:
     gw, s, gates = await saturated(stub, gateway, max_wait=0.05)
     first = send(session, gw, "other", "first")
-    assert await wait_until(lambda: len(s.requests) == 1, 10.0)
+    assert await wait_until(lambda: len(posts(s)) == 1, 10.0)
     status, headers, got = await send(session, gw, "heavy", "late")  # waits its bound (the queue's timer), then 429
     assert (status, headers["Retry-After"]) == (429, "1")
     body = json.loads(got)["error"]
@@ -143,8 +162,7 @@ async def test_past_the_wait_bound_429_queue_timeout(stub, gateway, session) -> 
 
 
 async def test_the_band_goes_on_as_priority_where_the_replicas_schedule_by_it(stub, gateway, session) -> None:
-    gates = Gates()
-    s = await stub(gates)
+    s, gates = await gated(stub)
     gw = await gateway(deployments=[{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [s.base],
                                      "flow_control": {"priority": 3, "scheduling_priority": True}}],
                        keys=[{"id": "vip", "key": "sk-vip", "priority": -1}, {"id": "plain", "key": "sk-plain"}])
@@ -159,7 +177,7 @@ async def test_the_band_goes_on_as_priority_where_the_replicas_schedule_by_it(st
     assert [r[0] for r in await asyncio.gather(*tasks)] == [200] * 4
     # The key's default, the deployment's, the body's, the header's (over the body's), as the replica got them.
     head = b'{"model":"' + SERVED.encode() + b'","messages":[{"role":"user","content":"x"}]'
-    assert sorted(body for _, _, body in s.requests) == sorted([
+    assert sorted(body for _, _, body in posts(s)) == sorted([
         head + b',"priority":-1}', head + b',"priority":3}', head + b',"priority":7}', head + b',"priority":2}'])
 
 
@@ -172,7 +190,7 @@ async def test_a_priority_that_is_not_an_integer_is_400(stub, gateway, session) 
                                 Authorization="Bearer sk-heavy", **{"X-Vllm-Priority": "x1"})
     assert (status, json.loads(got)) == (400, error_body("X-Vllm-Priority must be an integer, not 'x1'", "invalid_request_error", None,
                                                          "priority"))
-    assert s.requests == []
+    assert posts(s) == []
 
 
 async def test_deployments_and_metrics_show_the_queues_per_tenant_and_band(stub, gateway, session) -> None:
@@ -196,3 +214,24 @@ async def test_deployments_and_metrics_show_the_queues_per_tenant_and_band(stub,
     assert f'streamproxy_gateway_flow_outcomes_total{{band="0",deployment="{DEPLOYMENT}",outcome="dispatched"}} 2.0' in text
     assert f'streamproxy_gateway_flow_in_flight{{deployment="{DEPLOYMENT}"}} 0.0' in text
     assert "streamproxy_gateway_flow_queued{" not in text
+
+
+async def test_a_replica_reporting_its_own_queue_takes_no_more_until_it_drains(stub, gateway, session) -> None:
+    s, gates = await gated(stub)
+    gates.waiting = 9
+    gw = await gateway(deployments=[{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [s.base],
+                                     "flow_control": {"max_concurrency": 4}}], keys=KEYS,
+                       upstream={"health_check_interval": 0.02})
+    scheduler = gw.state.schedulers[DEPLOYMENT]
+    assert await wait_until(lambda: scheduler.waiting.get(s.base) == 9, 10.0)
+    task = send(session, gw, "heavy", "queued")
+    assert await wait_until(lambda: waiting(gw) == 1, 10.0)  # 9 of its own waiting: none of ours (limit 0, not 4)
+    assert scheduler.limit() == 0
+    gates.waiting = 0
+    assert await wait_until(lambda: len(gates.gates) == 1, 10.0)  # the next look lets it in
+    assert scheduler.limit() == 4
+    gates.gates[0].set()
+    assert (await task)[0] == 200
+    assert [line for line, _, _ in posts(s)] == ["POST /v1/chat/completions HTTP/1.1"]
+    gates.waiting = None  # no such gauge: the bound alone
+    assert await wait_until(lambda: s.base not in scheduler.waiting, 10.0)

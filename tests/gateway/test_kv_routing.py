@@ -66,6 +66,10 @@ async def stored(gw: Gateway, pub: ZmqPublisher, url: str, tokens: list[int]) ->
     assert await wait_until(lambda: index.blocks(url) == before + new, 10.0), (index.blocks(url), before, new)
 
 
+def counted(name: str, **labels: str) -> float:
+    return sample(name, deployment=DEPLOYMENT, **labels) or 0.0
+
+
 def served(r: Replica) -> int:
     return sum(1 for s in r.seen if s.path == CHAT)
 
@@ -80,6 +84,8 @@ async def test_a_request_goes_to_the_replica_whose_events_say_it_holds_the_prefi
         await stored(gw, pubs[a.base], a.base, [1, 2, 3, 4, 5, 6, 7, 8])  # `a` publishes too (another prompt)
         await stored(gw, pubs[b.base], b.base, tokens)
         predicted = len(tokens) // 4 * 4
+        before = [counted("streamproxy_gateway_kv_routing_decisions_total", by="kv_events"),
+                  counted("streamproxy_gateway_kv_predicted_cached_tokens_total"), counted("streamproxy_gateway_kv_tokenize_seconds_count")]
         for stream in (False, True):
             status, _, got = await post(session, gw.url(CHAT), {"model": DEPLOYMENT, "messages": msgs, "stream": stream})
             assert status == 200, got
@@ -87,9 +93,9 @@ async def test_a_request_goes_to_the_replica_whose_events_say_it_holds_the_prefi
         # The prompt's ids came from a publishing replica's /tokenize (its chat template), once per request
         # (and once for the test itself, above).
         assert [s.path for s in a.seen + b.seen if s.path == "/tokenize"] == ["/tokenize"] * 3
-        assert sample("streamproxy_gateway_kv_routing_decisions_total", deployment=DEPLOYMENT, by="kv_events") == 2
-        assert sample("streamproxy_gateway_kv_predicted_cached_tokens_total", deployment=DEPLOYMENT) == 2 * predicted
-        assert (sample("streamproxy_gateway_kv_tokenize_seconds_count", deployment=DEPLOYMENT) or 0) == 2
+        after = [counted("streamproxy_gateway_kv_routing_decisions_total", by="kv_events"),
+                 counted("streamproxy_gateway_kv_predicted_cached_tokens_total"), counted("streamproxy_gateway_kv_tokenize_seconds_count")]
+        assert [a - b for a, b in zip(after, before)] == [2, 2 * predicted, 2]
 
 
 async def test_a_completion_prompt_of_token_ids_is_routed_without_tokenizing(
@@ -120,10 +126,11 @@ async def test_a_replica_without_events_keeps_todays_affinity(
             if rendezvous_score(keys[0], rb.anchor) > rendezvous_score(keys[0], ra.anchor):
                 break
         ra.index.insert(keys)
+        before = counted("streamproxy_gateway_kv_routing_decisions_total", by="affinity")
         status, _, got = await post(session, gw.url(CHAT), {**body, "model": DEPLOYMENT})
         assert status == 200, got
         assert (served(a), served(b)) == (1, 0)
-        assert sample("streamproxy_gateway_kv_routing_decisions_total", deployment=DEPLOYMENT, by="affinity") == 1
+        assert counted("streamproxy_gateway_kv_routing_decisions_total", by="affinity") - before == 1
 
 
 async def test_a_replica_removed_leaves_no_stale_ownership(
