@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from tests.gateway.conftest import Gateway, Stub, StartGateway
-from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, error_body, post
+from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, error_body, fits, post
 from tests.support.waiting import wait_until
 
 ANSWER = (b'{"id":"c","object":"chat.completion","created":0,"model":"' + SERVED.encode() + b'","choices":[],'
@@ -202,6 +202,7 @@ async def test_deployments_and_metrics_show_the_queues_per_tenant_and_band(stub,
         described = await resp.json()
     assert described["flow_control"] == {"max_concurrency": 1, "limit": 1.0, "in_flight": 1, "waiting": 3,
                                          "queued": {"0": {"heavy": 2}, "2": {"light": 1}}}
+    fits(f"/v1/deployments/{DEPLOYMENT_ID}", "get", 200, described)
     async with session.get(gw.url("/metrics")) as resp:
         text = await resp.text()
     assert f'streamproxy_gateway_flow_queued{{band="0",deployment="{DEPLOYMENT}",tenant="heavy"}} 2.0' in text
