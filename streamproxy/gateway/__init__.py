@@ -16,9 +16,10 @@ table), `openapi` (GET /openapi.json, serve's builder), `app` (routes and
 life cycle), `metrics`, `books` (a ledger record per request; the ledger's
 query routes), `keyring` and `keyadmin` (keys made through the admin API),
 `deployadmin` and `deploysync` (deployments made through it, and followed in the ledger's store).
-Issue 35, not in the request path yet: `kv_events`, `kv_index`, `kv_feed`, `kv_score`, `fairq` (sans-IO:
+Issue 35: `kv_events`, `kv_index`, `kv_feed`, `kv_score`, `fairq` (sans-IO:
 replicas' KV-cache events, the index of their blocks, scoring by cached prefix, fair queueing) with
-`kv_subscriber` (ZMQ) and `flowcontrol` (awaiting a place).
+`kv_subscriber` (ZMQ), `flowcontrol` (awaiting a place) and `scheduler` (all of it per deployment, in
+the request path: `Call.admit`, `Call.open`).
 
 May import `streamproxy.core`, `apis`, `errors`, `config`, the edge
 (`streamproxy.http`) and the ledger (`streamproxy.ledger`); never an engine: replicas are reached over HTTP only.
