@@ -236,7 +236,7 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
         rng = random.Random(args.seed + i)
         prompts = system_prompts(tokenizer, args.tenants, args.system_tokens, f"{label}-{tag}", args.seed + i)
         weights = zipf_weights(args.tenants, args.zipf)
-        arrivals = []
+        arrivals: list[tuple[float, str, dict[str, Any], dict[str, str]]] = []
         for n, at in enumerate(poisson(args.requests, args.rate, rng)):
             t = rng.choices(range(args.tenants), weights)[0]
             arrivals.append((at, f"t{t}", body(prompts[t], f"Question {n}: {rng.choice(WORDS)}?", args.max_tokens), {}))
