@@ -13,8 +13,8 @@ tenants uniform or Zipf-skewed (`--zipf S`). The peers, in the same run, each
 in front of the same replicas with fresh prompts (a salt at their start, so
 no peer finds another's prefixes): round robin, our rendezvous affinity
 (today's default), KV-event routing (`kv_events:`), and `vllm-router`
-(`--vllm-router PATH`: its `cache_aware` and `round_robin` policies) when
-given. `--restart-mid`: replica 0 restarted halfway through each peer's
+(`--vllm-router PATH`: its `round_robin`, `cache_aware` and `kv_aware`
+policies, the last on the same events) when given. `--restart-mid`: replica 0 restarted halfway through each peer's
 run (its cache wiped); `--gateways 2`: two gateways of each peer sharing
 nothing, the requests alternating. Per peer: cached-prompt-token ratio
 (usage.prompt_tokens_details.cached_tokens / prompt_tokens), TTFT p50 and
@@ -106,10 +106,14 @@ def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: d
                   RESULTS / "logs" / f"{tag}-{label}.log")
 
 
-def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str) -> Server:
+def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str, block_size: int) -> Server:
     port = free_port()
     cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
            "--worker-urls", *[r.server.url for r in reps]]
+    if policy == "kv_aware":  # its own subscription to the same replicas' events
+        for r in reps:
+            cmd += ["--kv-event-source", f"{r.server.url}={r.pub}", "--kv-event-replay-source", f"{r.server.url}={r.replay}"]
+        cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", SERVED_NAME]
     return Server(label, cmd, port, RESULTS / "logs" / f"{tag}-{label}.log")
 
 
@@ -221,9 +225,9 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
                       ("KV events", {"kv": True})):
         peers.append((label, [gateway(f"gw-{label.replace(' ', '-')}-{g}", reps, tmp, tag, **kw) for g in range(args.gateways)]))
     if args.vllm_router:
-        for policy in ("round_robin", "cache_aware"):
-            peers.append((f"vllm-router {policy}", [router(f"vllm-router-{policy}-{g}", args.vllm_router, reps, policy, tag)
-                                                    for g in range(args.gateways)]))
+        for policy in ("round_robin", "cache_aware", "kv_aware"):
+            peers.append((f"vllm-router {policy}", [router(f"vllm-router-{policy}-{g}", args.vllm_router, reps, policy, tag,
+                                                           args.block_size) for g in range(args.gateways)]))
     for _, servers in peers:
         for s in servers:
             s.start()
@@ -346,6 +350,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.smoke:
         args.model, args.replicas, args.tenants, args.system_tokens, args.requests = "tiny", 2, 4, 128, 12
         args.rate, args.max_tokens = 4.0, 4
+        if args.engine_args == ENGINE_ARGS:
+            args.engine_args = ENGINE_ARGS.replace("--max-model-len 4096", "--max-model-len 2048")
     return args
 
 
