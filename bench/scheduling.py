@@ -329,7 +329,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), tiny, or a folder")
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--engine-args", default=ENGINE_ARGS)
-    ap.add_argument("--block-size", type=int, default=16, help="vLLM's --block-size for the replicas")
+    ap.add_argument("--block-size", type=int, default=32, help="vLLM's --block-size for the replicas (its CPU backend: a multiple of 32)")
     ap.add_argument("--tenants", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=1500)
     ap.add_argument("--cache-share", type=float, default=0.3, help="each replica's KV cache: this share of all prefixes")
@@ -351,7 +351,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.model, args.replicas, args.tenants, args.system_tokens, args.requests = "tiny", 2, 4, 128, 12
         args.rate, args.max_tokens = 4.0, 4
         if args.engine_args == ENGINE_ARGS:
-            args.engine_args = ENGINE_ARGS.replace("--max-model-len 4096", "--max-model-len 2048")
+            args.engine_args = ENGINE_ARGS.replace("--max-model-len 4096", "--max-model-len 256")
     return args
 
 
@@ -369,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     extra = ["--block-size", str(args.block_size)]
     if args.kv_pressure:
-        blocks = max(16, math.ceil(args.cache_share * args.tenants * args.system_tokens / args.block_size))
+        # (vLLM wants room for one request of --max-model-len at least)
+        max_len = int(shlex.split(args.engine_args)[shlex.split(args.engine_args).index("--max-model-len") + 1]) \
+            if "--max-model-len" in args.engine_args else 4096
+        blocks = max(math.ceil(max_len / args.block_size) + 1, math.ceil(args.cache_share * args.tenants * args.system_tokens / args.block_size))
         extra += ["--num-gpu-blocks-override", str(blocks)]
     else:
         extra += ["--max-num-seqs", str(args.max_num_seqs)]
