@@ -108,7 +108,7 @@ def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: d
 
 def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str, block_size: int) -> Server:
     port = free_port()
-    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--prometheus-port", str(free_port()),
            "--worker-urls", *[r.server.url for r in reps]]
     if policy == "kv_aware":  # its own subscription to the same replicas' events
         for r in reps:
@@ -228,15 +228,20 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
         for policy in ("round_robin", "cache_aware", "kv_aware"):
             peers.append((f"vllm-router {policy}", [router(f"vllm-router-{policy}-{g}", args.vllm_router, reps, policy, tag,
                                                            args.block_size) for g in range(args.gateways)]))
-    for _, servers in peers:
-        for s in servers:
-            s.start()
-            started.append(s)
-    for _, servers in peers:
-        for s in servers:
-            s.wait_ready(120)
     rows = []
     for i, (label, servers) in enumerate(peers):
+        try:  # one peer at a time: the others' processes would take the cores from it
+            for s in servers:
+                s.start()
+                started.append(s)
+            for s in servers:
+                s.wait_ready(120)
+        except RuntimeError as exc:
+            print(f"{label}: did not start: {str(exc)[-300:]}", flush=True)
+            rows.append({"peer": label, **summary([]), "first_error": f"did not start: {str(exc)[:200]}"})
+            for s in servers:
+                s.stop(10)
+            continue
         rng = random.Random(args.seed + i)
         prompts = system_prompts(tokenizer, args.tenants, args.system_tokens, f"{label}-{tag}", args.seed + i)
         weights = zipf_weights(args.tenants, args.zipf)
@@ -252,6 +257,8 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
 
         peer = Peer(label, servers)
         uvloop.run(open_loop(peer, arrivals, restart if args.restart_mid else None))
+        for s in servers:
+            s.stop(30)
         row = {"peer": label, **summary(peer.outcomes)}
         rows.append(row)
         print(f"{label:>26}: cached {row['cached_ratio']:.3f}  TTFT p50 {row['ttft_p50_ms']:8.1f} ms  p90 "
