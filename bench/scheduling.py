@@ -201,6 +201,24 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
             "ttft_p50_ms": pct(ttft, 0.5) * 1e3, "ttft_p90_ms": pct(ttft, 0.9) * 1e3}
 
 
+def routing_decisions(servers: list[Server]) -> dict[str, float]:
+    """Our gateways' choices by what decided them (kv_events, affinity), from their /metrics."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    for s in servers:
+        try:
+            with urllib.request.urlopen(s.url + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("streamproxy_gateway_kv_routing_decisions_total{"):
+                by = line.split('by="', 1)[1].split('"', 1)[0]
+                out[by] = out.get(by, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def poisson(n: int, rate: float, rng: random.Random) -> list[float]:
     t, out = 0.0, []
     for _ in range(n):
@@ -257,13 +275,14 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
 
         peer = Peer(label, servers)
         uvloop.run(open_loop(peer, arrivals, restart if args.restart_mid else None))
+        decided = routing_decisions(servers) if not label.startswith("vllm-router") else {}
         for s in servers:
             s.stop(30)
-        row = {"peer": label, **summary(peer.outcomes)}
+        row = {"peer": label, **summary(peer.outcomes), "decisions": decided}
         rows.append(row)
         print(f"{label:>26}: cached {row['cached_ratio']:.3f}  TTFT p50 {row['ttft_p50_ms']:8.1f} ms  p90 "
-              f"{row['ttft_p90_ms']:8.1f} ms  ok {row['ok']}/{row['requests']}  errors {row['errors']} {row['first_error']}",
-              flush=True)
+              f"{row['ttft_p90_ms']:8.1f} ms  ok {row['ok']}/{row['requests']}  errors {row['errors']} {row['first_error']}"
+              f"  decided by {decided}", flush=True)
     return rows, {}
 
 
