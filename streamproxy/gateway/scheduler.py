@@ -229,7 +229,8 @@ class Scheduler:
         replica, cached = choose(self.pool, self.index, prompt, keys, exclude, now, self.weights, self.max_concurrency)
         if replica is None:
             return None, 0
-        self.decisions["kv_events" if replica.url in self.subscribers else "affinity"].inc()
+        by_events = self.pool.policy.affinity and replica.url in self.subscribers
+        self.decisions["kv_events" if by_events else "affinity"].inc()
         if cached:
             self.predicted.inc(cached)
         return replica, replica.index.matched(keys) if keys else 0

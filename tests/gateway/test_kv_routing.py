@@ -10,12 +10,14 @@ block in the index; /v1/deployments and /metrics show each replica's stream.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
 from streamproxy.gateway.balance import rendezvous_score
+from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.prefix import prefix_keys
 from tests.gateway.conftest import Gateway, Replica, StartGateway, StartReplica
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, fits, post, sample
@@ -109,6 +111,25 @@ async def test_a_completion_prompt_of_token_ids_is_routed_without_tokenizing(
         assert status == 200, got
         assert [s.path for s in b.seen if s.path != "/health"] == ["/v1/completions"]
         assert [s.path for s in a.seen if s.path != "/health"] == []
+
+
+async def test_a_prompt_sent_counts_on_its_replica_before_its_events_come(
+        replica: StartReplica, gateway: StartGateway, session: aiohttp.ClientSession) -> None:
+    a, b = await replica(), await replica()
+    async with publishing(gateway, [a, b], [0, 1]) as (gw, pubs):
+        await stored(gw, pubs[a.base], a.base, [1, 2, 3, 4])
+        await stored(gw, pubs[b.base], b.base, [5, 6, 7, 8])
+        index = gw.state.schedulers[DEPLOYMENT].index
+        index.speculative_ttl = 3600.0  # (a machine however slow is within it)
+        prompt = list(range(300, 340))
+        status, _, got = await post(session, gw.url("/v1/completions"), {"model": DEPLOYMENT, "prompt": prompt, "max_tokens": 2})
+        assert status == 200, got
+        chosen = next(r.base for r in (a, b) if any(s.path == "/v1/completions" for s in r.seen))
+        other = b.base if chosen == a.base else a.base
+        # No event said so (the fake replicas publish nothing by themselves): llm-d's speculative entry, for its TTL.
+        now = time.monotonic()
+        assert index.cached_tokens(PromptKeys(prompt), [chosen, other], now) == {chosen: 40, other: 0}
+        assert index.cached_tokens(PromptKeys(prompt), [chosen], now + index.speculative_ttl + 1) == {chosen: 0}
 
 
 async def test_a_replica_without_events_keeps_todays_affinity(
