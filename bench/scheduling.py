@@ -117,6 +117,26 @@ def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str, 
     return Server(label, cmd, port, RESULTS / "logs" / f"{tag}-{label}.log")
 
 
+def wait_health(server: Server, timeout: float = 120.0) -> None:
+    """A gateway with keys answers /v1/models only with one: its /health alone says it is up."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.proc is not None and server.proc.poll() is not None:
+            raise RuntimeError(f"{server.label} exited with {server.proc.returncode}; log {server.log_path}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.label} not healthy after {timeout:.0f} s; log {server.log_path}")
+        time.sleep(0.5)
+
+
 def system_prompts(tokenizer: Any, tenants: int, tokens: int, salt: str, seed: int) -> list[str]:
     rng = random.Random(seed)
     prompts = []
@@ -298,7 +318,7 @@ def fairness(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], tmp:
         s.start()
         started.append(s)
     for s in (fcfs, fair):
-        s.wait_ready(120)
+        wait_health(s)
     prompt = system_prompts(tokenizer, 1, args.system_tokens, tag, args.seed)[0]
     light_rate = args.rate / (1 + args.heavy_ratio)
 
