@@ -328,7 +328,7 @@ def fairness(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], tmp:
         arrivals: list[tuple[float, str, dict[str, Any], dict[str, str]]] = []
         if light:
             arrivals += [(at, "light", body(prompt, f"light {n}", args.max_tokens, **light_extra), {"Authorization": "Bearer sk-light"})
-                         for n, at in enumerate(poisson(args.requests // (1 + args.heavy_ratio) or 1, light_rate, rng))]
+                         for n, at in enumerate(poisson(int(args.requests // (1 + args.heavy_ratio)) or 1, light_rate, rng))]
         if heavy:
             span = arrivals[-1][0] if arrivals else args.requests / args.rate
             heavy_times = [t for t in poisson(args.requests * 2, light_rate * args.heavy_ratio, rng) if t <= span]
