@@ -236,6 +236,8 @@ def routing_decisions(servers: list[Server]) -> dict[str, float]:
             if line.startswith("streamproxy_gateway_kv_routing_decisions_total{"):
                 by = line.split('by="', 1)[1].split('"', 1)[0]
                 out[by] = out.get(by, 0.0) + float(line.rsplit(" ", 1)[1])
+            elif line.startswith("streamproxy_gateway_kv_predicted_cached_tokens_total{"):
+                out["predicted_cached_tokens"] = out.get("predicted_cached_tokens", 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -268,6 +270,8 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
                                                            args.block_size) for g in range(args.gateways)]))
     rows = []
     for i, (label, servers) in enumerate(peers):
+        if args.peers and label not in args.peers.split(","):
+            continue
         try:  # one peer at a time: the others' processes would take the cores from it
             for s in servers:
                 s.start()
@@ -298,11 +302,12 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
         decided = routing_decisions(servers) if not label.startswith("vllm-router") else {}
         for s in servers:
             s.stop(30)
-        row = {"peer": label, **summary(peer.outcomes), "decisions": decided}
+        row = {"peer": label, **summary(peer.outcomes), "decisions": decided,
+               "reported_cached_tokens": sum(o.cached_tokens for o in peer.outcomes)}
         rows.append(row)
         print(f"{label:>26}: cached {row['cached_ratio']:.3f}  TTFT p50 {row['ttft_p50_ms']:8.1f} ms  p90 "
               f"{row['ttft_p90_ms']:8.1f} ms  ok {row['ok']}/{row['requests']}  errors {row['errors']} {row['first_error']}"
-              f"  decided by {decided}", flush=True)
+              f"  decided by {decided}  reported cached tokens {row['reported_cached_tokens']}", flush=True)
     return rows, {}
 
 
@@ -386,6 +391,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--restart-mid", action="store_true", help="restart replica 0 halfway through each peer's run")
     ap.add_argument("--gateways", type=int, default=1, help="gateways per peer, sharing nothing (requests alternate)")
     ap.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router's binary (default: on PATH)")
+    ap.add_argument("--peers", default="", help="kv-pressure: only these peers (comma-separated labels, e.g. 'KV events,our affinity')")
     ap.add_argument("--max-num-seqs", type=int, default=4, help="fairness: each replica's batch (its saturation)")
     ap.add_argument("--heavy-ratio", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=35)
