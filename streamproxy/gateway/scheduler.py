@@ -14,8 +14,8 @@ known gets its prompt as token ids: the ids of a `/v1/completions` prompt
 of ids as they are; otherwise the replica's own `POST /tokenize` (the chat
 messages and tools rendered by its chat template: the ids it will prefill,
 for any model, with no tokenizer in the gateway; one more round trip,
-`streamproxy_gateway_kv_tokenize_seconds`), asked of a publishing replica,
-bounded by `TOKENIZE_TIMEOUT`; a failure falls back to today's affinity.
+`streamproxy_gateway_kv_tokenize_seconds`), asked of the least busy
+publishing replica, bounded by `TOKENIZE_TIMEOUT`; a failure falls back to today's affinity.
 `kv_score.choose` then weighs each replica's cached prefix against its
 load (replicas without events: today's approximate index); after dispatch
 `KVIndex.speculate` counts the prompt's blocks on the chosen replica until
@@ -198,9 +198,10 @@ class Scheduler:
         if isinstance(source, list):
             return PromptKeys(source, cache_salt=cache_salt)
         now = time.monotonic()
-        url = next((r.url for r in self.pool.replicas if r.url in self.subscribers and r.health.available(now)), None)
-        if url is None:
+        publishing = [r for r in self.pool.replicas if r.url in self.subscribers and r.health.available(now)]
+        if not publishing:
             return None
+        url = min(publishing, key=lambda r: r.outstanding).url  # (the least busy: not always the first one)
         began = perf_counter()
         try:
             async with asyncio.timeout(TOKENIZE_TIMEOUT):
