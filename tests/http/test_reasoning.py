@@ -20,10 +20,10 @@ from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
 
 from engine_adapter.fake import FakeScript
+from harness.server import fake_server
 from tests.http.http_support import assert_openai_error
 from tests.support import USER_HI, sse, validate
 from tests.support.api_events import anthropic_order, check_anthropic, check_responses, responses_order
-from tests.support.server import fake_server
 from tests.support.sse import named_events
 
 QWEN = ["<think>", "\nThe user", " says hi", ".\n", "</think>", "\n\n", "Hello", " there!"]
