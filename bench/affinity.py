@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rep.label} ready on :{rep.port} in {rep.ready_after:.0f} s (log {rep.stdout_path})", flush=True)
         urls = [r.base for r in reps]
         gws = []
-        for i, (label, policy, n) in enumerate(POLICIES):
+        for i, (_label, policy, n) in enumerate(POLICIES):
             gw = relays.gateway_server(urls[:n], f"gateway-affinity-{stamp}", tmp, policy=policy,
                                        label=f"gateway{i}", served=SERVED_NAME)
             gw.start()

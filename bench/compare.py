@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         path, label = model_path(name), model_label(name)
         shown = f"{label}, {gpu.LABEL}" if regime else label  # the model column: every gpu-regime row is labelled
 
-        def env_for(server: str) -> dict[str, str]:  # the gpu regime: the step model, a stats file per server
+        def env_for(server: str, label: str = label) -> dict[str, str]:  # the gpu regime: the step model, a stats file per server
             return {**env, **regime.env(f"{label}-{server}")} if regime else env
 
         margs = engine_args + (shlex.split(args.tiny_engine_args) if name == "tiny" else [])
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 for srv in srvs:
                     warm_up(srv, conc, args.endpoint, model_ids[srv.label], kind)
                 for rnd in range(args.rounds):
-                    for i, srv in enumerate(srvs):
+                    for srv in srvs:
                         peers = [p for p in srvs if p is not srv]
                         raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(args.endpoint),
                                                     body(args.endpoint, model_ids[srv.label], args.max_tokens, kind))

@@ -17,9 +17,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable
 
 from harness.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
 from harness.process import ServerProcess

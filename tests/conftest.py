@@ -38,6 +38,9 @@ os.environ["STREAMPROXY_LEDGER"] = f"sqlite://{_LEDGER_DIR}/ledger.db"
 
 START_TIMEOUT = 600
 
+# Fixtures defined in tests/support, for every folder: `store` (every kind of LedgerStore).
+pytest_plugins = ["tests.support.ledger_store"]
+
 
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
     """`python -m streamproxy serve ARGS` (a real engine unless ARGS say otherwise), its base URL

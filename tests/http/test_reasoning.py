@@ -158,7 +158,7 @@ async def test_openai_sdk_reads_reasoning(serve):
         chunks = [c async for c in stream]
     message = done.choices[0].message
     # `reasoning` and `reasoning_content` are vendor fields: the SDK keeps them as extras (untyped).
-    assert message.content == ANSWER and getattr(message, "reasoning") == THOUGHT and getattr(message, "reasoning_content") == THOUGHT
+    assert message.content == ANSWER and message.model_extra == {"reasoning": THOUGHT, "reasoning_content": THOUGHT}
     assert done.usage and done.usage.completion_tokens_details and done.usage.completion_tokens_details.reasoning_tokens == 3
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == THOUGHT

@@ -91,11 +91,13 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
                 if not retry_unanswered_start or attempt or "did not answer its first call" not in exc.log:
                     raise
                 said = [line for line in exc.log.splitlines() if not line.lstrip().startswith(("nanobind:", "- leaked", "See https://nanobind"))]
-                warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]))
+                warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]),
+                              stacklevel=3)  # (the test's `with`)
                 continue
             reasked = [line for line in server.log().splitlines() if "the engine core has not answered" in line or "the engine core answered" in line]
             if reasked:  # a first call answered only when asked again (engine_adapter/first_call.py): say so in the run's output
-                warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked))
+                warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked),
+                              stacklevel=3)
             try:
                 yield srv
             finally:
