@@ -48,6 +48,10 @@ class Server(ServerProcess):
     def wait_ready(self, timeout: float = 900.0, interval: float = 0.5) -> None:
         super().wait_ready(timeout, interval)
 
+    def stop(self, timeout: float = 60.0) -> int:
+        """Room for an engine's own shutdown before SIGKILL (then the whole group)."""
+        return super().stop(timeout)
+
     def fifo(self, prio: int) -> Server:
         """`--chrt PRIO`: start under `chrt -f PRIO` (it execs the server: the pid we watch is the server's); 0: as is."""
         if prio:
