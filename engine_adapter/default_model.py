@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 TINY_MODEL_NAME = "tiny-llama-1layer"

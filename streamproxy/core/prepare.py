@@ -26,8 +26,8 @@ from typing import Any
 from engine_adapter.base import Engine, GenerationParams
 from streamproxy.config import Settings
 from streamproxy.core import params as P
-from streamproxy.core.chat_template import content_format
 from streamproxy.core import structured as S
+from streamproxy.core.chat_template import content_format
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.base import FilterFactory
 from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec

@@ -34,7 +34,6 @@ from streamproxy.gateway.health import Health
 from streamproxy.gateway.metrics import DeploymentSeries, ReplicaSeries
 from streamproxy.gateway.prefix import PrefixIndex, stable_hash
 
-
 _MASK = (1 << 64) - 1
 
 

@@ -178,7 +178,7 @@ class Keyring:
         if used < budget and used + held + tokens <= budget:
             return self.holds.take(k.id, tokens)
         _, end = period_start(now, period)
-        resets = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resets = dt.datetime.fromtimestamp(end, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         word = "daily" if period == "day" else "monthly"
         until_reset = max(1, int(end - now))
         if used >= budget:

@@ -23,8 +23,7 @@ was refused).
 from __future__ import annotations
 
 import math
-from enum import Enum
-
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -41,7 +40,7 @@ class Timings(Protocol):
     def restart_backoff(self) -> float: ...
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     PARKED = "parked"
     WAKING = "waking"
     READY = "ready"

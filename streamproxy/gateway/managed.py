@@ -40,8 +40,8 @@ from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
-from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
+from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
 log = logging.getLogger("streamproxy.gateway")

@@ -32,8 +32,8 @@ from streamproxy.gateway.config import Deployment, Kubernetes, Launch
 from streamproxy.gateway.deployadmin import DeploymentDeleted
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
-from streamproxy.ledger.params import MAX_LIMIT
 from streamproxy.ledger.keys import KeyCreate, KeyCreated, KeyDeleted, KeyList
+from streamproxy.ledger.params import MAX_LIMIT
 from streamproxy.ledger.records import RequestPage, UsageReport
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo
 

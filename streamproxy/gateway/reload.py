@@ -133,17 +133,20 @@ class Reloader:
     async def _run(self) -> None:
         while True:
             self.pending = False
-            # `load` reads a file: a small one, read in a thread so a slow disk does not stall the loop.
-            try:
-                loaded = await asyncio.to_thread(self.load)
-            except (Exception, SystemExit) as exc:  # refused below with the reason, on the loop
-                error = exc
-
-                def failed() -> tuple[Settings, GatewayConfig]:
-                    raise error
-
-                reload(self.app, failed, self.source)
-            else:
-                reload(self.app, lambda: loaded, self.source)
+            await self._once()
             if not self.pending:
                 return
+
+    async def _once(self) -> None:
+        # `load` reads a file: a small one, read in a thread so a slow disk does not stall the loop.
+        try:
+            loaded = await asyncio.to_thread(self.load)
+        except (Exception, SystemExit) as exc:  # refused below with the reason, on the loop
+            error = exc
+
+            def failed() -> tuple[Settings, GatewayConfig]:
+                raise error
+
+            reload(self.app, failed, self.source)
+        else:
+            reload(self.app, lambda: loaded, self.source)

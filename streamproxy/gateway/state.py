@@ -129,7 +129,7 @@ class GatewayState:
     def _keep_limits(self, previous: GatewayState) -> None:
         """A key whose id and limits are unchanged keeps its limiter (its minute's counts)."""
         old = {key.id: (key, limiter) for _, key, limiter in previous.keys}
-        for i, (secret, key, limiter) in enumerate(self.keys):
+        for i, (secret, key, _) in enumerate(self.keys):
             was = old.get(key.id)
             if was is not None and (was[0].rpm, was[0].tpm) == (key.rpm, key.tpm):
                 self.keys[i] = (secret, key, was[1])
@@ -163,7 +163,7 @@ class GatewayState:
         for name, pool in previous.pools.items():
             if id(pool) not in kept:
                 gone[id(pool)] = (pool, previous.sources[name])
-        for pool, source in gone.values():
+        for _, source in gone.values():
             self.supervisor.forget(source)
         for managed in self.fresh_managed:
             self.supervisor.attach(managed)

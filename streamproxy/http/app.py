@@ -31,17 +31,16 @@ from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFou
 from streamproxy.filters.detect import AUTO, resolve
 from streamproxy.http import accesslog, context, tracing
 from streamproxy.http import metrics as metrics_module
-from streamproxy.http.context import CONTEXT, Subscriber
 from streamproxy.http.auth import make_auth_middleware
+from streamproxy.http.context import CONTEXT, Subscriber
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
 from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.engine_watch import watch
 from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
-from streamproxy.http.routes import add_routes
+from streamproxy.http.routes import add_routes, background
 from streamproxy.http.routes.lora import load_static
-from streamproxy.http.routes import background
 from streamproxy.http.state import STATE_KEY, AppState
 
 log = logging.getLogger("streamproxy")

@@ -31,7 +31,6 @@ import msgspec
 
 from streamproxy.errors import InvalidRequest
 
-
 _ID_PREFIX = os.urandom(8).hex()
 _ids = count()
 
@@ -161,7 +160,7 @@ class UsageQuery:
 
 def period_of(ts_us: int, period: Literal["day", "month"]) -> str:
     """The UTC day ("2026-12-01") or month ("2026-12") of a time, as every store writes it."""
-    when = dt.datetime.fromtimestamp(ts_us // 1_000_000, dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ts_us // 1_000_000, dt.UTC)
     return when.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
 
 

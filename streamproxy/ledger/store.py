@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
+from streamproxy.ledger.deployments import StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow
 

@@ -24,12 +24,12 @@ import pytest
 import yaml
 
 from engine_adapter.fake import FakeScript
+from harness.waiting import wait_until
 from streamproxy.cli import load_gateway
 from streamproxy.gateway.reload import Reloader, reload
 from streamproxy.gateway.state import STATE_KEY
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, error_body, post, sample
 from tests.support import sse
-from tests.support.waiting import wait_until
 
 OTHER = {"name": "other-bot", "id": "dep-0b", "served_model": SERVED}
 TOKENS = 20

@@ -43,11 +43,11 @@ import pytest
 from aiohttp import web
 
 from streamproxy.config import Settings
+from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
-from tests.support.served import WriteRecorder, serve_app
-from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from tests.support import wait_until
+from tests.support.served import WriteRecorder, serve_app
 
 VERSION = aiohttp.__version__
 PRODUCT = Path(__file__).resolve().parents[2] / "streamproxy"

@@ -37,10 +37,10 @@ from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import Prepared
 from streamproxy.errors import APIError, InternalError, InvalidRequest
 from streamproxy.http.admission import Ticket
+from streamproxy.http.body import SSE_HEADERS, Body, WriteStalled
 from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.state import STATE_KEY, AppState, app_state
-from streamproxy.http.body import SSE_HEADERS, Body, WriteStalled
 from streamproxy.http.writer import client_gone
 
 log = logging.getLogger("streamproxy.responses")

@@ -22,11 +22,11 @@ import msgspec
 from aiohttp import web
 
 from engine_adapter.base import TokenLogprob
+from streamproxy.config import Settings
 from streamproxy.core import completion as C
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
-from streamproxy.config import Settings
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation

@@ -55,12 +55,12 @@ from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http import tracing
 from streamproxy.http.admission import Ticket
+from streamproxy.http.body import SSE_HEADERS, StreamBody, WriteStalled, sse_response
 from streamproxy.http.context import CONTEXT, RequestContext
 from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import STATE_KEY, AppState, engine_dead
-from streamproxy.http.body import SSE_HEADERS, StreamBody, WriteStalled, sse_response
 from streamproxy.http.writer import StreamOutcome, client_gone, pump_sse
 
 log = logging.getLogger("streamproxy.generation")

@@ -42,6 +42,7 @@ from streamproxy.http.routes import background, generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
 
+
 def _shell(req: ResponsesRequest, response_id: str, model: str) -> Response:
     """Everything of the Response the request decides, echoed as OpenAI echoes it."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else TextFormat(type="text")
