@@ -36,7 +36,7 @@ TOKENS = 20
 SLOW = FakeScript(tokens=[f"t{i} " for i in range(TOKENS)], token_delay=0.05)  # a stream lasts about 1 s
 ANSWER = "".join(f"t{i} " for i in range(TOKENS))
 # 2 s a stream: room for all of them to start and the reload to land while every one still runs.
-LONG = FakeScript(tokens=[f"t{i} " for i in range(2 * TOKENS)], token_delay=0.05)
+LONG = FakeScript(tokens=[f"t{i} " for i in range(2 * TOKENS)], token_delay=0.2)  # about 8 s: 200 streams start well within it, even on a loaded machine
 
 
 def write(path: Path, deployments: list[dict[str, Any]], **rest: Any) -> Path:
