@@ -53,12 +53,9 @@ class _ChoiceState:
 class StreamEncoder(Protocol):
     """What the writer needs to turn one request's engine steps into its stream.
 
-    Every method returns the bytes to write next (possibly empty), never
-    awaits and does no I/O. The writer sets `prompt_tokens` (and, at the end,
-    `cached_tokens`) from the engine's stream before it calls `step`/`finish`;
-    `completion_tokens` and `finish_reasons` (one per choice, in this API's
-    words) go to the access log. `keepalive` is what a silent stream sends
-    (an SSE comment, or the API's own event).
+    Every method returns the bytes to write next (maybe empty) and does no I/O. The writer sets
+    `prompt_tokens` (and at the end `cached_tokens`) before `step`/`finish`; `completion_tokens` and
+    `finish_reasons` (in this API's words) go to the access log; `keepalive` is what a silent stream sends.
     """
 
     prompt_tokens: int

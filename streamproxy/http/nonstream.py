@@ -63,16 +63,11 @@ async def respond_nonstream(
     record: RequestContext | None = None,
     error_body: Callable[[APIError], bytes] | None = None,
 ) -> web.StreamResponse:
-    """Answer with the JSON `work` resolves to; keep the connection alive if it is slow.
+    """Answer with the JSON `work` resolves to, inside `life`; keep the connection alive if it is slow.
 
-    Everything runs inside `life` (the request timeout, pulled in by a drain).
-    Before `keepalive_after` seconds (<= 0: never) an APIError from `work`, or
-    the end of `life`, is an ordinary error response (the middleware renders
-    it). After that the 200 and headers are out, a newline goes every
-    `keepalive_interval` seconds, and an error is written into the body in
-    the route's error shape (`error_body`; OpenAI's `{"error": ...}` by
-    default), with no `choices`. A client that stops reading or goes away
-    after the early 200 ends the response quietly (see `client_gone`).
+    Before `keepalive_after` s (<= 0: never) an error is an ordinary error response. After it the 200 is
+    out, a newline goes every `keepalive_interval` s, and an error is written into the body in the route's
+    shape (`error_body`, OpenAI's by default). A client gone after the early 200 ends it quietly.
     """
     early: list[web.StreamResponse] = []
     try:

@@ -255,14 +255,8 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
 
 
 async def _freeze_after_start(app: web.Application, *, own_process: bool) -> None:
-    """Once the engine is up, move everything alive into the GC's permanent generation
-    (and, in the process's own server, cache vLLM's environment reads: a test process
-    that serves in-process may still change VLLM_* variables for the engines it makes).
-
-    What start-up built (modules, the app, the engine, vLLM's and torch's
-    objects) lives as long as the process; left in the collector's view, every
-    full collection under load walks all of it. Frozen, a collection only
-    walks what requests allocated (gc.freeze, as Instagram's Django servers do).
+    """Once the engine is up, `gc.freeze()` what start-up built, so full collections under load walk only
+    what requests allocate (and, in the process's own server, cache vLLM's environment reads).
     """
     task = app.get(ENGINE_TASK_KEY)
     if task is not None:
