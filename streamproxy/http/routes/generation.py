@@ -4,7 +4,7 @@ A plan is a `Work` (the engine requests to make: one, or one per prompt merged b
 `Answer` (the stream encoder, or the accumulator and the JSON body). `run`: `admission.enter()` (429
 over capacity); `work.claim()` the engine ids; streaming: headers out (submitting first when a slot is
 free, so engine rejections are still 400s), keep-alives while queued, `pump_sse`; otherwise a background
-task waits, submits and collects while `respond_nonstream` keeps the client; finally the usage and
+task waits, submits and collects while `answer_nonstream` keeps the client; finally the usage and
 outcome into the request's context, the slot released and `work.end()` aborts whatever is not done.
 One place makes an engine request and one can leave it behind. Each request runs inside a `Lifetime`
 (drain.py); `detach` runs a work from a server task (Responses' `background: true`). Tracing and
