@@ -320,9 +320,7 @@ class FakeEngine:
                 self._running.pop(request_id, None)
 
     def _advance(self, run: _Running) -> bool:
-        """Emit one token per unfinished choice; True when the request is done."""
-        if run.plain:
-            return self._advance_plain(run)
+        """Emit one token per unfinished choice (a request that is not `plain`); True when it is done."""
         if run.crash:
             raise RuntimeError("injected engine crash (a prompt contains --fake-crash-on)")
         params = run.params
