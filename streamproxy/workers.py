@@ -4,7 +4,7 @@ The parent (`run_workers`), no HTTP of its own: sets `PROMETHEUS_MULTIPROC_DIR` 
 `/metrics` shows the sum); binds N SO_REUSEPORT sockets once, before any worker starts, so the kernel
 spreads connections over the workers that listen; starts the shared engine cores (`EngineHost`,
 vllm_shared.py; nothing for the fake engine); spawns the workers, each with its socket, index and
-client config. SIGTERM/SIGINT is passed on to every worker, which drains as one server does (a second
+client config. SIGTERM or SIGINT sends SIGTERM to every worker, which drains as one server does (a second
 one too); workers ignore SIGINT and get SIGTERM if the parent dies. A signal during the launch kills
 what it started and exits 128 + the signal. A worker's own exit or the shared engine's death (workers
 get SIGUSR1: 503 `engine_dead`) ends them all with exit 1. `worker_settings` splits the concurrency,
