@@ -1,24 +1,12 @@
 """One relayed request (`Call`) and its tries on replicas (`Attempt`): what every way of relaying shares.
 
-A `Call` is the request from its deployment's choice to its end (`with call:`:
-counted on the deployment, its source and the retry budget while it runs;
-at its end the tokens metered into the request's context, the metrics and
-the key's per-minute limit). `open` sends it with failover before the first
-byte: replicas are tried one at a time (`Pool.choose`, never one this call
-tried already); a connect error, a timeout before the response headers, or
-a retryable status (503, 429 by default) moves on to another replica while
-Envoy's retry budget and `num_retries` allow. The first answer not retried
-comes back open. When no replica can take the request the answer is 503
-`upstream_unavailable` with a Retry-After, or, if the last replica answered
-429/503 itself, that answer (its Retry-After passed on).
-
-The call owns its attempts (`attempts`, in order: stream migration will add
-more than one answered). An `Attempt` is counted on its replica from its
-start to its `end`, the one place an attempt's outcome is recorded: the
-replica's counts, health and breaker (an ejection logged), its span, and
-its connection (back to the pool after a complete answer, else closed: which
-is how the replica learns to abort). `done` ends the answered one. The
-relaying itself is `proxy` (the body) and `streaming` (the stream).
+`with call:` counts it on the deployment, its source and the retry budget; at its end the tokens go to
+the context, the metrics and the key's limit. `open` fails over before the first byte: one replica at a
+time (`Pool.choose`, never one tried), moving on after a connect error, a timeout before the headers or
+a retryable status while the retry budget and `num_retries` allow; none left: 503
+`upstream_unavailable` + Retry-After, or the last replica's own 429/503. An `Attempt`'s `end` is the one
+place its outcome is recorded (counts, health, breaker, span, connection reuse or close). The relaying
+itself is `proxy` (the body) and `streaming` (the stream).
 """
 
 from __future__ import annotations

@@ -1,63 +1,10 @@
 """The gateway's YAML: deployments, API keys, and the upstream policy (nginx/Envoy knobs).
 
-```yaml
-deployments:
-  - name: support-bot            # what clients send as `model`
-    id: dep-7f3a                 # also /v1/deployments/dep-7f3a/...
-    served_model: Qwen/Qwen3-8B  # the replicas' name for it (rewritten both ways)
-    upstreams: [http://127.0.0.1:8001, http://127.0.0.1:8002]
-  - name: secure                 # replicas over HTTPS (`serve --ssl-certfile ...`)
-    id: dep-secure
-    upstreams: [https://10.0.0.5:8000]
-    tls: {ca_file: /etc/streamproxy/replicas-ca.pem}   # replaces `upstream.tls` for this deployment
-  - name: smol                   # a managed deployment: the gateway runs its replicas
-    id: dep-smol
-    launch:
-      model: /path/to/model      # or "fake" (`--engine fake`)
-      args: ["--max-model-len", "4096"]   # any `serve` flag
-      replicas: 1
-      idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
-      boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
-      wait_for_wake: false       # true: requests wait for the wake instead of a 503
-  - name: qwen                   # replicas found on Kubernetes (kubernetes.py)
-    id: dep-qwen
-    kubernetes:
-      namespace: llm
-      selector: {app: qwen3-8b}  # the pods' labels
-      port: http                 # container port name or number
-      scale: {kind: Deployment, name: qwen3-8b, replicas: 2}   # optional: the gateway wakes and parks it
-      idle_park_after: 30m       # with `scale`
-admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park, the ledger's
-                                 # GET .../requests and /v1/usage, and /v1/keys
-max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
-keys:                            # none: no key is asked for
-  - id: team-a                   # what the access log says; the key itself never is
-    key_env: TEAM_A_KEY          # or `key: sk-...`
-    deployments: [support-bot]   # or ["*"]
-    rpm: 600                     # requests per minute (0: no limit)
-    tpm: 200000                  # prompt + completion tokens per minute
-upstream:                        # defaults below
-  connect_timeout: 5
-  tls:                           # how https:// upstreams are verified (a deployment's `tls` replaces it)
-    ca_file: null                # a PEM bundle of the CAs replicas' certificates chain to; null: the system's
-    verify: true                 # false: any certificate, any name (encrypted, not authenticated)
-    server_name: null            # the name the certificate must carry; null: the URL's host
-    cert_file: null              # a client certificate (and key_file) for replicas that ask for one
-    key_file: null               #   (`serve --ssl-cert-reqs 2`)
-ledger: sqlite:///var/lib/streamproxy/ledger.db   # or postgresql://user@host/db, or off;
-                                 # none: $STREAMPROXY_LEDGER, else ~/.local/state/streamproxy/ledger.db
-ledger_writer:                   # defaults below
-  interval: 0.5                  # s between batch writes (the most a kill -9 loses)
-  batch_size: 1000
-  max_buffered: 200000           # records held while the store is away; more are dropped (counted)
-budgets:                         # keys' token budgets (POST /v1/keys): defaults below
-  default_max_tokens: 4096       # completion tokens held for a request that names no max_tokens
-  prompt_bytes_per_token: 4      # the prompt's tokens held: the body's bytes / this (1: an upper bound)
-```
-
-Every other top-level key is one of the server's flags (`sse_heartbeat`,
-`request_timeout`, ...), as in `streamproxy serve --config`. Sans-IO:
-`load(text)` only parses and checks.
+Top-level sections: `deployments` (each with `upstreams`, `launch` or `kubernetes`, and an optional
+`tls`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
+every other key is one of the server's flags, as in `streamproxy serve --config`. The fields are
+documented in docs/gateway.md (configs/gateway.yaml is a commented example). Sans-IO: `load(text)`
+only parses and checks.
 """
 
 from __future__ import annotations

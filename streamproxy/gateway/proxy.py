@@ -1,19 +1,11 @@
 """The relaying handler: one request in, one replica's answer out, metered.
 
-    the key (401)  ->  read the body (413 over the cap) and decode it by serve's rules
-    (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
-    id; 404)  ->  the key may use it (401/429)  ->  its token budget holds the request's worst
-    case (429 insufficient_quota; released when the request ends)  ->  model renamed, usage asked for
-    ->  `Call.open` (failover before the first byte)  ->  stream or body
-
-The body goes on re-encoded by msgspec (integers of any size as they were), with the
-client's `_FORWARD` headers as the bytes it sent.
-
-Streams are `streaming.stream`'s. A non-streaming answer goes through the edge's
-`answer_nonstream` (early 200 and newlines when slow, late errors in the body).
-Whatever way the request ends, the upstream response is closed (which is what makes
-the replica abort: `Call.done`), and the tokens are metered and charged to the key (the
-end of `with call:`).
+The key (401) -> the body (413 over the cap; decoded by serve's rules: 400) -> the deployment (404) ->
+the key may use it (401/429) -> its budget holds the worst case (429 insufficient_quota) -> model
+renamed, usage asked for -> `Call.open` (failover before the first byte) -> stream
+(`streaming.stream`) or body (`answer_nonstream`). The body is re-encoded by msgspec (integers as they
+were), with the client's `_FORWARD` headers. However it ends, the upstream response is closed (the
+replica aborts) and the tokens are metered and charged (the end of `with call:`).
 """
 
 from __future__ import annotations

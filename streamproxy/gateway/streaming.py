@@ -1,21 +1,13 @@
 """Relaying a stream: headers once a replica answered, whole events, heartbeats, in-band errors.
 
-The client's response is an `http.body.RelayBody`, the writer of everything on it.
-Nothing is sent before a replica answered 200 (failover stays possible) unless that takes
-longer than a heartbeat interval: then the body's heartbeat sends the headers with the
-first keepalive (and `begun()` says so: an error after that goes in-band). Then `SSERelay`
-passes whole events. The response is `body.sse_response`'s, whose status line and headers
-wait for its first write: they leave in one write with the events that came with the
-replica's head (`Exchange.take`), or alone when none did. After that, events are written
-to the client from the replica connection's own data callback while the client keeps up
-(`RelayBody.relay`, given to `wire.Exchange.stream`: no task wake-up per event); when the
-client falls behind, reading from the replica pauses and the handler writes what is held,
-bounded by the stall timeout, then resumes (`RelayBody.follow`). The replica's last read
-(its stream complete) is held, not written: it goes out with the terminating chunk in one
-write (`Body.finish`), as a broken stream's error event does (the chunks are the same as
-when each was written on its own). So a stream costs the client's socket one write per
-replica read, no more. The body's heartbeat fills the replica's silences; a replica that
-breaks off ends the client's stream with an in-band `upstream_unavailable` event.
+The client's response is an `http.body.RelayBody`. Nothing is sent before a replica answered 200
+(failover stays possible) unless that takes a heartbeat interval: the heartbeat then sends the headers
+(`begun()`: later errors go in-band). The held head leaves in one write with the events that came with
+the replica's (`Exchange.take`); after that events are written from the replica connection's data
+callback while the client keeps up (`RelayBody.relay`), and when it falls behind reading pauses while
+the handler writes what is held (`RelayBody.follow`). The last read goes out with the terminating chunk
+(`Body.finish`): one client write per replica read. A replica that breaks off ends the stream with an
+in-band `upstream_unavailable`.
 """
 
 from __future__ import annotations
