@@ -4,8 +4,8 @@ somewhere else with a puzzle (or, worse, passes: a push path quietly off).
 
 `test_no_private_aiohttp_names_in_the_product` keeps streamproxy/ off aiohttp's private
 insides (no `_name` imported from aiohttp, no `x._name` that is one of aiohttp's private
-attributes, no `self._name` in a class built on one of aiohttp's). pyproject.toml pins aiohttp
-to the range this file and the suite have passed on. Who relies on what:
+attributes, no `self._name` in a class built on one of aiohttp's). pyproject.toml admits
+aiohttp's 3.14 patch releases, which this file checks. Who relies on what:
 
 - http/server.py `Runner`: a `web.ServerRunner` over `connection.Connections`; the app's
   start-up through a `web.AppRunner` whose server's public `request_handler` and
