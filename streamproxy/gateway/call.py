@@ -37,6 +37,7 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.resume import Stream
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError, ask, read_error
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
@@ -71,7 +72,9 @@ class Call:
     stream: bool
     strip_usage: bool
     usage: Usage
+    resume: Stream | None = None  # a stream that may migrate: its record (resume.py)
     attempts: list[Attempt] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # the replicas its attempts went to
 
     def renamed(self, raw: bytes) -> bytes:
         served, public = self.pool.deployment.upstream_model, self.public_model
@@ -115,8 +118,9 @@ class Call:
             self.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)
 
     # -- its attempts -----------------------------------------------------------------------
-    async def open(self) -> Attempt:
-        """The first answer not retried, open (see the module's comment)."""
+    async def open(self, path: str | None = None, body: bytes | None = None) -> Attempt:
+        """The first answer not retried, open (see the module's comment); `path` and `body`: a stream's
+        continuation's (on a replica none of its attempts went to yet), instead of the request's."""
         state, pool = self.state, self.pool
         source = state.sources[pool.deployment.name]
         if not source.serving:
@@ -124,7 +128,9 @@ class Call:
         upstreams, budget = state.upstreams, state.retries
         assert upstreams is not None
         tls = state.tls.get(pool.deployment.name)
-        tried: set[str] = set()
+        tried = self.tried
+        path = path or self.route.upstream_path
+        body = self.body if body is None else body
         last: UpstreamError | None = None
         retrying = False
         try:
@@ -142,7 +148,7 @@ class Call:
                 attempt = Attempt(self, replica, matched, retry)
                 self.attempts.append(attempt)
                 try:
-                    exchange = await ask(upstreams, replica.url, self.route.upstream_path, self.body, attempt.headers, tls)
+                    exchange = await ask(upstreams, replica.url, path, body, attempt.headers, tls)
                 except CONNECT_ERRORS as exc:
                     attempt.end(False, error=type(exc).__name__)
                     if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why

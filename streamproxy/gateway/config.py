@@ -10,6 +10,11 @@ deployments:
     id: dep-secure
     upstreams: [https://10.0.0.5:8000]
     tls: {ca_file: /etc/streamproxy/replicas-ca.pem}   # replaces `upstream.tls` for this deployment
+    migration:                   # a stream a replica broke off goes on on another (defaults below)
+      enabled: true
+      max_migrations: 2          # per request
+      max_tracked_tokens: 32768  # prompt + generated token ids kept per stream; longer: not migrated
+      stream_idle_timeout: 30    # s without a byte once the stream began: the replica is broken; 0: off
   - name: smol                   # a managed deployment: the gateway runs its replicas
     id: dep-smol
     launch:
@@ -159,6 +164,17 @@ class UpstreamTLS(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     key_file: str | None = None
 
 
+class Migration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Stream migration (`resume.py`): a chat or completions stream a replica broke off goes on on another."""
+
+    enabled: bool = True
+    max_migrations: int = 2  # per request (as Envoy's `num_retries`, but after the first byte)
+    max_tracked_tokens: int = 32768  # prompt + generated ids kept per stream; a longer one is not migrated
+    # Envoy's `stream_idle_timeout`: seconds without a byte from the replica, once its stream began, that
+    # count as a broken replica (then migrated); 0: only `upstream.read_timeout`.
+    stream_idle_timeout: float = 30.0
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
@@ -169,6 +185,7 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
     tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
+    migration: Migration = msgspec.field(default_factory=Migration)
 
     @property
     def upstream_model(self) -> str:
@@ -347,6 +364,10 @@ def check(config: GatewayConfig) -> None:
             if not any(url.startswith("https://") for url in d.upstreams):
                 raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
             check_tls(f"deployment {d.name!r}: `tls", d.tls)
+        m = d.migration
+        if m.max_migrations < 0 or m.max_tracked_tokens < 1 or m.stream_idle_timeout < 0:
+            raise ConfigError(f"deployment {d.name!r}: `migration`: max_migrations >= 0, max_tracked_tokens >= 1, "
+                              "stream_idle_timeout >= 0")
     check_tls("gateway config: `upstream.tls", config.upstream.tls)
     if config.admin_key_env and not os.environ.get(config.admin_key_env):
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")

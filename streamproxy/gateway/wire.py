@@ -12,7 +12,7 @@ pauses reading from the replica until `resume()`; `wait()` returns when the
 body ended or reading paused, and raises `UpstreamClosed` when the replica
 broke off, spoke bad HTTP, or was silent past the read timeout (nginx's
 `proxy_read_timeout`: the longest gap between two reads, one timer per
-exchange). `finish(reuse=...)` ends the exchange: a complete response on a
+exchange; `bound_silence` shortens it for a stream once it began). `finish(reuse=...)` ends the exchange: a complete response on a
 keep-alive connection goes back to the idle pool (nginx `keepalive`), anything
 else closes the connection, which is how a replica learns to abort.
 
@@ -334,6 +334,16 @@ class Exchange:
         """Until the body ended or reading paused (`paused`); raises UpstreamClosed."""
         if not self.parser.complete and not self.paused:
             await self._wait()
+
+    def bound_silence(self, seconds: float) -> None:
+        """From now on the longest silence between two reads is at most `seconds` (a stream's idle
+        bound once it began: Envoy's `stream_idle_timeout`); a longer read timeout is shortened."""
+        if seconds <= 0 or (self._timeout and self._timeout <= seconds) or self.parser.complete or self.error is not None:
+            return
+        self._timeout = seconds
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(self._last_read + seconds, self._check_silence)
 
     def resume(self) -> None:
         if self.paused and self.error is None:
