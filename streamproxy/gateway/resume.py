@@ -106,7 +106,7 @@ class Stream:
 
     __slots__ = (
         "chat", "request", "limit", "left", "client_ids", "usage_chunk", "tracking", "prompt", "generated",
-        "sent", "role_sent", "finished", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
+        "sent", "role_sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
     )
 
     def __init__(self, path: str, request: dict[str, Any], *, limit: int, migrations: int, client_ids: bool,
@@ -124,6 +124,7 @@ class Stream:
         self.sent = False  # a data event went to the client
         self.role_sent = False
         self.finished = False  # the finish chunk went to the client
+        self.usage_sent = False  # and the usage chunk
         self.parsed = False  # the replica's parser shaped the deltas (tool calls, reasoning)
         self.failed: dict[str, Any] | None = None  # the replica's in-band server error (the break)
         self.continuing = False  # the blocks are a continuation's
@@ -151,6 +152,8 @@ class Stream:
             self.role_sent = True
         if not self.finished and _FINISHED in block:
             self.finished = True
+        if self.finished and b'"usage":{' in block:
+            self.usage_sent = True
         for marker in _PARSED:
             if marker in block:
                 self.parsed = True
@@ -262,7 +265,7 @@ class Stream:
     def ending(self) -> bytes:
         """The end of a stream whose finish chunk went out before the replica broke off: the usage chunk if
         asked, and [DONE]."""
-        if not self.usage_chunk or self.head is None:
+        if not self.usage_chunk or self.usage_sent or self.head is None:
             return _DONE
         usage = {"prompt_tokens": len(self.prompt or ()), "total_tokens": 0, "completion_tokens": len(self.generated)}
         chunk = {**self.head, "choices": [], "usage": self._usage(usage)}
@@ -304,7 +307,7 @@ class Stream:
             usage = data.get("usage")
             if not isinstance(usage, dict):
                 return None
-            self.replica_usage = True
+            self.replica_usage = self.usage_sent = True
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
                 self.cached = details["cached_tokens"]
