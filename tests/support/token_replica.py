@@ -57,7 +57,7 @@ class TokenReplica:
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_get("/health", lambda r: web.Response(text="ok"))
+        app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         self.runner = web.AppRunner(app, shutdown_timeout=0.2)
@@ -71,6 +71,9 @@ class TokenReplica:
             await self.runner.cleanup()
 
     # -- the routes -----------------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append((request.path, body))
@@ -86,7 +89,7 @@ class TokenReplica:
 
     def _generate(self, prompt: list[int], cap: int | None) -> list[tuple[int, str | None]]:
         """Greedy up to `cap` (vLLM's default: the rest of MAX_MODEL_LEN), or EOS once the sequence is `eos_len` long."""
-        seq, out = list(prompt), []
+        seq, out = list(prompt), list[tuple[int, str | None]]()
         limit = cap if cap is not None else MAX_MODEL_LEN - len(prompt)
         while len(out) < limit:
             token = EOS if self.eos_len is not None and len(seq) >= self.eos_len else next_token(seq)
