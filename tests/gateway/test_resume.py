@@ -54,7 +54,7 @@ def start(path: str, client: dict[str, Any]) -> tuple[Stream, dict[str, Any], bo
     return stream, upstream, strip
 
 
-CASES = {
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": (CHAT, {"messages": HI, "stream": True, "max_tokens": 5}),
     "chat-usage-ids": (CHAT, {"messages": HI, "stream": True, "max_tokens": 5, "stream_options": {"include_usage": True},
                               "return_token_ids": True}),
@@ -97,7 +97,7 @@ def test_a_continuation_after_any_event_gives_the_client_the_unbroken_bytes(case
             assert (action, why) == (CONTINUE, None), k
             body = orjson.loads(stream.continuation())
             assert body["prompt"] == [*stream.prompt, *stream.generated]  # type: ignore[misc]
-            assert body["max_tokens"] == client["max_tokens"] - len(stream.generated)
+            assert body["max_tokens"] == int(client["max_tokens"]) - len(stream.generated)
             stream.migrating(action)
             relay = SSERelay(OPENAI, served=SERVED, public=PUBLIC, strip_usage=strip)
             got += bytewise(relay, stream, b"".join(replica_events(COMPLETIONS, body)))
