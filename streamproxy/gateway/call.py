@@ -12,8 +12,9 @@ comes back open. When no replica can take the request the answer is 503
 `upstream_unavailable` with a Retry-After, or, if the last replica answered
 429/503 itself, that answer (its Retry-After passed on).
 
-The call owns its attempts (`attempts`, in order: stream migration will add
-more than one answered). An `Attempt` is counted on its replica from its
+The call owns its attempts (`attempts`, in order: a migrated stream has
+more than one answered; `tried`, their replicas, is never chosen again, and
+`open(path, body)` sends a stream's continuation instead of the request). An `Attempt` is counted on its replica from its
 start to its `end`, the one place an attempt's outcome is recorded: the
 replica's counts, health and breaker (an ejection logged), its span, and
 its connection (back to the pool after a complete answer, else closed: which

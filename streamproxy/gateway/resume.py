@@ -105,7 +105,7 @@ class Stream:
     """One running stream: what it asked, the ids so far, what the client has had (see the module's comment)."""
 
     __slots__ = (
-        "chat", "request", "limit", "left", "client_ids", "usage_chunk", "tracking", "prompt", "generated",
+        "chat", "request", "limit", "left", "client_ids", "strip", "usage_chunk", "tracking", "prompt", "generated",
         "sent", "role_sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
     )
 
@@ -119,6 +119,7 @@ class Stream:
         self.usage_chunk = usage_chunk  # the client asked for the usage chunk
         self.why = why  # why it cannot be continued (refusal's), or None
         self.tracking = why is None
+        self.strip = why is None and not client_ids  # the gateway asked for the ids: the client does not get them
         self.prompt: array[int] | None = None
         self.generated: array[int] = array("i")
         self.sent = False  # a data event went to the client
@@ -157,10 +158,10 @@ class Stream:
         for marker in _PARSED:
             if marker in block:
                 self.parsed = True
-                if marker == b'"delta":{}' and not self.client_ids:
+                if marker == b'"delta":{}' and self.strip:
                     block = b"".join(e for e in _EVENT.findall(block) if not _empty_delta(e))
                 break
-        if (self.tracking or not self.client_ids) and b"token_ids" in block:
+        if (self.tracking or self.strip) and b"token_ids" in block:
             block = _IDS.sub(self._ids, block)
         return block
 
@@ -175,7 +176,7 @@ class Stream:
             if len(self.generated) + len(self.prompt or ()) > self.limit:
                 self.tracking, self.why = False, "longer than max_tracked_tokens"
                 self.prompt, self.generated = None, array("i")
-        if self.client_ids:
+        if not self.strip:
             return match[0]
         return b'"prompt_token_ids":null' if match[1] else b'"token_ids":null'
 

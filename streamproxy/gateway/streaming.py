@@ -14,8 +14,10 @@ bounded by the stall timeout, then resumes (`RelayBody.follow`). The replica's l
 (its stream complete) is held, not written: it goes out with the terminating chunk in one
 write (`Body.finish`), as a broken stream's error event does (the chunks are the same as
 when each was written on its own). So a stream costs the client's socket one write per
-replica read, no more. The body's heartbeat fills the replica's silences; a replica that
-breaks off ends the client's stream with an in-band `upstream_unavailable` event.
+replica read, no more. The body's heartbeat fills the replica's silences. A replica that breaks off a
+stream that may migrate (`call.resume`, resume.py) hands it to another replica through
+the same body (its events after `Stream.feed`); else, or when no replica takes it,
+the client's stream ends with an in-band `upstream_unavailable` event.
 """
 
 from __future__ import annotations
