@@ -113,10 +113,30 @@ async def test_the_continuation_is_the_prompt_s_ids_and_the_generated_ones(pair,
     assert {k: v for k, v in cont.items() if k != "prompt"} == {
         "model": SERVED, "max_tokens": 4, "temperature": 0, "seed": 7, "stream": True,
         "stream_options": {"include_usage": True}, "return_token_ids": True}
+    assert sample("streamproxy_gateway_requests_total", deployment=DEPLOYMENT, upstream=first.base, status="502") == 1
     line = line_for(access_log, "migrated-1")
     assert (line["status"], line["error_code"], line["migrations"]) == (200, None, 1)
     assert line["upstreams"] == [first.base, second.base] and line["upstream"] == second.base
     assert (line["prompt_tokens"], line["completion_tokens"], line["usage_source"]) == (prompt, 6, "billed")
+
+
+async def test_chunks_of_several_tokens_continue_to_the_same_text_and_ids(pair, gateway, session):
+    replicas, breaks = await pair(per_chunk=3)
+    gw = await gateway(deployments=deployment(replicas), upstream=NO_EJECTION)
+    body = chat(stream=True, max_tokens=8, return_token_ids=True, stream_options={"include_usage": True})
+    whole = await read(session, gw.url(CHAT), body)
+
+    def flat(raw: bytes) -> tuple[str, list[int], Any]:
+        chunks = payloads(raw)
+        text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+        ids = [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or ()]
+        return text, ids, (chunks[-2]["choices"][0]["finish_reason"], chunks[-1]["usage"])
+
+    for k in range(1, 4):
+        breaks.append(("close", k))
+        got = await read(session, gw.url(CHAT), body)
+        assert flat(got) == flat(whole) and len(flat(got)[1]) == 8
+        assert payloads(got)[0] == payloads(whole)[0]  # one role chunk, with the prompt's ids asked for
 
 
 async def test_a_stalled_replica_is_left_after_stream_idle_timeout(pair, gateway, session):

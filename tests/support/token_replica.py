@@ -47,10 +47,11 @@ def dump(obj: Any) -> bytes:
 
 
 class TokenReplica:
-    def __init__(self, name: str, breaks: list[tuple[str, int]], *, eos_len: int | None = None) -> None:
+    def __init__(self, name: str, breaks: list[tuple[str, int]], *, eos_len: int | None = None, per_chunk: int = 1) -> None:
         self.name = name
         self.breaks = breaks  # shared by the replicas of a test: the next stream's break, if any
         self.eos_len = eos_len  # the sequence's length (prompt and generated) at which the model says EOS
+        self.per_chunk = per_chunk  # tokens per chunk (a scheduler's step may emit several)
         self.seen: list[tuple[str, dict[str, Any]]] = []
         self.runner: web.AppRunner | None = None
         self.base = ""
@@ -100,6 +101,14 @@ class TokenReplica:
             out.append((token, "length" if len(out) + 1 == limit else None))
         return out
 
+    def _steps(self, generated: list[tuple[int, str | None]]) -> list[tuple[list[int], str, str | None]]:
+        """The generated tokens in chunks of `per_chunk`: ids, text, finish reason."""
+        out = []
+        for i in range(0, len(generated), self.per_chunk):
+            step = generated[i : i + self.per_chunk]
+            out.append(([t for t, _ in step], "".join("" if t == EOS else TEXT[t] for t, _ in step), step[-1][1]))
+        return out
+
     def _chat_events(self, body: dict[str, Any], prompt: list[int], cap: int | None) -> list[bytes]:
         ids = body.get("return_token_ids") is True
         head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": CREATED, "model": body["model"]}
@@ -107,12 +116,11 @@ class TokenReplica:
                  "prompt_token_ids": prompt if ids else None, "prompt_text": None}
         events = [first]
         generated = self._generate(prompt, cap)
-        for token, finish in generated:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": "" if token == EOS else TEXT[token]}, "logprobs": None,
-                                      "finish_reason": finish}
+        for tokens, text, finish in self._steps(generated):
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
             if finish is not None:
                 choice["stop_reason"] = None
-            choice["token_ids"] = [token] if ids else None
+            choice["token_ids"] = tokens if ids else None
             events.append({**head, "choices": [choice]})
         return self._ending(body, head, events, len(prompt), len(generated))
 
@@ -121,10 +129,10 @@ class TokenReplica:
         head = {"id": "cmpl-fake", "object": "text_completion", "created": CREATED, "model": body["model"]}
         events = []
         generated = self._generate(prompt, cap)
-        for n, (token, finish) in enumerate(generated):
+        for n, (tokens, text, finish) in enumerate(self._steps(generated)):
             events.append({**head, "choices": [{
-                "index": 0, "text": "" if token == EOS else TEXT[token], "logprobs": None, "finish_reason": finish, "stop_reason": None,
-                "prompt_token_ids": prompt if ids and n == 0 else None, "token_ids": [token] if ids else None}]})
+                "index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                "prompt_token_ids": prompt if ids and n == 0 else None, "token_ids": tokens if ids else None}]})
         return self._ending(body, head, events, len(prompt), len(generated))
 
     def _ending(self, body: dict[str, Any], head: dict[str, Any], events: list[dict[str, Any]], prompt: int, completion: int) -> list[bytes]:
