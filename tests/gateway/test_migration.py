@@ -10,6 +10,7 @@ the cut.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,9 @@ import pytest
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, line_for, sample
 from tests.support.sse import payloads
 from tests.support.token_replica import TokenReplica, next_token
+from tests.support.waiting import wait_until
+
+BOUND = 20.0
 
 Breaks = list[tuple[str, int]]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -216,3 +220,26 @@ async def test_a_stream_whose_finish_went_out_ends_without_another_replica(pair,
     breaks.append(("close", len(events(whole)) - 2))  # the finish went out; the usage chunk did not
     assert await read(session, gw.url(CHAT), body) == whole
     assert len(a.seen) + len(b.seen) == seen + 1
+
+
+async def test_a_replica_killed_under_load_loses_no_stream(pair, gateway, session):
+    """Streams spread over three replicas, each held mid-way; one replica is killed; every stream ends whole."""
+    replicas, _ = await pair(3)
+    deployments = deployment(replicas)
+    gw = await gateway(deployments=deployments, upstream={**NO_EJECTION, "policy": "least_outstanding"})
+    n = 24
+    bodies = [chat(messages=[{"role": "user", "content": f"hi {i}"}], stream=True, max_tokens=10) for i in range(n)]
+    expected = [await read(session, gw.url(CHAT), body) for body in bodies]
+    gate = asyncio.Event()
+    for r in replicas:
+        r.hold_after, r.gate = 4, gate
+    streams = [asyncio.ensure_future(read(session, gw.url(CHAT), body)) for body in bodies]
+    assert await wait_until(lambda: sum(r.held for r in replicas) == n, timeout=BOUND)
+    victim = max(replicas, key=lambda r: r.held)
+    assert victim.held > 0
+    continued = sample("streamproxy_gateway_migrations_total", deployment=DEPLOYMENT, outcome="continued") or 0
+    await victim.kill()
+    gate.set()
+    got = await asyncio.gather(*streams)
+    assert got == expected
+    assert sample("streamproxy_gateway_migrations_total", deployment=DEPLOYMENT, outcome="continued") == continued + victim.held

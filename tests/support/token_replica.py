@@ -12,7 +12,8 @@ and the usage chunk when `stream_options.include_usage`; `id` and `created` fixe
 `TokenReplica.breaks` is a shared list of what the next streams do: `(mode, k)` writes the
 stream's first `k` events and then "reset" (a TCP RST), "close" (the connection closed
 mid-body), "stall" (nothing more, the connection left open) or "error" (vLLM's in-band error
-and `[DONE]`). Every request is recorded in `seen` (path, decoded body).
+and `[DONE]`). Every request is recorded in `seen` (path, decoded body). `hold_after` and `gate` hold chat
+streams mid-way (so a test knows they run); `kill()` resets every connection and closes the port.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class TokenReplica:
         self.breaks = breaks  # shared by the replicas of a test: the next stream's break, if any
         self.eos_len = eos_len  # the sequence's length (prompt and generated) at which the model says EOS
         self.per_chunk = per_chunk  # tokens per chunk (a scheduler's step may emit several)
+        # `hold(k, gate)`: chat streams wait after their k-th event until `gate` is set (`held` counts them).
+        self.hold_after: int | None = None
+        self.gate: asyncio.Event | None = None
+        self.held = 0
+        self._transports: set[Any] = set()
         self.seen: list[tuple[str, dict[str, Any]]] = []
         self.runner: web.AppRunner | None = None
         self.base = ""
@@ -69,7 +75,14 @@ class TokenReplica:
 
     async def stop(self) -> None:
         if self.runner is not None:
-            await self.runner.cleanup()
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    async def kill(self) -> None:
+        """Gone at once, as a SIGKILLed replica: every connection reset, the port closed."""
+        for transport in list(self._transports):
+            transport.abort()
+        await self.stop()
 
     # -- the routes -----------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.StreamResponse:
@@ -147,8 +160,13 @@ class TokenReplica:
         mode, k = self.breaks.pop(0) if self.breaks else ("", len(events))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for event in events[:k]:
+        self._transports.add(request.transport)
+        hold = self.hold_after if request.path == "/v1/chat/completions" else None
+        for n, event in enumerate(events[:k]):
             await response.write(event)
+            if n + 1 == hold and self.gate is not None:
+                self.held += 1
+                await self.gate.wait()
         if not mode:
             await response.write_eof()
             return response
