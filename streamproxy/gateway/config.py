@@ -170,8 +170,8 @@ class Migration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
     enabled: bool = True
     max_migrations: int = 2  # per request (as Envoy's `num_retries`, but after the first byte)
     max_tracked_tokens: int = 32768  # prompt + generated ids kept per stream; a longer one is not migrated
-    # Envoy's `stream_idle_timeout`: seconds without a byte from the replica, once its stream began, that
-    # count as a broken replica (then migrated); 0: only `upstream.read_timeout`.
+    # Envoy's `stream_idle_timeout`: seconds without a byte from the replica, once a continuable stream's
+    # first event came, that count as a broken replica (then migrated); 0: only `upstream.read_timeout`.
     stream_idle_timeout: float = 30.0
 
 
