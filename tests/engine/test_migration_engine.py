@@ -105,8 +105,14 @@ def migrating(vllm_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         gw.stop()
 
 
-def _normal(raw: bytes) -> bytes:
-    return re.sub(rb'"(id|created)":("[^"]*"|\d+)', rb'"\1":0', raw)
+def _normal(raw: bytes, model: str = DEPLOYMENT) -> bytes:
+    """`id` and `created` fixed, the model named as the gateway names it."""
+    raw = re.sub(rb'"(id|created)":("[^"]*"|\d+)', rb'"\1":0', raw)
+    return re.sub(rb'"model":"[^"]*"', b'"model":"' + model.encode() + b'"', raw)
+
+
+def _events(raw: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in raw.split(b"\n\n") if e]
 
 
 def _cut_run(gw: ServerProcess, proxy: CuttingProxy, path: str, body: dict[str, Any], k: int) -> bytes:
@@ -121,40 +127,59 @@ def _cut_run(gw: ServerProcess, proxy: CuttingProxy, path: str, body: dict[str, 
     raise AssertionError("no request went through the cutting proxy")
 
 
-@pytest.mark.parametrize("k", [1, 2, 5, 9])
-def test_a_greedy_chat_stream_cut_by_its_replica_reads_as_vllm_s_own_unbroken_answer(migrating, vllm_server, k):
+def _ids(chunks: list[dict[str, Any]]) -> list[int]:
+    return [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or ()]
+
+
+def _text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0].get("text") or (c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks if c["choices"])
+
+
+# Greedy decoding after the break equals an unbroken run's only up to the engine's numerics: the
+# continuation computes the generated tokens' KV in one prefill, the unbroken run in decode steps,
+# and a near tie can flip (seen on CPU with the default model). So the part after the break is held
+# against vLLM's own answer to the continuation request, which is exact.
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES}),
+    "completions": ("/v1/completions", {"prompt": "One, two, three,"}),
+}
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_greedy_stream_cut_by_its_replica_goes_on_with_no_token_missing_or_twice(migrating, vllm_server, case, k):
     gw, proxy = migrating
     model = requests.get(vllm_server + "/v1/models", timeout=10).json()["data"][0]["id"]
-    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "stream": True,
+    path, prompt = CASES[case]
+    body: dict[str, Any] = {**prompt, "max_tokens": 16, "temperature": 0, "stream": True, "return_token_ids": True,
+                            "stream_options": {"include_usage": True}}
+    direct = requests.post(vllm_server + path, json={**body, "model": model}, timeout=120).content
+    got = _cut_run(gw, proxy, path, body, k)
+    assert sse.verdict(got) == "done"
+    assert [_normal(e) for e in _events(got)[:k]] == [_normal(e) for e in _events(direct)[:k]]
+    chunks = sse.payloads(got)
+    assert len({c["id"] for c in chunks}) == 1 and len(_ids(chunks)) == 16 == chunks[-1]["usage"]["completion_tokens"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == sse.payloads(direct)[-1]["usage"]["prompt_tokens"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    before = sse.payloads(b"".join(_events(got)[:k]), done=False)
+    prompt_ids = before[0].get("prompt_token_ids") or before[0]["choices"][0]["prompt_token_ids"]
+    done = _ids(before)
+    continuation = {"model": model, "prompt": prompt_ids + done, "max_tokens": 16 - len(done), "temperature": 0, "stream": True,
+                    "return_token_ids": True}
+    rest = sse.payloads(requests.post(vllm_server + "/v1/completions", json=continuation, timeout=120).content)
+    after = sse.payloads(b"".join(_events(got)[k:]))
+    assert _ids(after) == _ids(rest) and _text(after) == _text(rest)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_the_ids_the_gateway_asked_for_are_stripped_to_vllm_s_own_bytes(migrating, vllm_server, k):
+    gw, proxy = migrating
+    model = requests.get(vllm_server + "/v1/models", timeout=10).json()["data"][0]["id"]
+    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True}}
     direct = requests.post(vllm_server + "/v1/chat/completions", json={**body, "model": model}, timeout=120).content
     got = _cut_run(gw, proxy, "/v1/chat/completions", body, k)
-    assert b'"token_ids":[' not in direct and sse.verdict(got) == "done"
-    assert _normal(got) == _normal(direct).replace(b'"model":"' + model.encode() + b'"', b'"model":"' + DEPLOYMENT.encode() + b'"')
-    assert len({c["id"] for c in sse.payloads(got)}) == 1
-
-
-def test_the_ids_a_client_asked_for_have_no_gap_and_no_repeat_at_the_break(migrating, vllm_server):
-    gw, proxy = migrating
-    model = requests.get(vllm_server + "/v1/models", timeout=10).json()["data"][0]["id"]
-    body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "stream": True, "return_token_ids": True,
-                            "stream_options": {"include_usage": True}}
-    direct = sse.payloads(requests.post(vllm_server + "/v1/chat/completions", json={**body, "model": model}, timeout=120).content)
-    got = sse.payloads(_cut_run(gw, proxy, "/v1/chat/completions", body, 4))
-
-    def ids(chunks: list[dict[str, Any]]) -> list[int]:
-        return [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or ()]
-
-    assert ids(got) == ids(direct) and len(ids(got)) == got[-1]["usage"]["completion_tokens"] == 24
-    assert got[0]["prompt_token_ids"] == direct[0]["prompt_token_ids"]
-    assert got[-1]["usage"]["prompt_tokens"] == direct[-1]["usage"]["prompt_tokens"]
-
-
-@pytest.mark.parametrize("k", [1, 3, 7])
-def test_a_greedy_completions_stream_cut_by_its_replica_reads_as_vllm_s_own(migrating, vllm_server, k):
-    gw, proxy = migrating
-    model = requests.get(vllm_server + "/v1/models", timeout=10).json()["data"][0]["id"]
-    body: dict[str, Any] = {"prompt": "One, two, three,", "max_tokens": 16, "temperature": 0, "stream": True}
-    direct = requests.post(vllm_server + "/v1/completions", json={**body, "model": model}, timeout=120).content
-    got = _cut_run(gw, proxy, "/v1/completions", body, k)
-    assert _normal(got) == _normal(direct).replace(b'"model":"' + model.encode() + b'"', b'"model":"' + DEPLOYMENT.encode() + b'"')
+    assert b'"token_ids":[' not in got and b'"prompt_token_ids":[' not in got and sse.verdict(got) == "done"
+    assert [_normal(e) for e in _events(got)[:k]] == [_normal(e) for e in _events(direct)[:k]]
+    assert len(_events(got)) == len(_events(direct))
+    assert sse.payloads(got)[-1]["usage"] == sse.payloads(direct)[-1]["usage"]
