@@ -20,7 +20,7 @@ the replica for token ids, vLLM's `return_token_ids`). A `Stream` sits after the
     generation's (prompt tokens once, completion tokens all the client got).
 
 Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
-stream stops being tracked. Per block, relaying costs one regex pass over it (the ids).
+stream stops being tracked. Per block, relaying costs a few byte searches (the ids, the markers).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 _IDS = re.compile(rb'"(prompt_)?token_ids":\[([0-9, ]*)\]')
+_TOKEN_IDS = b'"token_ids":['
+_TOKEN_IDS_LEN = len(_TOKEN_IDS)
+_PROMPT_IDS = b'"prompt_token_ids":['
 _EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
 # Keys a tool-call or reasoning parser puts in a delta (its text is not plain content: not continued).
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
@@ -106,7 +109,7 @@ class Stream:
 
     __slots__ = (
         "chat", "request", "limit", "left", "client_ids", "strip", "usage_chunk", "tracking", "prompt", "generated",
-        "sent", "role_sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
+        "sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
     )
 
     def __init__(self, path: str, request: dict[str, Any], *, limit: int, migrations: int, client_ids: bool,
@@ -123,7 +126,6 @@ class Stream:
         self.prompt: array[int] | None = None
         self.generated: array[int] = array("i")
         self.sent = False  # a data event went to the client
-        self.role_sent = False
         self.finished = False  # the finish chunk went to the client
         self.usage_sent = False  # and the usage chunk
         self.parsed = False  # the replica's parser shaped the deltas (tool calls, reasoning)
@@ -149,8 +151,6 @@ class Stream:
         if self.head is None:
             self._head(block)
         self.sent = True
-        if not self.role_sent and b'"role":' in block:
-            self.role_sent = True
         if not self.finished and _FINISHED in block:
             self.finished = True
         if self.finished and b'"usage":{' in block:
@@ -162,8 +162,41 @@ class Stream:
                     block = b"".join(e for e in _EVENT.findall(block) if not _empty_delta(e))
                 break
         if (self.tracking or self.strip) and b"token_ids" in block:
-            block = _IDS.sub(self._ids, block)
+            if self.prompt is None and self.tracking or _PROMPT_IDS in block:
+                return _IDS.sub(self._ids, block)  # the first chunk's prompt ids (once per stream)
+            return self._generated_ids(block)
         return block
+
+    def _generated_ids(self, block: bytes) -> bytes:
+        """Each chunk's `"token_ids":[...]` kept (tracking) and made null (strip): found, not matched (per read)."""
+        out: list[bytes] = []
+        find, start = block.find, 0
+        at = find(_TOKEN_IDS)
+        while at >= 0:
+            end = find(b"]", at)
+            if end < 0:
+                break
+            if self.tracking:
+                ids = block[at + _TOKEN_IDS_LEN : end]
+                if b"," in ids:
+                    self.generated.extend(orjson.loads(b"[" + ids + b"]"))
+                elif ids:
+                    self.generated.append(int(ids))
+            if self.strip:
+                out.append(block[start:at])
+                out.append(b'"token_ids":null')
+                start = end + 1
+            at = find(_TOKEN_IDS, end)
+        if self.tracking and len(self.generated) + len(self.prompt or ()) > self.limit:
+            self._untracked()
+        if not out:
+            return block
+        out.append(block[start:])
+        return b"".join(out)
+
+    def _untracked(self) -> None:
+        self.tracking, self.why = False, "longer than max_tracked_tokens"
+        self.prompt, self.generated = None, array("i")
 
     def _ids(self, match: re.Match[bytes]) -> bytes:
         if self.tracking:
@@ -174,8 +207,7 @@ class Stream:
             else:
                 self.generated.extend(ids)
             if len(self.generated) + len(self.prompt or ()) > self.limit:
-                self.tracking, self.why = False, "longer than max_tracked_tokens"
-                self.prompt, self.generated = None, array("i")
+                self._untracked()
         if not self.strip:
             return match[0]
         return b'"prompt_token_ids":null' if match[1] else b'"token_ids":null'
