@@ -7,6 +7,8 @@ a retryable status while the retry budget and `num_retries` allow; none left: 50
 `upstream_unavailable` + Retry-After, or the last replica's own 429/503. An `Attempt`'s `end` is the one
 place its outcome is recorded (counts, health, breaker, span, connection reuse or close). The relaying
 itself is `proxy` (the body) and `streaming` (the stream).
+A migrated stream has more than one answered attempt: `tried` (their replicas) is never chosen again,
+and `open(path, body)` sends a stream's continuation instead of the request.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.resume import Stream
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError, ask, read_error
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
@@ -59,7 +62,9 @@ class Call:
     stream: bool
     strip_usage: bool
     usage: Usage
+    resume: Stream | None = None  # a stream that may migrate: its record (resume.py)
     attempts: list[Attempt] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # the replicas its attempts went to
 
     def renamed(self, raw: bytes) -> bytes:
         served, public = self.pool.deployment.upstream_model, self.public_model
@@ -103,8 +108,9 @@ class Call:
             self.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)
 
     # -- its attempts -----------------------------------------------------------------------
-    async def open(self) -> Attempt:
-        """The first answer not retried, open (see the module's comment)."""
+    async def open(self, path: str | None = None, body: bytes | None = None) -> Attempt:
+        """The first answer not retried, open (see the module's comment); `path` and `body`: a stream's
+        continuation's (on a replica none of its attempts went to yet), instead of the request's."""
         state, pool = self.state, self.pool
         source = state.sources[pool.deployment.name]
         if not source.serving:
@@ -112,7 +118,9 @@ class Call:
         upstreams, budget = state.upstreams, state.retries
         assert upstreams is not None
         tls = state.tls.get(pool.deployment.name)
-        tried: set[str] = set()
+        tried = self.tried
+        path = path or self.route.upstream_path
+        body = self.body if body is None else body
         last: UpstreamError | None = None
         retrying = False
         try:
@@ -130,7 +138,7 @@ class Call:
                 attempt = Attempt(self, replica, matched, retry)
                 self.attempts.append(attempt)
                 try:
-                    exchange = await ask(upstreams, replica.url, self.route.upstream_path, self.body, attempt.headers, tls)
+                    exchange = await ask(upstreams, replica.url, path, body, attempt.headers, tls)
                 except CONNECT_ERRORS as exc:
                     attempt.end(False, error=type(exc).__name__)
                     if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why

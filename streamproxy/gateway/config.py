@@ -1,7 +1,7 @@
 """The gateway's YAML: deployments, API keys, and the upstream policy (nginx/Envoy knobs).
 
 Top-level sections: `deployments` (each with `upstreams`, `launch` or `kubernetes`, and an optional
-`tls`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
+`tls` and `migration`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
 every other key is one of the server's flags, as in `streamproxy serve --config`. The fields are
 documented in docs/gateway.md (configs/gateway.yaml is a commented example). Sans-IO: `load(text)`
 only parses and checks.
@@ -106,6 +106,17 @@ class UpstreamTLS(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     key_file: str | None = None
 
 
+class Migration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Stream migration (`resume.py`): a chat or completions stream a replica broke off goes on on another."""
+
+    enabled: bool = True
+    max_migrations: int = 2  # per request (as Envoy's `num_retries`, but after the first byte)
+    max_tracked_tokens: int = 32768  # prompt + generated ids kept per stream; a longer one is not migrated
+    # Envoy's `stream_idle_timeout`: seconds without a byte from the replica, once a continuable stream's
+    # first event came, that count as a broken replica (then migrated); 0: only `upstream.read_timeout`.
+    stream_idle_timeout: float = 30.0
+
+
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     id: str
@@ -116,6 +127,7 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
     tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
+    migration: Migration = msgspec.field(default_factory=Migration)
 
     @property
     def upstream_model(self) -> str:
@@ -294,6 +306,10 @@ def check(config: GatewayConfig) -> None:
             if not any(url.startswith("https://") for url in d.upstreams):
                 raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
             check_tls(f"deployment {d.name!r}: `tls", d.tls)
+        m = d.migration
+        if m.max_migrations < 0 or m.max_tracked_tokens < 1 or m.stream_idle_timeout < 0:
+            raise ConfigError(f"deployment {d.name!r}: `migration`: max_migrations >= 0, max_tracked_tokens >= 1, "
+                              "stream_idle_timeout >= 0")
     check_tls("gateway config: `upstream.tls", config.upstream.tls)
     if config.admin_key_env and not os.environ.get(config.admin_key_env):
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")

@@ -22,6 +22,7 @@ from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, Serv
 from streamproxy.gateway.call import BROKEN, Call, Route
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
+from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, refusal
 from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError
@@ -80,6 +81,16 @@ async def _prepare(request: web.Request, route: Route) -> Call:
         if (options is None or isinstance(options, dict)) and (include is None or include is False):
             data["stream_options"] = {**(options or {}), "include_usage": True}
             strip = True
+    resume = None
+    migration = deployment.migration
+    if stream and migration.enabled and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
+        # Stream migration (resume.py): the replica is asked for token ids, stripped unless the client asked.
+        asked = data.get("return_token_ids")
+        why = refusal(route.upstream_path, data)
+        if why is None and asked in (None, False):
+            data["return_token_ids"] = True
+        resume = Stream(route.upstream_path, data, limit=migration.max_tracked_tokens, migrations=migration.max_migrations,
+                        client_ids=asked is True, usage_chunk=not strip, why=why)
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
@@ -87,7 +98,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": ctx.request_id, **pool.upstream_headers}
     if any(name in request.headers for name in _FORWARD.values()):  # three lookups, not a walk over every header
         _forward(request, headers)
-    return Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage())
+    return Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage(), resume=resume)
 
 
 def _forward(request: web.Request, headers: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ keep-alive response, else closes (how a replica learns to abort); a pooled conne
 is `UpstreamClosed(stale=True)`, safe to resend. Connections are pooled per (URL, tls); a failed TLS
 handshake is `UpstreamClosed(tls=True)`. `get` is the one small client for everything else (probes,
 boot checks, pods' /metrics): the whole `Reply` within one timeout and `limit` bytes, or `UpstreamClosed`.
+`bound_silence` shortens the read timeout for a stream once it began (migration's stall bound).
 """
 
 from __future__ import annotations
@@ -310,6 +311,16 @@ class Exchange:
         """Until the body ended or reading paused (`paused`); raises UpstreamClosed."""
         if not self.parser.complete and not self.paused:
             await self._wait()
+
+    def bound_silence(self, seconds: float) -> None:
+        """From now on the longest silence between two reads is at most `seconds` (a stream's idle
+        bound once it began: Envoy's `stream_idle_timeout`); a longer read timeout is shortened."""
+        if seconds <= 0 or (self._timeout and self._timeout <= seconds) or self.parser.complete or self.error is not None:
+            return
+        self._timeout = seconds
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(self._last_read + seconds, self._check_silence)
 
     def resume(self) -> None:
         if self.paused and self.error is None:

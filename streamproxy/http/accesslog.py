@@ -79,6 +79,8 @@ def line(ctx: RequestContext) -> str:
             deployment=ctx.deployment, upstream=ctx.upstream, key_id=ctx.key_id,
             cached_prompt_tokens=ctx.cached_tokens, usage_source=ctx.usage_source,
         )
+        if ctx.migrations:  # a stream that moved: every replica its attempts went to, in order
+            fields.update(migrations=ctx.migrations, upstreams=ctx.replicas)
     return orjson.dumps(fields).decode()
 
 

@@ -52,7 +52,7 @@ class RequestContext:
 
     __slots__ = (
         "request_id", "start", "method", "path", "route", "remote",
-        "generation", "stream", "model", "user", "max_tokens", "key_id", "deployment", "replicas", "hold",
+        "generation", "stream", "model", "user", "max_tokens", "key_id", "deployment", "replicas", "migrations", "hold",
         "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "finish_reason", "outputs",
         "sent_status", "status", "error_code", "disconnected", "ttfb", "ttft", "duration", "span",
     )
@@ -74,6 +74,7 @@ class RequestContext:
         # request's hold on its key's budget.
         self.deployment: str | None = None
         self.replicas: list[str] | None = None
+        self.migrations = 0  # the gateway's: times its stream moved on to another replica (stream migration)
         self.hold: Releasable | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -118,6 +119,10 @@ class RequestContext:
             self.replicas = [replica]
         else:
             self.replicas.append(replica)
+
+    def migrated(self) -> None:
+        """The stream went on on another replica (the last `tried`)."""
+        self.migrations += 1
 
     @property
     def upstream(self) -> str | None:
