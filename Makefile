@@ -59,9 +59,10 @@ LLAMAINDEX_VENV  := $(VENV)/llamaindex
 LLAMAINDEX_STAMP := $(LLAMAINDEX_VENV)/.installed
 COMPAT           := $(NODE_STAMP) $(LLAMAINDEX_STAMP)
 
-# The layers' typed contracts (Engine, OutputStream, StreamEncoder, Accumulator):
-# mypy with pyproject.toml's [tool.mypy], before any test runs.
+# The layers' typed contracts (Engine, OutputStream, StreamEncoder, Accumulator): mypy with
+# pyproject.toml's [tool.mypy], and ruff's lint rules ([tool.ruff.lint]) over the tree, before any test runs.
 typecheck: $(STAMP)
+	$(BIN)/ruff check
 	$(BIN)/mypy
 
 # Two runs: the tests without the real engine in parallel (pytest-xdist, TEST_WORKERS processes,

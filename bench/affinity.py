@@ -86,7 +86,7 @@ def requests(prompts: list[str], n: int, max_tokens: int, port: int, seed: int) 
 
 
 def _spread(gw: Server) -> dict[str, int]:
-    with urllib.request.urlopen(gw.url + "/v1/deployments/dep-bench", timeout=10) as r:
+    with urllib.request.urlopen(gw.base + "/v1/deployments/dep-bench", timeout=10) as r:
         return {rep["url"]: rep["requests"] for rep in json.load(r)["replicas"]}
 
 
@@ -94,7 +94,7 @@ def run_policy(gw: Server, raws: list[bytes], concurrency: int) -> dict:
     import uvloop
 
     before = _spread(gw)
-    res = uvloop.run(loadgen.run_load(gw.url, iter(raws).__next__, concurrency, len(raws)))
+    res = uvloop.run(loadgen.run_load(gw.base, iter(raws).__next__, concurrency, len(raws)))
     s = loadgen.summarize(res)
     after = _spread(gw)
     s["spread"] = {url.rsplit(":", 1)[1]: after[url] - before.get(url, 0) for url in after}
@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             rep.start()
             started.append(rep)
             rep.wait_ready()
-            print(f"{rep.label} ready on :{rep.port} in {rep.ready_after:.0f} s (log {rep.log_path})", flush=True)
-        urls = [r.url for r in reps]
+            print(f"{rep.label} ready on :{rep.port} in {rep.ready_after:.0f} s (log {rep.stdout_path})", flush=True)
+        urls = [r.base for r in reps]
         gws = []
-        for i, (label, policy, n) in enumerate(POLICIES):
+        for i, (_label, policy, n) in enumerate(POLICIES):
             gw = relays.gateway_server(urls[:n], f"gateway-affinity-{stamp}", tmp, policy=policy,
                                        label=f"gateway{i}", served=SERVED_NAME)
             gw.start()
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, rep in enumerate(reps):  # warm each engine up, with prompts no run uses
             warm = requests(system_prompts(tokenizer, 2, args.system_tokens, f"warm{i}", args.seed), 4,
                             args.max_tokens, rep.port, args.seed)
-            res = uvloop.run(loadgen.run_load(rep.url, iter(warm).__next__, 2, len(warm)))
+            res = uvloop.run(loadgen.run_load(rep.base, iter(warm).__next__, 2, len(warm)))
             if res.errors:
                 raise RuntimeError(f"warm-up of {rep.label} failed: {res.errors[0]}")
         for i, ((label, _, _), gw) in enumerate(zip(POLICIES, gws)):

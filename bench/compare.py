@@ -24,8 +24,6 @@ server (bench/gpu.py says how); its own defaults and report
 
 from __future__ import annotations
 
-from typing import Any
-
 import argparse
 import json
 import os
@@ -36,6 +34,9 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+from harness.server import wait_workers
 
 from . import gpu, gpu_report, loadgen, procstat, report
 from .servers import RESULTS, ROOT, Server, rust_server, stop_on_signals, streamproxy_server, vllm_server
@@ -98,7 +99,7 @@ async def _round(srv: Server, peers: list[Server], conc: int, n_requests: int, r
         engine0.update(gpu.engine_snapshot(srv.env))
 
     try:
-        res = await loadgen.run_load(srv.url, raw, conc, n_requests, conns=conns, on_start=on_start)
+        res = await loadgen.run_load(srv.base, raw, conc, n_requests, conns=conns, on_start=on_start)
     finally:
         loadgen.close_all(conns)
     end = sample()
@@ -140,7 +141,7 @@ def warm_up(srv: Server, conc: int, endpoint: str, model: str, kind: str = "plai
     import uvloop
 
     raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(endpoint), body(endpoint, model, 16, kind))
-    res = uvloop.run(loadgen.run_load(srv.url, raw, conc, conc))
+    res = uvloop.run(loadgen.run_load(srv.base, raw, conc, conc))
     if res.errors:
         raise RuntimeError(f"{srv.label} warm-up failed: {res.errors[0]}")
 
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         path, label = model_path(name), model_label(name)
         shown = f"{label}, {gpu.LABEL}" if regime else label  # the model column: every gpu-regime row is labelled
 
-        def env_for(server: str) -> dict[str, str]:  # the gpu regime: the step model, a stats file per server
+        def env_for(server: str, label: str = label) -> dict[str, str]:  # the gpu regime: the step model, a stats file per server
             return {**env, **regime.env(f"{label}-{server}")} if regime else env
 
         margs = engine_args + (shlex.split(args.tiny_engine_args) if name == "tiny" else [])
@@ -290,21 +291,20 @@ def main(argv: list[str] | None = None) -> int:
             for count in [int(x) for x in args.api_server_count.split(",") if x]:
                 extra, tag = (["--api-server-count", str(count)], f"streamproxy-n{count}") if count != 1 else ([], "streamproxy")
                 srvs.append(streamproxy_server(path, margs, f"{stamp}-{label}", env_for(tag), extra, label=tag))
-        if args.chrt:
-            for srv in srvs:
-                srv.cmd = ["chrt", "-f", str(args.chrt), *srv.cmd]
+        for srv in srvs:
+            srv.fifo(args.chrt)
         try:
             for srv in srvs:  # one at a time: no racing compile caches, cleaner start-up
-                print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.log_path})", flush=True)
+                print(f"[{label}] starting {srv.label} on :{srv.port} (log {srv.stdout_path})", flush=True)
                 srv.start()
                 srv.wait_ready()
                 if srv.label.startswith("streamproxy-n") and srv.label[13:].isdigit():
-                    srv.wait_workers(int(srv.label.removeprefix("streamproxy-n")))
+                    wait_workers(srv, int(srv.label.removeprefix("streamproxy-n")), 300)
                 print(f"[{label}] {srv.label} ready in {srv.ready_after:.0f} s; front end pid {srv.pid}, "
                       f"engine core pid {srv.engine_core_pid()}", flush=True)
                 warm_up(srv, 4, args.endpoint, srv.model_id())
                 if regime:  # an engine that answers anything else would make the figures meaningless
-                    why = gpu.check_answer(srv.url, srv.model_id())
+                    why = gpu.check_answer(srv.base, srv.model_id())
                     if why:
                         raise RuntimeError(f"{srv.label}: the {gpu.LABEL}'s answer is wrong: {why}")
                     print(f"[{label}] {srv.label} answers the {gpu.LABEL}'s text, detokenized whole, ended by EOS",
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 for srv in srvs:
                     warm_up(srv, conc, args.endpoint, model_ids[srv.label], kind)
                 for rnd in range(args.rounds):
-                    for i, srv in enumerate(srvs):
+                    for srv in srvs:
                         peers = [p for p in srvs if p is not srv]
                         raw = loadgen.build_request("127.0.0.1", srv.port, loadgen.endpoint_path(args.endpoint),
                                                     body(args.endpoint, model_ids[srv.label], args.max_tokens, kind))

@@ -50,6 +50,8 @@ import signal
 import sys
 import time
 
+from harness.server import wait_workers
+
 from . import loadgen, procstat, write_floor
 from .profile import profile_under_load
 from .report import SLOW, _median, chrt_label, scheduling, set_fifo, spread_table
@@ -62,7 +64,7 @@ def _raw(srv: Server, endpoint: str, max_tokens: int, model: str = "fake") -> by
 
 
 async def _sanity(srv: Server, endpoint: str, max_tokens: int) -> dict:
-    res = await loadgen.run_load(srv.url, _raw(srv, endpoint, max_tokens), 2, 2, parse=True)
+    res = await loadgen.run_load(srv.base, _raw(srv, endpoint, max_tokens), 2, 2, parse=True)
     s = loadgen.summarize(res)
     if s["errors"] or s["tokens"] != 2 * max_tokens:
         raise RuntimeError(f"fake server sanity check failed: {s}")
@@ -80,7 +82,7 @@ async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_toke
     conns = await loadgen.connect_all("127.0.0.1", srv.port, conc, parse=False)
     try:
         if warm:  # at this concurrency (short requests), on the same connections
-            await loadgen.run_load(srv.url, _raw(srv, endpoint, 8, model), conc, conc, parse=False, conns=conns)
+            await loadgen.run_load(srv.base, _raw(srv, endpoint, 8, model), conc, conc, parse=False, conns=conns)
         snap: dict[str, float] = {}
 
         def sample() -> dict[str, float]:
@@ -90,7 +92,7 @@ async def _level(srv: Server, conc: int, seconds: float, endpoint: str, max_toke
                     "wait": procstat.tree_sched(pids)[1] / 1e9, "vol": vol, "invol": invol,
                     "writes": procstat.tree_write_calls(pids), "steal": procstat.steal_seconds()}
 
-        res = await loadgen.run_load(srv.url, _raw(srv, endpoint, max_tokens, model), conc, duration=seconds,
+        res = await loadgen.run_load(srv.base, _raw(srv, endpoint, max_tokens, model), conc, duration=seconds,
                                      parse=False, conns=conns, on_start=lambda: snap.update(sample()))
         end = sample()
         cpu, ns, busy, stime = end["cpu"], end["ns"], end["sys"], end["stime"]
@@ -294,13 +296,6 @@ def _line(r: dict) -> str:
             f"errors {r['errors']}")
 
 
-def _fifo(srv: Server, prio: int) -> Server:
-    """`--chrt PRIO`: start `srv` under `chrt -f PRIO` (it execs the server: the pid we watch is the server's)."""
-    if prio:
-        srv.cmd = ["chrt", "-f", str(prio), *srv.cmd]
-    return srv
-
-
 def _targets(levels: list[dict], idle: dict | None, under: str = "") -> list[str]:
     lines = []
     conc, bound = TARGET_US_PER_CHUNK
@@ -380,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     idle = prof = None
     if not args.only_idle and levels:
-        srv = _fifo(fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp), args.chrt)
+        srv = fake_server(["--fake-token-delay", str(args.token_delay), *extra], stamp).fifo(args.chrt)
         srv.start()
         try:
             srv.wait_ready(60)
@@ -412,13 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     asrvs: dict[int, Server] = {}
     try:
         for count in counts:  # all up at once (an idle fake engine waits on an event: ~no CPU)
-            asrvs[count] = asrv = _fifo(fake_server(["--fake-token-delay", str(args.api_token_delay),
-                                                     "--api-server-count", str(count), "--access-log", "off", *extra],
-                                                    f"{stamp}-api{count}"), args.chrt)
+            asrvs[count] = asrv = fake_server(["--fake-token-delay", str(args.api_token_delay),
+                                               "--api-server-count", str(count), "--access-log", "off", *extra],
+                                              f"{stamp}-api{count}").fifo(args.chrt)
             asrv.start()
             asrv.wait_ready(120)
             if count > 1:
-                asrv.wait_workers(count)
+                wait_workers(asrv, count, 300)
         for conc in [int(x) for x in args.api_levels.split(",") if x] if counts else []:
             for rnd in range(args.rounds):
                 for count in counts[rnd % len(counts):] + counts[:rnd % len(counts)]:
@@ -431,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         for asrv in asrvs.values():
             asrv.stop(30)
     if args.idle_streams:
-        isrv = _fifo(fake_server(["--fake-ttft", "3600", "--fake-token-delay", str(args.token_delay), *extra],
-                                 stamp + "-idle"), args.chrt)
+        isrv = fake_server(["--fake-ttft", "3600", "--fake-token-delay", str(args.token_delay), *extra],
+                           stamp + "-idle").fifo(args.chrt)
         isrv.start()
         try:
             isrv.wait_ready(60)

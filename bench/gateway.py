@@ -115,13 +115,6 @@ async def _run(label: str, ports: list[int], pids: list[int], ups: list[int], co
     return s
 
 
-def _fifo(servers: list[Server], prio: int) -> None:
-    """`--chrt PRIO`: start `servers` under `chrt -f PRIO` (it execs them: the pid we watch is the server's)."""
-    if prio:
-        for srv in servers:
-            srv.cmd = ["chrt", "-f", str(prio), *srv.cmd]
-
-
 def _rev(tree: str) -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     return done.stdout.strip() or "?"
@@ -213,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     up_args = ["--fake-token-delay", str(args.token_delay)]
     ups = [fake_server(up_args, f"gateway-{stamp}-upstream{i}") for i in range(args.replicas)]
-    _fifo(ups, args.chrt)
+    for u in ups:
+        u.fifo(args.chrt)
     started: list[Server] = []
     meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "streamproxy": _git_rev(),
             "machine": f"{procstat.os.cpu_count()} cores",
@@ -235,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             started.append(u)
         for u in ups:
             u.wait_ready(60)
-        urls = [u.url for u in ups]
+        urls = [u.base for u in ups]
         up_pids = [u.pid for u in ups]
         public = args.public_name or relays.UPSTREAM_NAME
         tag = f"gateway-{stamp}"
@@ -257,13 +251,14 @@ def main(argv: list[str] | None = None) -> int:
             servers["nginx"] = relays.nginx_server(urls, tag, tmp)
         if "litellm" in which:
             servers["litellm"] = relays.litellm_server(urls, tag, tmp, public=public)
-        _fifo(list(servers.values()), args.chrt)
+        for srv in servers.values():
+            srv.fifo(args.chrt)
         for srv in servers.values():
             srv.start()
             started.append(srv)
         for srv in servers.values():
             srv.wait_ready(180)
-            print(f"{srv.label} ready on :{srv.port} in {srv.ready_after:.1f} s (log {srv.log_path})", flush=True)
+            print(f"{srv.label} ready on :{srv.port} in {srv.ready_after:.1f} s (log {srv.stdout_path})", flush=True)
         meta["relays"] = gateway_report.describe(servers, tmp, public)
         order = [r for r in (*RELAYS, *VARIANTS, BASELINE) if r in which]
         for conc in levels:

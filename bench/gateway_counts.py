@@ -59,12 +59,12 @@ async def _window(gw: Server, args: argparse.Namespace, up_pid: int) -> dict:
                                 loadgen.request_body("chat", relays.UPSTREAM_NAME, args.max_tokens))
     conns = await loadgen.connect_all("127.0.0.1", gw.port, args.concurrency, parse=True)
     try:
-        await loadgen.run_load(gw.url, raw, args.concurrency, args.concurrency * 2, conns=conns)  # warm-up
+        await loadgen.run_load(gw.base, raw, args.concurrency, args.concurrency * 2, conns=conns)  # warm-up
         if args.profile:
             os.kill(gw.pid, signal.SIGUSR1)
         await asyncio.sleep(0.2)
         io0, up0, cpu0 = _io(gw.pid), _io(up_pid), procstat.tree_cpu_seconds([gw.pid])
-        res = await loadgen.run_load(gw.url, raw, args.concurrency, args.requests, conns=conns)
+        res = await loadgen.run_load(gw.base, raw, args.concurrency, args.requests, conns=conns)
         io1, up1, cpu1 = _io(gw.pid), _io(up_pid), procstat.tree_cpu_seconds([gw.pid])
         if args.profile:
             os.kill(gw.pid, signal.SIGUSR2)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         up.wait_ready(60)
         gws = []
         for i, tree in enumerate(args.trees):
-            gw = relays.gateway_server([up.url], "counts", tmp, label=f"gateway{i}")
+            gw = relays.gateway_server([up.base], "counts", tmp, label=f"gateway{i}")
             gw.cwd, gw.env = tree, {"PYTHONPATH": tree, "COUNTS_PROFILE": str(tmp / f"gateway{i}.prof")}
             if args.profile:
                 gw.cmd = [sys.executable, "-c", PROFILED_GATEWAY, *gw.cmd[4:]]
@@ -118,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     finally:
         for srv in reversed(servers):
-            if srv.proc is not None and srv.proc.poll() is None:
-                srv.proc.send_signal(signal.SIGTERM)
-                try:
-                    srv.proc.wait(10)
-                except Exception:
-                    srv.proc.kill()
+            srv.stop(10)
     return 0
 
 

@@ -4,7 +4,7 @@ Two runs, each a child process, on whatever vLLM the GPU extra installed:
 
 1. the real-engine tests (`pytest -m engine`); every engine a test starts gets
    `--gpu-memory-utilization` (`--test-gpu-share`) through
-   $STREAMPROXY_TEST_ENGINE_ARGS (tests/support/server.py), so the several
+   $STREAMPROXY_TEST_ENGINE_ARGS (harness/server.py), so the several
    engines a session runs at once fit on one GPU;
 2. `make bench`'s comparison (bench/compare.py) of streamproxy with vLLM's own
    server on the default model, both up at once (`--bench-gpu-share` each),

@@ -1,4 +1,4 @@
-"""`kubernetes:` deployments, timed against the fake API server (tests/support/fake_kube.py), in one process.
+"""`kubernetes:` deployments, timed against the fake API server (harness/fake_kube.py), in one process.
 
     .venv/bin/python -m bench.kubernetes [--ready N] [--wakes N]
 
@@ -30,13 +30,13 @@ import msgspec
 from aiohttp import web
 
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.fake_kube import FakeKube
 from streamproxy.config import Settings
 from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner
-from tests.support.fake_kube import FakeKube
 
 RESULTS = Path(__file__).parent / "results"
 LABELS = {"app": "bench"}

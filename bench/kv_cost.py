@@ -2,7 +2,7 @@
 
     python -m bench.kv_cost [--replicas 4] [--batches 5000] [--rounds 5]
 
-A fake replica per owner (tests/support/kv_publisher.py's FakeCache: block
+A fake replica per owner (harness/kv_publisher.py's FakeCache: block
 size 16, a cache of 2000 blocks, so it evicts) caches chat-like prompts
 (system prompts shared, turns that extend threads) and makes vLLM's batches,
 encoded as vLLM encodes them. Timed, in CPU time (process time), per batch,
@@ -25,10 +25,10 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+from harness.kv_publisher import FakeCache, encode_batch
 from streamproxy.gateway.kv_events import Event, decode_batch
 from streamproxy.gateway.kv_feed import Feed
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
-from tests.support.kv_publisher import FakeCache, encode_batch
 
 BS = 16
 

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.loadgen import build_request, request_body, run_load
 from bench.procstat import cpu_seconds, threads_cpu_seconds
 from bench.report import spread
@@ -73,7 +71,7 @@ async def store_rates(url: str, n: int) -> tuple[float, float, float, float]:
 def postgres_url(given: str | None) -> tuple[str, object | None]:
     if given:
         return given, None
-    from tests.support.postgres import PostgresServer
+    from harness.postgres import PostgresServer
 
     server = PostgresServer()
     return server.database(), server
@@ -108,7 +106,7 @@ async def measure(gateways: dict[str, Any], args: argparse.Namespace, body: dict
 
 
 async def gateway_costs(args: argparse.Namespace, pg_url: str, folder: Path) -> tuple[Rounds, dict[str, int]]:
-    from tests.support.server import FAKE_ARGS, serve_process, start_gateway
+    from harness.server import FAKE_ARGS, serve_process, start_gateway
 
     per: Rounds = {name: {"cpu_us": [], "ttft_p50": [], "cpu_vs_off": [], "ttft_vs_off": [], "writer_us": []} for name in LEDGERS}
     events = dict.fromkeys(LEDGERS, 0)

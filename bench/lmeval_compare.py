@@ -4,9 +4,9 @@
 
 Starts `streamproxy serve` and `python -m vllm.entrypoints.openai.api_server` on the same model
 (default: the prepared SmolLM2-135M-Instruct) with the CI test's engine flags, one after the
-other, runs the same `lm_eval run` command (tests.support.lmeval: the tasks of evals/lmeval/,
+other, runs the same `lm_eval run` command (harness.lmeval: the tasks of evals/lmeval/,
 every document unless --limit) against each, and prints each server's scores, the number of
-documents and requests, the time, and how far the two runs are apart (tests.support.lmeval.compare,
+documents and requests, the time, and how far the two runs are apart (harness.lmeval.compare,
 the same check as tests/engine/test_lmeval_engine.py). Everything goes to bench/results/lmeval/
 (lm-eval's output, the servers' logs, summary.json). Exit 1 when the runs disagree.
 """
@@ -17,12 +17,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable
 
-from tests.support.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
-from tests.support.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, ServerProcess, serve_process, vllm_process
+from harness.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
+from harness.process import ServerProcess
+from harness.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
 
 RESULTS = Path(__file__).resolve().parent / "results" / "lmeval"
 TOLERANCE = 0.05

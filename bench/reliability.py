@@ -121,7 +121,7 @@ async def idle_snapshot(srv: Server, bound: float = 60.0) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         deadline = time.monotonic() + bound
         while True:
-            now = await _metrics(session, srv.url)
+            now = await _metrics(session, srv.base)
             if not any(now.values()) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
@@ -134,7 +134,7 @@ async def _sample(srv: Server, timeline: list[dict[str, Any]], t0: float) -> Non
         while True:
             await asyncio.sleep(5.0)
             try:
-                m = await _metrics(session, srv.url)
+                m = await _metrics(session, srv.base)
                 timeline.append({"t": round(time.monotonic() - t0, 1), "rss_bytes": procstat.rss_bytes(srv.pid),
                                  "fds": _fds(srv.pid), "active_streams": m.get("streamproxy_active_streams", 0.0)})
             except (aiohttp.ClientError, OSError):
@@ -157,18 +157,18 @@ async def soak_phase(minutes: float, concurrency: int, stamp: str) -> dict[str, 
         seconds = minutes * 60
         warm = min(max(0.1 * seconds, 15.0), 120.0)
         print(f"[soak] warm-up {warm:.0f} s, then {seconds:.0f} s at {concurrency} clients", flush=True)
-        warmup = await Soak(srv.url, srv.port).run(concurrency, warm, seed=1)
+        warmup = await Soak(srv.base, srv.port).run(concurrency, warm, seed=1)
         before = await idle_snapshot(srv)
         timeline: list[dict[str, Any]] = []
         t0 = time.monotonic()
         sampler = asyncio.create_task(_sample(srv, timeline, t0))
         try:
-            main = await Soak(srv.url, srv.port).run(concurrency, seconds, seed=2)
+            main = await Soak(srv.base, srv.port).run(concurrency, seconds, seed=2)
         finally:
             sampler.cancel()
         wall = time.monotonic() - t0
         after = await idle_snapshot(srv)
-        alive = srv.proc is not None and srv.proc.poll() is None
+        alive = srv.proc.poll() is None
     finally:
         srv.stop()
     total = sum(main.sent.values())
@@ -179,7 +179,7 @@ async def soak_phase(minutes: float, concurrency: int, stamp: str) -> dict[str, 
         "warmup": _tally_dict(warmup), "main": _tally_dict(main), "idle_before": before, "idle_after": after,
         "rss_growth": (after["rss_bytes"] - before["rss_bytes"]) / before["rss_bytes"],
         "fd_growth": (after["fds"] - before["fds"]) / before["fds"], "server_alive": alive, "timeline": timeline,
-        "log": str(srv.log_path),
+        "log": str(srv.stdout_path),
     }
     print(f"[soak] {total} requests ({result['requests_per_s']}/s), lost {sum(main.lost.values())}, "
           f"RSS {result['rss_growth']:+.1%}, fds {result['fd_growth']:+.1%}", flush=True)
@@ -196,7 +196,7 @@ async def recovery_phase(stamp: str, streams: int = 20) -> dict[str, Any]:
     srv.start()
     try:
         srv.wait_ready(60)
-        url = srv.url + "/v1/chat/completions"
+        url = srv.base + "/v1/chat/completions"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             started = 0
 
@@ -213,19 +213,18 @@ async def recovery_phase(stamp: str, streams: int = 20) -> dict[str, Any]:
                 await asyncio.sleep(0.02)
             t0 = time.monotonic()
             poison = asyncio.ensure_future(session.post(url, json={"messages": [{"role": "user", "content": crash}]}))
-            unhealthy = await _until_health(session, srv.url, 503, t0)
+            unhealthy = await _until_health(session, srv.base, 503, t0)
             bodies = await asyncio.gather(*tasks)
             (await poison).release()
             ended_in_error = sum(b.rstrip().endswith(b"data: [DONE]") and b'"error"' in b for b in bodies)
-            assert srv.proc is not None
             code = srv.proc.poll()
             while code is None and time.monotonic() - t0 < 30:
                 await asyncio.sleep(0.02)
                 code = srv.proc.poll()
             exited = time.monotonic() - t0
-            srv.log_path = srv.log_path.with_name(srv.log_path.stem + "-restarted.log")
+            srv.stdout_path = srv.stdout_path.with_name(srv.stdout_path.stem + "-restarted.log")
             srv.start()  # the supervisor: restart on exit, same command, same port
-            healthy = await _until_health(session, srv.url, 200, t0)
+            healthy = await _until_health(session, srv.base, 200, t0)
             async with session.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}) as resp:
                 served = resp.status == 200
     finally:

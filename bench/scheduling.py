@@ -48,8 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.process import free_port
+
 from .compare import _git_rev, model_path
-from .servers import RESULTS, SERVED_NAME, Server, free_port, stop_on_signals, streamproxy_server
+from .servers import RESULTS, SERVED_NAME, Server, stop_on_signals, streamproxy_server
 
 ENGINE_ARGS = "--max-model-len 4096 --dtype float32 --enable-prefix-caching -O0"
 WORDS = ("account", "billing", "invoice", "order", "shipment", "refund", "policy", "customer", "support", "ticket",
@@ -93,9 +95,9 @@ def replica(model: str, engine_args: list[str], tag: str, i: int, extra: list[st
 def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: dict[str, Any] | None = None,
             kv: bool = False, flow: dict[str, Any] | None = None, keys: list[dict[str, Any]] | None = None) -> Server:
     port = free_port()
-    deployment: dict[str, Any] = {"name": SERVED_NAME, "id": "dep-bench", "upstreams": [r.server.url for r in reps]}
+    deployment: dict[str, Any] = {"name": SERVED_NAME, "id": "dep-bench", "upstreams": [r.server.base for r in reps]}
     if kv:
-        deployment["kv_events"] = {"replicas": {r.server.url: {"endpoint": r.pub, "replay_endpoint": r.replay} for r in reps}}
+        deployment["kv_events"] = {"replicas": {r.server.base: {"endpoint": r.pub, "replay_endpoint": r.replay} for r in reps}}
     if flow:
         deployment["flow_control"] = flow
     config = {"host": "127.0.0.1", "port": port, "deployments": [deployment], "upstream": upstream or {},
@@ -109,32 +111,12 @@ def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: d
 def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str, block_size: int) -> Server:
     port = free_port()
     cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--prometheus-port", str(free_port()),
-           "--worker-urls", *[r.server.url for r in reps]]
+           "--worker-urls", *[r.server.base for r in reps]]
     if policy == "kv_aware":  # its own subscription to the same replicas' events
         for r in reps:
-            cmd += ["--kv-event-source", f"{r.server.url}={r.pub}", "--kv-event-replay-source", f"{r.server.url}={r.replay}"]
+            cmd += ["--kv-event-source", f"{r.server.base}={r.pub}", "--kv-event-replay-source", f"{r.server.base}={r.replay}"]
         cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", SERVED_NAME]
     return Server(label, cmd, port, RESULTS / "logs" / f"{tag}-{label}.log")
-
-
-def wait_health(server: Server, timeout: float = 120.0) -> None:
-    """A gateway with keys answers /v1/models only with one: its /health alone says it is up."""
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if server.proc is not None and server.proc.poll() is not None:
-            raise RuntimeError(f"{server.label} exited with {server.proc.returncode}; log {server.log_path}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{server.label} not healthy after {timeout:.0f} s; log {server.log_path}")
-        time.sleep(0.5)
 
 
 def system_prompts(tokenizer: Any, tenants: int, tokens: int, salt: str, seed: int) -> list[str]:
@@ -195,7 +177,7 @@ async def open_loop(peer: Peer, arrivals: list[tuple[float, str, dict[str, Any],
                 await asyncio.sleep(delay)
             if midway is not None and mid_task is None and at >= half:
                 mid_task = asyncio.ensure_future(asyncio.to_thread(midway))
-            url = peer.servers[i % len(peer.servers)].url
+            url = peer.servers[i % len(peer.servers)].base
             tasks.append(asyncio.ensure_future(one(session, url, tenant, b, headers)))
         peer.outcomes = list(await asyncio.gather(*tasks))
         if mid_task is not None:
@@ -228,7 +210,7 @@ def routing_decisions(servers: list[Server]) -> dict[str, float]:
     out: dict[str, float] = {}
     for s in servers:
         try:
-            with urllib.request.urlopen(s.url + "/metrics", timeout=10) as r:
+            with urllib.request.urlopen(s.base + "/metrics", timeout=10) as r:
                 text = r.read().decode()
         except OSError:
             continue
@@ -323,7 +305,7 @@ def fairness(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], tmp:
         s.start()
         started.append(s)
     for s in (fcfs, fair):
-        wait_health(s)
+        s.wait_ready(120)  # (its /health: with keys, /v1/models would want one)
     prompt = system_prompts(tokenizer, 1, args.system_tokens, tag, args.seed)[0]
     light_rate = args.rate / (1 + args.heavy_ratio)
 

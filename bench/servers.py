@@ -14,21 +14,14 @@ launcher is neither front end nor engine.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness.process import ROOT, ServerProcess, free_port
+from harness.server import VLLM_SERVER, command_line
 
 from . import procstat
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SERVED_NAME = "bench-model"
 
@@ -43,83 +36,27 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(ServerProcess):
+    """A benchmarked server (harness.process): its own session, one log file, and which of its
+    processes are the front end and which the engine."""
 
+    def __init__(self, label: str, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None, *,
+                 health_path: str = "/health", frontend_exe: str | None = None) -> None:
+        super().__init__(cmd, port, log_path, env=env, label=label, health_path=health_path, new_session=True)
+        self.frontend_exe = frontend_exe  # the front end is the descendant running this executable (not our process)
 
-@dataclass
-class Server:
-    label: str
-    cmd: list[str]
-    port: int
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    health_path: str = "/health"  # answers 200 once the server can take requests
-    cwd: str | Path = ROOT  # where it runs (`python -m` imports from there first)
-    frontend_exe: str | None = None  # the front end is the descendant running this executable (not our process)
-    proc: subprocess.Popen | None = None
-    started_at: float = 0.0
-    ready_after: float = 0.0
+    def wait_ready(self, timeout: float = 900.0, interval: float = 0.5) -> None:
+        super().wait_ready(timeout, interval)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def stop(self, timeout: float = 60.0) -> int:
+        """Room for an engine's own shutdown before SIGKILL (then the whole group)."""
+        return super().stop(timeout)
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        env = {**os.environ, **self.env}
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-
-    def wait_ready(self, timeout: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; log {self.log_path}:\n"
-                                   + self.log_tail())
-            try:  # streamproxy lists its model while the engine still loads: /health first
-                with urllib.request.urlopen(self.url + self.health_path, timeout=5) as r:
-                    healthy = r.status == 200
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as r:
-                    if healthy and r.status == 200 and json.load(r).get("data"):
-                        self.ready_after = time.monotonic() - self.started_at
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.label} not ready after {timeout:.0f} s; log {self.log_path}:\n"
-                                   + self.log_tail())
-            time.sleep(1.0)
-
-    def wait_workers(self, count: int, timeout: float = 300.0) -> None:
-        """With `--api-server-count N`: until all N API servers listen (their log lines); /health
-        answers as soon as the first one does, and the port serves only those that listen."""
-        deadline = time.monotonic() + timeout
-        while self.log_tail(10**8).count("streamproxy.server: listening on") < count:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.label}: not all {count} API servers listen after {timeout:.0f} s; "
-                                   f"log {self.log_path}")
-            time.sleep(0.5)
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except FileNotFoundError:
-            return ""
-
-    def model_id(self) -> str:
-        with urllib.request.urlopen(self.url + "/v1/models", timeout=10) as r:
-            return json.load(r)["data"][0]["id"]
+    def fifo(self, prio: int) -> Server:
+        """`--chrt PRIO`: start under `chrt -f PRIO` (it execs the server: the pid we watch is the server's); 0: as is."""
+        if prio:
+            self.cmd = ["chrt", "-f", str(prio), *self.cmd]
+        return self
 
     def frontend_pids(self) -> list[int]:
         """The API-server processes: this one, and with `--api-server-count N` its N workers
@@ -143,31 +80,6 @@ class Server:
                 return p
         return None
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGINT (graceful), then SIGTERM, then SIGKILL to the server's own process group."""
-        if self.proc is None or self.proc.poll() is not None:
-            self._kill_group(signal.SIGKILL)
-            return
-        for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self._kill_group(signal.SIGKILL)  # stragglers (engine core) in the server's own session
-
-    def _kill_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # the group we created with start_new_session
-        except (ProcessLookupError, PermissionError):
-            pass
-
 
 def engine_cmd_args(model: str, extra: list[str]) -> list[str]:
     return ["--model", model, "--served-model-name", SERVED_NAME, *extra]
@@ -175,8 +87,7 @@ def engine_cmd_args(model: str, extra: list[str]) -> list[str]:
 
 def vllm_server(model: str, engine_args: list[str], tag: str, env: dict[str, str]) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-           "--port", str(port), *engine_cmd_args(model, engine_args)]
+    cmd = command_line(VLLM_SERVER, None, port, engine_cmd_args(model, engine_args))
     return Server("vllm", cmd, port, RESULTS / "logs" / f"{tag}-vllm.log", env)
 
 
@@ -185,8 +96,7 @@ def rust_server(model: str, engine_args: list[str], tag: str, env: dict[str, str
     from . import rust_frontend
 
     port = free_port()
-    cmd = [sys.executable, "-m", "bench.rust_frontend", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *engine_cmd_args(model, engine_args)]
+    cmd = command_line("bench.rust_frontend", "serve", port, engine_cmd_args(model, engine_args))
     return Server("vllm-rust", cmd, port, RESULTS / "logs" / f"{tag}-vllm-rust.log",
                   {**env, **rust_frontend.env(binary)}, frontend_exe=binary.name)
 
@@ -194,13 +104,11 @@ def rust_server(model: str, engine_args: list[str], tag: str, env: dict[str, str
 def streamproxy_server(model: str, engine_args: list[str], tag: str, env: dict[str, str],
                        extra: list[str] | None = None, label: str = "streamproxy") -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *engine_cmd_args(model, engine_args), *(extra or [])]
+    cmd = command_line("streamproxy", "serve", port, [*engine_cmd_args(model, engine_args), *(extra or [])])
     return Server(label, cmd, port, RESULTS / "logs" / f"{tag}-{label}.log", env)
 
 
 def fake_server(args: list[str], tag: str) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "streamproxy", "serve", "--engine", "fake", "--host", "127.0.0.1",
-           "--port", str(port), *args]
+    cmd = command_line("streamproxy", "serve", port, ["--engine", "fake", *args])
     return Server("streamproxy-fake", cmd, port, RESULTS / "logs" / f"{tag}-fake.log")

@@ -1,40 +1,15 @@
 """The engine contract: what the server needs from an inference engine.
 
-The life of a request is these calls (six of its members):
+A request's life: `start()`, `render_chat()`/`encode()` to prompt ids, `generate()` -> `OutputStream`,
+`abort()` (idempotent), `close()`; the edge also reads `info`, `state`, `decode`, `tokenizer`, `embed`,
+`load_adapter` and `num_running`. `Engine` and `OutputStream` are Protocols (mypy checks shape, no base
+class); each adapter maps the engine-neutral `GenerationParams` to its own sampling parameters.
 
-    await engine.start()                       load weights, warm up; state -> "ready"
-    engine.render_chat(messages, ...) / encode(text) -> list[int]   prompt token ids
-    await engine.generate(request_id, prompt_ids, params) -> OutputStream
-    await engine.abort(request_id)             stop a request (idempotent)
-    await engine.close()
-
-and the protocol has seven more members the edge reads: `info` (model
-names, context length), `state` ("loading", "ready", "dead"), `decode`,
-`tokenizer`, `embed` (pooling models), `load_adapter` (LoRA adapters,
-chosen per request by `GenerationParams.adapter`) and `num_running`.
-`GenerationParams` is engine-neutral: each adapter maps it to its engine's
-own sampling parameters. `Engine` and `OutputStream` are `typing.Protocol`s:
-an engine satisfies them by shape (mypy checks it), with no base class.
-
-`OutputStream` is the hand-over point between the engine (producer) and the
-request's writer (consumer); the protocol is the consumer's side. `DeltaQueue`
-is its one implementation, which every engine fills: the fake engine, vLLM's
-direct route, and vLLM's own output path (`vllm_stream.into_queue`).
-The engine `put`s one list of `Delta`s per step;
-the writer takes everything pending in one go, so when the writer is behind
-(slow socket) several steps coalesce into one write instead of queueing up.
-`get()` is cancellation-safe: a timeout around it loses nothing, unlike
-cancelling an async generator, which closes it; `wait(timeout)` (the
-writer's heartbeat wait) waits for output without taking it.
-
-Push: while the consumer is idle and its socket keeps up, it `arm`s a sink
-(`sink(deltas) -> bool`) and the producer's `put` calls it synchronously,
-in the engine's own step: no future, no task wake-up, nothing pending. The
-sink returns False when it cannot take the step (socket behind, client gone):
-the stream disarms and the step is pending as usual, so the consumer wakes and
-goes on pulling (coalescing) until it arms again. An exception in the sink
-never reaches the producer: the stream disarms, keeps the exception and wakes
-the consumer, whose next `get_nowait` raises `PushFailed`.
+`DeltaQueue` is the one `OutputStream`, filled by every engine: one `put` per step, and the consumer
+takes everything pending at once, so a slow socket coalesces steps into one write. `get()` is
+cancellation-safe; `wait(timeout)` waits without taking. Push: an idle consumer whose socket keeps up
+`arm`s a sink that `put` calls synchronously in the engine's step; the sink returns False (or raises:
+kept, surfaced as `PushFailed` by the next `get_nowait`) and the stream falls back to pulling.
 """
 
 from __future__ import annotations
@@ -50,12 +25,8 @@ EngineState = Literal["loading", "ready", "dead"]
 
 
 class Adapter(msgspec.Struct, frozen=True, kw_only=True):
-    """A LoRA adapter served beside the base model, chosen per request by its name.
-
-    `id` is unique per adapter for the engine's life (vLLM's `lora_int_id`, >= 1;
-    a reload in place keeps it); `path` is its folder (or hub id); `parent` the
-    served base model name it belongs to (`/v1/models` shows it).
-    """
+    """A LoRA adapter chosen per request by name. `id`: vLLM's `lora_int_id` (>= 1, kept on reload);
+    `parent`: the served base model name it belongs to."""
 
     name: str
     id: int
@@ -122,18 +93,9 @@ def token_text(data: bytes) -> str:
 
 
 class TokenLogprob:
-    """One token's log probability, in a form every engine can fill.
-
-    `bytes` are the token's real bytes (a byte-level token may be half a
-    character); `token` is the text shown to clients (`token_text(bytes)`);
-    `top` holds the most likely tokens at this position in rank order, as
-    `TokenLogprob`s whose own `top` is empty. A `Delta` carries one per
-    output token. A prompt's tokens have one each too (`prompt_logprobs`),
-    where the first, which nothing precedes, has no score: `logprob` None
-    and no `top`. `rank` is the token's rank in the vocabulary at its
-    position (1: the most likely), where the engine tells it (vLLM's
-    `prompt_logprobs` shape shows it), else None.
-    """
+    """One token's log probability. `bytes`: the real bytes (maybe half a character); `token`:
+    `token_text(bytes)`; `top`: the likeliest tokens in rank order (their own `top` empty); `rank`: the
+    vocabulary rank where the engine tells it. A prompt's first token has `logprob` None and no `top`."""
 
     __slots__ = ("token_id", "token", "bytes", "logprob", "top", "rank")
 
@@ -158,16 +120,8 @@ class TokenLogprob:
 
 
 class Delta(msgspec.Struct, gc=False, repr_omit_defaults=True):
-    """What one choice produced in one engine step.
-
-    `text` is normally `str`; an engine may hand over raw UTF-8 `bytes` that
-    end in the middle of a character (the server's utf8 carry repairs that).
-    `logprobs`, when asked for, is a list of `TokenLogprob`, one per token.
-
-    A msgspec Struct: made once per request per engine step, and built in C
-    (no Python `__init__` frame); `gc=False` keeps it out of the garbage
-    collector's young generation (it holds data only, never a cycle).
-    """
+    """What one choice produced in one engine step. `text` may be UTF-8 `bytes` ending mid-character
+    (the utf8 carry repairs it). `gc=False`: data only, never a cycle."""
 
     index: int
     text: str | bytes
@@ -205,16 +159,9 @@ Sink = Callable[[list[Delta]], bool]
 class OutputStream(Protocol):
     """One request's output as the writer reads it (single consumer, cancellation-safe).
 
-    `get_nowait()` takes everything pending (None: nothing yet) and raises
-    `StopAsyncIteration` at the end, the engine's error after a failure, or
-    `PushFailed` after the armed sink raised; `get()` waits for the same;
-    `wait(timeout)` waits for it without taking anything. `arm(sink)` lets the
-    producer hand steps straight to `sink` while nothing is pending (False:
-    not now), `disarm()` stops that. `finished` is True once the end has been
-    produced and taken; `prompt_tokens` / `cached_tokens` are final once it is.
-    `prompt_logprobs` (when the request asked for them, else None) are one
-    `TokenLogprob` per prompt token, the first unscored; they are set before
-    the first step is taken.
+    `get_nowait()` takes everything pending (None: nothing yet) and raises `StopAsyncIteration` at the
+    end, the engine's error, or `PushFailed`. `prompt_tokens`/`cached_tokens` are final once `finished`;
+    `prompt_logprobs` is set before the first step is taken.
     """
 
     prompt_tokens: int
@@ -271,13 +218,8 @@ class DeltaQueue:
         self._queue(deltas)
 
     def hold(self, deltas: list[Delta]) -> None:
-        """As `put`, but never through the sink: the step waits for the consumer, with what follows.
-
-        For a producer that knows more of this stream's output is already
-        waiting (the engine ran ahead of the front end): the consumer then
-        writes several steps at once, as a starved front end must to catch
-        up, instead of one write per step. The sink is disarmed, so later
-        `put`s queue behind this step; the consumer re-arms once it is current."""
+        """As `put`, but never through the sink (disarmed): for a producer that knows more output is
+        already waiting, so a starved consumer writes several steps at once; it re-arms once current."""
         self._sink = None
         self._queue(deltas)
 
@@ -314,7 +256,6 @@ class DeltaQueue:
         return self._closed and not self._pending
 
     def arm(self, sink: Sink) -> bool:
-        """Let `put` hand steps straight to `sink` (only while nothing is pending)."""
         if self._pending or self._closed or self._sink_error is not None:
             return False
         self._sink = sink
@@ -324,7 +265,6 @@ class DeltaQueue:
         self._sink = None
 
     def get_nowait(self) -> list[Delta] | None:
-        """Everything pending, or None when nothing is (raises at the end)."""
         if self._sink_error is not None:
             raise PushFailed(repr(self._sink_error)) from self._sink_error
         pending = self._pending
@@ -347,10 +287,7 @@ class DeltaQueue:
 
     async def wait(self, timeout: float) -> None:
         """Until something is pending (or the end, or a sink error), at most `timeout` s; takes nothing.
-
-        A bare timer on the waiter: lighter than `asyncio.timeout()` around
-        `get()` for a consumer that waits out a deadline per idle stream.
-        """
+        A bare timer on the waiter: lighter than `asyncio.timeout()` per idle stream."""
         if self._pending or self._closed or self._sink_error is not None:
             return
         loop = asyncio.get_running_loop()
@@ -415,9 +352,7 @@ class Engine(Protocol):
         ...
 
     async def load_adapter(self, adapter: Adapter, *, replace: bool = False) -> None:
-        """Load a LoRA adapter's weights now, so a request may name it (`replace`: reload one
-        loaded before under the same id). Raises `EngineRejected` when it cannot be loaded (no
-        adapter at its path, not one for this model, adapters not enabled)."""
+        """Load a LoRA adapter now (`replace`: reload under the same id); `EngineRejected` if it cannot be."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

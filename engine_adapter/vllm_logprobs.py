@@ -1,22 +1,10 @@
 """vLLM's engine-core logprob rows -> engine-neutral `TokenLogprob`s, for the direct route.
 
-The engine core sends, per sampled token, a row of token ids and logprobs:
-the sampled token first (with its rank in the vocabulary), then the top k
-in rank order (`LogprobsLists`, numpy); the prompt's logprobs come once, on
-a request's first output, as tensors of the same shape with one row per
-prompt position after the first (`LogprobsTensors`). vLLM's
-`LogprobsProcessor` turns each row into a `{token_id: Logprob}` dict and
-decodes every token in it to a string (with a context re-decode for byte
-pieces); `vllm_stream` then turns the dict into `TokenLogprob`s whose text
-and bytes come from the vocabulary (`TokenBytes`), not from those strings.
-Here the rows become the same `TokenLogprob`s directly: no dicts, no
-per-token decode, each token id's (text, bytes) looked up once and cached.
-
-Same result as vLLM's path plus `vllm_stream`, case by case: when the
-sampled (or prompt) token is also among the top k, the dict keeps the top-k
-entry (its logprob and rank); when its rank is within k without its being in
-the top k (a tie), the dict's sort by (rank, id) decides the order — that
-rare row goes through the dict rule itself (`_by_dict`).
+Per sampled token the engine core sends a row: the sampled token (with its rank), then the top k
+(`LogprobsLists`); the prompt's come once as `LogprobsTensors`. Here rows become `TokenLogprob`s
+directly, without vLLM's dicts or per-token decoding, each token id's (text, bytes) cached. The result
+equals vLLM's path case by case; the rare row whose order the dict's (rank, id) sort decides (a tie)
+goes through that rule itself (`_by_dict`).
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
 """vLLM's tool-call and reasoning parser registries behind the filter protocol, beside ours.
 
-`add()` joins both to the filters' registry (`filters.registry`, prefix
-`vllm:`): the vLLM CLI calls it before it checks --tool-call-parser and
---reasoning-parser, and each `VllmEngine` made. A name that is not one of
-ours (or `vllm:NAME`) then resolves here: vLLM's `ToolParserManager` and
-`ReasoningParserManager` (imported on first use, only in this module)
-supply the parser class, driven one instance per choice. vLLM's parsers
-are called per delta with the text and token ids before it, after it, and
-of the delta itself (`VllmParserFilter.advance`); they take the engine's
-tokenizer (and the tool parsers pydantic requests), so this path costs what
-it costs in vLLM; the built-in parsers do not take it.
-
-Tool calls (`VllmToolCallFilter`): content is passed on as the parser's
-streaming method reports it, until the parser reports the start of a tool
-call; from then on the text is only buffered. At the end the parser's
-complete-text method extracts the calls, and they go through the same check
-as ours (`ToolSet.check`): all valid -> they are sent (whole, like ours),
-with any content the parser found that was not yet sent; otherwise the
-unsent text is content. So a vLLM parser can never hand a client a call
-that is not a tool or whose arguments do not fit the schema.
-
-Reasoning (`VllmReasoningFilter`): built per choice with the request's
-chat template kwargs (some parsers read `enable_thinking`). Before the first
-token it sees the rendered prompt as vLLM's streaming `Parser.parse_delta`
-shows it: given to the parser (`set_prompt_token_ids`, from 0.33), and a
-prompt that already closes the thinking (`is_reasoning_end`) makes the
-whole answer content; else the parser may adjust its initial state
-(`adjust_initial_state_from_prompt`). Each CONTENT part goes through the
-parser's streaming method; what it calls reasoning becomes REASONING parts,
-what it calls content goes on as CONTENT (to the tool parser after it). At
-the end, parsers built on vLLM's parser engine flush what they held back
-(`finish_streaming`). A parser that raises turns into a pass-through: the
-text is never lost, it is content from there on. `reasoning_tokens` is the
-parser's own count over the choice's token ids.
+`add()` joins vLLM's `ToolParserManager`/`ReasoningParserManager` (imported on first use) to
+`filters.registry` (prefix `vllm:`); the CLI and each `VllmEngine` call it. vLLM's parsers run per
+delta with the text and token ids before, after and of the delta, and the engine's tokenizer.
+`VllmToolCallFilter` passes content on until the parser reports a tool call, then buffers; at the end
+the complete-text method extracts the calls and `ToolSet.check` decides (all valid: sent whole;
+otherwise the unsent text is content), so a client never gets a call that does not fit its tools.
+`VllmReasoningFilter` shows the parser the rendered prompt first (a prompt that already ends the
+thinking makes everything content) and splits CONTENT into REASONING/CONTENT; parsers on vLLM's parser
+engine flush at the end (`finish_streaming`). A parser that raises becomes a pass-through.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """vLLM's engine core(s) shared by N API-server processes: `streamproxy serve --api-server-count N`.
 
-This is the engine half of vLLM's `run_multi_api_server`
-(vllm/entrypoints/cli/serve.py), called, not copied: the parent binds the
-front-end ZMQ listeners (`bind_engine_zmq_listeners(vllm_config, N)`),
-starts the engine core(s) and, with data parallelism, the DP coordinator
-(`launch_core_engines`), and hands each API server the client config
-vLLM's `APIServerProcessManager` builds (input/output address and listener,
-client_count, client_index, the coordinator's stats address). Each worker's
-`VllmEngine` then builds its `AsyncLLM` with `client_addresses`,
-`client_count` and `client_index` (vllm_engine.py), as vLLM's API servers do:
-the engine core serves every client, and routes each one's outputs back to it.
-
-The engine cores' liveness is watched with vLLM's own
-`monitor_engine_liveness` (in a thread); their death is reported to the
-parent (streamproxy/workers.py), which tells the workers. vLLM is imported
-lazily: only the parent of a vLLM server with N > 1 comes here.
-
-`abort()` (from the parent's main thread, on a signal while `launch` runs in
-its thread) ends the launch however far it got, as `VllmEngine.close()` does
-a single server's start: every process started since `launch` began (engine
-cores, their workers, the API servers started so far) is killed until the
-launch has ended (vLLM's start-up barrier sees the cores gone and raises),
-within `ABORT_BOUND` s (spawned.py).
+The engine half of vLLM's `run_multi_api_server`, called, not copied: bind the ZMQ listeners, start
+the engine cores (and the DP coordinator) with `launch_core_engines`, and hand each worker the client
+config vLLM's `APIServerProcessManager` builds; each worker's `VllmEngine` is then a client. Liveness is
+vLLM's `monitor_engine_liveness` (a thread), reported to the parent (workers.py). `abort()` kills all
+started since `launch` began, within `ABORT_BOUND` s (spawned.py). vLLM is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """vLLM's own output path into a `base.DeltaQueue`, the one `OutputStream` every engine fills.
 
-vLLM's output handler puts each request's `RequestOutput`s in the request's
-`RequestOutputCollector` (`put(output)`; `put(exc)` from `propagate_error`,
-and from `VllmEngine` when the engine dies or closes). `into_queue`
-replaces that `put` on the collector instance: each output becomes `Delta`s
-put on the request's `DeltaQueue` right there, in vLLM's output step, so the
-writer's push sink takes them while the client keeps up and the queue
-coalesces them while it is behind, as on the direct route (vllm_direct.py).
-The request's last output (`finished`) closes the queue; an exception
-closes it with our engine error (`vllm_compat.engine_exception`) after what
-is pending; a conversion that raises does the same and never reaches vLLM's
-loop. The collector itself holds nothing (one output that came before
-`into_queue` hooked it is taken over). With logprobs, vLLM's per-position
-`{token_id: Logprob}` dicts become engine-neutral `TokenLogprob`s whose
-bytes come from the vocabulary (`TokenBytes`), exact even for half a
-character; the same for the prompt's logprobs (`RequestOutput.prompt_logprobs`,
-all of them on the request's first output), set on the queue before that
-output's Deltas are put.
+`into_queue` replaces the `put` of a request's `RequestOutputCollector`: each `RequestOutput` becomes
+`Delta`s put on the queue in vLLM's output step (pushed or coalesced as on the direct route). The last
+output closes the queue; an exception (or a conversion that raises) closes it with our engine error
+(`vllm_compat.engine_exception`) and never reaches vLLM's loop. Logprob dicts (and the prompt's, set
+before the first output's Deltas) become `TokenLogprob`s with the vocabulary's bytes (`TokenBytes`).
 """
 
 from __future__ import annotations

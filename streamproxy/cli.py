@@ -56,24 +56,21 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         add_arguments(parser)
         ns = parser.parse_args(argv)
         settings = settings_from_namespace(ns)
-        _check_tool_flags(settings, vllm_parsers=False)
-        _check_reasoning_flag(settings, vllm_parsers=False)
-        _check_lora_modules(settings, lora_enabled=True)
-        _check_front_end(settings)
-        return settings, ns
-    if known.engine != "vllm":
-        raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
-    from engine_adapter import vllm_cli
-    from streamproxy import frontend_flags
+        vllm, lora_enabled = False, True
+    elif known.engine == "vllm":
+        from engine_adapter import vllm_cli
+        from streamproxy import frontend_flags
 
-    ns = vllm_cli.parser(add_arguments).parse_args(argv)
-    settings = settings_from_namespace(ns)
-    frontend_flags.apply(ns, vllm_cli.frontend_defaults(ns), settings)
-    vllm_cli.import_tool_parser_plugin(ns.tool_parser_plugin)
-    settings.chat_template = vllm_cli.load_chat_template(settings.chat_template)
-    _check_tool_flags(settings, vllm_parsers=True)
-    _check_reasoning_flag(settings, vllm_parsers=True)
-    _check_lora_modules(settings, lora_enabled=bool(ns.enable_lora))
+        ns = vllm_cli.parser(add_arguments).parse_args(argv)
+        settings = settings_from_namespace(ns)
+        frontend_flags.apply(ns, vllm_cli.frontend_defaults(ns), settings)
+        vllm_cli.import_tool_parser_plugin(ns.tool_parser_plugin)
+        settings.chat_template = vllm_cli.load_chat_template(settings.chat_template)
+        vllm, lora_enabled = True, bool(ns.enable_lora)
+    else:
+        raise SystemExit(f"unknown --engine {known.engine!r}: expected vllm or fake")
+    _check_parsers(settings, vllm_parsers=vllm)
+    _check_lora_modules(settings, lora_enabled=lora_enabled)
     _check_front_end(settings)
     return settings, ns
 
@@ -132,25 +129,18 @@ def _check_effort_map(effort_map: dict[str, Any] | None) -> None:
         raise SystemExit(f"--reasoning-effort-map has unknown efforts {unknown}; keys must be one of {list(REASONING_EFFORTS)}")
 
 
-def _check_tool_flags(settings: Settings, *, vllm_parsers: bool) -> None:
-    """--enable-auto-tool-choice needs a --tool-call-parser that exists (as vLLM checks at start)."""
-    from streamproxy.filters.chain import OWN_PARSERS, known_parser
+def _check_parsers(settings: Settings, *, vllm_parsers: bool) -> None:
+    """--enable-auto-tool-choice needs a --tool-call-parser; both parser flags must name one that exists
+    (as vLLM checks at start)."""
+    from streamproxy.filters.chain import OWN_PARSERS, OWN_REASONING, known_parser, known_reasoning_parser
 
-    name = settings.tool_call_parser
-    if settings.enable_auto_tool_choice and not name:
+    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
         raise SystemExit("--enable-auto-tool-choice requires --tool-call-parser NAME")
-    if name and not known_parser(name):
-        where = "ours: " + ", ".join(sorted(OWN_PARSERS)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
-        raise SystemExit(f"unknown --tool-call-parser {name!r} ({where})")
-
-
-def _check_reasoning_flag(settings: Settings, *, vllm_parsers: bool) -> None:
-    from streamproxy.filters.chain import OWN_REASONING, known_reasoning_parser
-
-    name = settings.reasoning_parser
-    if name and not known_reasoning_parser(name):
-        where = "ours: " + ", ".join(sorted(OWN_REASONING)) + ("; or a name in vLLM's registry" if vllm_parsers else "")
-        raise SystemExit(f"unknown --reasoning-parser {name!r} ({where})")
+    vllm = "; or a name in vLLM's registry" if vllm_parsers else ""
+    for flag, name, known, ours in (("--tool-call-parser", settings.tool_call_parser, known_parser, OWN_PARSERS),
+                                    ("--reasoning-parser", settings.reasoning_parser, known_reasoning_parser, OWN_REASONING)):
+        if name and not known(name):
+            raise SystemExit(f"unknown {flag} {name!r} (ours: {', '.join(sorted(ours))}{vllm})")
 
 
 def _check_lora_modules(settings: Settings, *, lora_enabled: bool) -> None:

@@ -1,19 +1,11 @@
 """Typed front-end settings, layered: STREAMPROXY_* env < the YAML file (--config) < CLI flags.
 
-`Settings` is a msgspec Struct with one field per flag of ours, and each
-field declares its flag (`Annotated[T, Flag(...)]`): `--field-name`, the
-field's type and default, the help, the environment variable
-(`STREAMPROXY_FIELD_NAME` unless the declaration says otherwise) and which
-commands take it. The parsers (`add_arguments`), the config-file reader
-(`mapping_to_flags`), the gateway's refusal of serve's own flags
-(`serve_only_refusal`) and docs/cli.md (docs_cli.py) are made from `FLAGS`,
-those declarations read once. How a flag parses follows from its type: a bool
-is `--x`/`--no-x`; a list a repeatable flag (a JSON list or comma-separated;
-with `words`, vLLM's form: several values per flag, each kept whole); a dict
-a JSON object; `T | None` a T. The YAML file (`--config`) may also carry vLLM
-engine flags: every key is turned into `--key value` and put before the
-command line's own arguments, so a flag on the command line always wins (the
-way `vllm serve --config` behaves).
+`Settings` has one field per flag of ours, each declaring its flag (`Annotated[T, Flag(...)]`): type,
+default, help, env name (`STREAMPROXY_FIELD_NAME` by default) and commands. `FLAGS` reads them once,
+and the parsers (`add_arguments`), the config-file reader (`mapping_to_flags`), the gateway's refusal
+of serve's flags (`serve_only_refusal`) and docs/cli.md come from it. The type decides parsing: bool
+`--x`/`--no-x`, list repeatable (JSON or commas; `words`: vLLM's several-per-flag), dict JSON,
+`T | None` a T. YAML keys become `--key value` before the command line's own, which always win.
 """
 
 from __future__ import annotations

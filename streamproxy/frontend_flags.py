@@ -1,24 +1,11 @@
 """`vllm serve`'s front-end flags: what each one means to `streamproxy serve`.
 
-The flags themselves (names, types, defaults, choices) are vLLM's: with
-`--engine vllm` the parser takes every front-end option of vLLM's own
-`make_arg_parser` that we do not define ourselves (engine_adapter/vllm_cli.py),
-so a launch script written for `vllm serve` parses. What each one does here is
-decided in `FLAGS`, one entry per option's `dest`, of one kind:
-
-  ours     we define the flag (config.Settings has a field of that name) with vLLM's meaning
-  alias    vLLM's flag sets one of our settings under another name (`ALIASES` converts it)
-  engine   it reaches vLLM's engine the way `vllm serve` passes it on (vllm_cli.engine)
-  same     our server already behaves as the flag asks (the note says how), whatever its value
-  refused  a value other than vLLM's default stops the start with a one-line reason
-
-A decision may say from which vLLM release its flag exists (`since`) or
-from which it no longer does (`until`), so one table serves every supported
-release (engine_adapter/vllm_compat.py); `neutral` lists values that mean what
-vLLM's default means here (a refused flag spelled out at its old default).
-`tests/unit/test_frontend_flags.py` walks vLLM's parser: a flag a newer vLLM
-adds that has no entry here fails it until someone decides. Nothing here
-imports vLLM.
+With `--engine vllm` the parser takes every front-end option of vLLM's `make_arg_parser` we do not
+define (vllm_cli.py), so a `vllm serve` script parses. `FLAGS` decides each `dest`: `ours` (a Settings
+field, vLLM's meaning), `alias` (`ALIASES` converts it), `engine` (passed to vLLM's engine), `same`
+(already behaves so) or `refused` (a non-default value stops the start). `since`/`until` bound the vLLM
+releases a flag exists in; `neutral` lists values meaning the default. tests/unit/test_frontend_flags.py
+fails on a new vLLM flag with no entry. Nothing here imports vLLM.
 """
 
 from __future__ import annotations

@@ -1,50 +1,15 @@
 """`--api-server-count N`: N `serve` processes on one port, the way `vllm serve` runs its API servers.
 
-The parent (`run_workers`) does what vLLM's `run_multi_api_server` does, no
-HTTP of its own:
-
-  1. it sets `PROMETHEUS_MULTIPROC_DIR` (a temporary folder, unless given),
-     so every worker's metrics go to files and any worker's `/metrics`
-     shows the sum over all of them (http/metrics.py);
-  2. it binds the port, once: N sockets with SO_REUSEPORT on the same
-     address, one per worker, all bound here before any worker starts (a
-     taken port fails here, port 0 is resolved once); each worker inherits
-     its own and listens on it when it is up (`bind`). The kernel spreads
-     new connections over the listening workers' accept queues by the
-     4-tuple's hash: even, with no thundering herd, and never to a worker
-     that is still starting. (vLLM hands one inherited listening socket to
-     every API server and, to even the load, has each accept only while it
-     is the least loaded; N sockets leave that to the kernel.);
-  3. its `EngineHost` starts what the workers share: vLLM's engine core(s)
-     through vLLM's own `launch_core_engines`, one client config per worker
-     (engine_adapter/vllm_shared.py); nothing for the fake engine, where
-     every worker has its own;
-  4. it starts the workers (multiprocessing "spawn", like vLLM's
-     APIServerProcessManager), each with its socket, its index and its
-     client config, and waits.
-
-Signals: SIGTERM or SIGINT to the parent closes its copies of the sockets
-and sends SIGTERM to every worker, which drains as a single server does
-(server.py); a second signal is passed on too (end in-flight requests now).
-Workers ignore SIGINT (a Ctrl-C reaches the whole process group; the parent
-decides) and get SIGTERM if the parent dies (PR_SET_PDEATHSIG).
-A signal while the host is still launching (the engine cores load for
-seconds to minutes, in a thread so the main thread sees the signal at once)
-aborts the launch (`EngineHost.abort`: every process it started so far is
-killed, engine cores and workers) and the parent exits 128 + the signal's
-number, as a single server stopped before its engine was up does (server.py).
-
-Failures: a worker that exits on its own (its engine died: exit 1), or the
-shared engine's death (the host's watch: the workers get SIGUSR1, answer 503
-`engine_dead` and exit 1, engine_watch.py), ends them all and the parent
-exits 1, as `vllm serve` does. Otherwise it exits 0 once all have drained
-(128 + the signal if a worker was stopped before it served: its own code, server.py).
-
-Limits are per worker with the totals right (`worker_settings`):
-`--max-concurrent-requests`, `--max-queued-requests` and an explicit
-`--max-connections` are split over the workers, so the sum is what was asked.
-Run-time LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is refused with
-N > 1, as vLLM refuses it: a load would reach one worker of N.
+The parent (`run_workers`), no HTTP of its own: sets `PROMETHEUS_MULTIPROC_DIR` (any worker's
+`/metrics` shows the sum); binds N SO_REUSEPORT sockets once, before any worker starts, so the kernel
+spreads connections over the workers that listen; starts the shared engine cores (`EngineHost`,
+vllm_shared.py; nothing for the fake engine); spawns the workers, each with its socket, index and
+client config. SIGTERM or SIGINT sends SIGTERM to every worker, which drains as one server does (a second
+one too); workers ignore SIGINT and get SIGTERM if the parent dies. A signal during the launch kills
+what it started and exits 128 + the signal. A worker's own exit or the shared engine's death (workers
+get SIGUSR1: 503 `engine_dead`) ends them all with exit 1. `worker_settings` splits the concurrency,
+queue and explicit connection limits so their sums are what was asked; run-time LoRA loading is
+refused with N > 1, as vLLM does.
 """
 
 from __future__ import annotations

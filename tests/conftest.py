@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from harness.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
 from tests.support.push import spy_pushes
-from tests.support.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
 
 # `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
 # the user's ~/.local/state; one file for the session, which SQLite's locking shares between them.
@@ -37,6 +37,9 @@ atexit.register(shutil.rmtree, _LEDGER_DIR, True)
 os.environ["STREAMPROXY_LEDGER"] = f"sqlite://{_LEDGER_DIR}/ledger.db"
 
 START_TIMEOUT = 600
+
+# Fixtures defined in tests/support, for every folder: `store` (every kind of LedgerStore).
+pytest_plugins = ["tests.support.ledger_store"]
 
 
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
@@ -139,9 +142,9 @@ def vllm_parsers(parser_registry: None) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
-    """One real PostgreSQL server for the session (tests/support/postgres.py), on 127.0.0.1;
+    """One real PostgreSQL server for the session (harness/postgres.py), on 127.0.0.1;
     skipped with the reason when pgserver's binaries cannot run on this machine."""
-    from tests.support.postgres import PostgresServer, unavailable
+    from harness.postgres import PostgresServer, unavailable
 
     reason = unavailable()
     if reason is not None:

@@ -12,14 +12,9 @@
     worst case   max_completion_tokens or     max_output_tokens              max_tokens
                  max_tokens, x max(n, best_of)
 
-`ApiSpec` is what both sides ask: serve's encoders take their keep-alive
-frame, end and in-band error from here (core/stream.py for chat, which
-sits below this layer, keeps its frames and OPENAI reads them), the
-gateway's relay its markers, usage reader, keep-alive and in-band error
-(gateway/relay.py, streaming.py) and its budget holds the worst case
-(gateway/holds.py). The Responses and Anthropic objects live with their
-API (`apis/<api>/spec.py`). Markers are the bytes an event starts with on
-the wire, as every server here writes them (`event: x\n` / `data: ...`).
+`ApiSpec` is what serve's encoders (keep-alive, end, in-band error), the gateway's relay (markers,
+usage reader) and its budget holds (worst case) all read; Responses' and Anthropic's live in
+`apis/<api>/spec.py`. Markers are the bytes an event starts with on the wire.
 Sans-IO.
 """
 

@@ -1,21 +1,10 @@
 """Non-streaming counterpart of `stream.py`: gather each choice's whole answer.
 
-Sans-IO like the stream encoders: `step(deltas)` per engine step, then read
-`text(i)`, `reasoning(i)`, `tool_calls(i)`, `logprobs(i)`, `finish_reasons`,
-token counts (`reasoning_tokens`: None unless the chain splits reasoning).
-Text goes through the same UTF-8 carry, so a character split across steps
-is whole in the answer. With a filter chain (tool calls) each choice runs
-the same `Pipeline` the stream encoder runs, so a non-stream answer is
-exactly what the stream would reassemble to: content parts joined,
-reasoning parts joined, each
-tool call's (id, name, arguments) with the argument pieces joined, and the
-finish reason as the filters map it.
-
-`Accumulator` (a `typing.Protocol`) is what `nonstream.collect` and
-`generation.run` need of a non-stream sink: `step`, the token counts and the
-finish reasons; the route that made it renders the body from it.
-`ChoiceAccumulator` (chat, completions) implements it here, a
-`blockstream.BlockEncoder` with `emit=False` (Responses, Anthropic) too.
+Sans-IO: `step(deltas)` per engine step, then `text(i)`, `reasoning(i)`, `tool_calls(i)`, `logprobs(i)`,
+`finish_reasons` and the token counts. The same UTF-8 carry and `Pipeline` as the stream, so a
+non-stream answer is what the stream reassembles to. `Accumulator` is what `nonstream.collect` and
+`generation.run` need; `ChoiceAccumulator` (chat, completions) and `BlockEncoder(emit=False)`
+(Responses, Anthropic) implement it.
 """
 
 from __future__ import annotations

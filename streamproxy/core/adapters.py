@@ -1,15 +1,10 @@
 """LoRA adapters served beside the base model, the way `vllm serve` does it; sans-IO.
 
-`parse_lora_modules` reads `--lora-modules` values as vLLM's `LoRAParserAction`
-does: `name=path`, or a JSON object `{"name": ..., "path": ...,
-"base_model_name": ...}` (also a JSON list of such objects, which vLLM's help
-promises but its parser refuses). `AdapterRegistry` is the server's table of
-served adapter names (vLLM's `OpenAIServingModels.lora_requests`): each name
-gets an `engine_adapter.base.Adapter` with an id from 1 up, kept when the
-adapter is reloaded in place. `plan_load` / `remove` apply vLLM's checks for
-`POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (400 for a missing
-field, a base model's name, a name loaded already; 404 for an unknown one);
-loading the weights is the engine's job, between `plan_load` and `add`.
+`parse_lora_modules` reads `--lora-modules` as vLLM's `LoRAParserAction` does (`name=path`, a JSON
+object, or a JSON list of them). `AdapterRegistry` is the table of served names (vLLM's
+`lora_requests`), each an `Adapter` with an id from 1 up, kept on reload. `plan_load`/`remove` apply
+vLLM's checks for the load/unload routes (400, 404); the engine loads the weights between `plan_load`
+and `add`.
 """
 
 from __future__ import annotations

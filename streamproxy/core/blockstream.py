@@ -1,30 +1,12 @@
 """One choice's parts as a sequence of output blocks: the core of the item-based encoders.
 
-The Responses API (output items) and Anthropic's Messages API (content
-blocks) both describe an answer as an ordered list of blocks, each opened,
-extended and closed: a text block, a reasoning block, one block per tool
-call. `BlockEncoder` owns what they share. It runs the choice's `Pipeline`
-(UTF-8 carry + the request's filter chain, see `filters/base.py`) on each
-Delta and turns the parts into block transitions:
-
-    CONTENT            extend the open text block, or close what is open and open one
-    REASONING          the same for a reasoning block (when the filters produce it)
-    TOOL_CALL          close what is open, open a call block (id, name)
-    TOOL_ARGS          extend that call's block
-
-A subclass renders the transitions: `_open(block)`, `_delta(block, text)`,
-`_close(block)` return the bytes of the API's events, and `start()`,
-`finish()`, `error(exc)` the framing around them. It also maps the finish
-reason. Sans-IO like `stream.py`: every method returns bytes and never
-awaits, and a step's events come back as one bytes object (one write).
-
-With `emit=False` the same object is the non-stream sink (`generation.run`'s
-`accumulator`): it keeps the blocks without rendering events, and the route
-renders the final object from them, so a non-stream answer is exactly what
-the stream reassembles to. So a `BlockEncoder` is a `stream.StreamEncoder`
-and an `accumulate.Accumulator` (typing Protocols; one choice, whose finish
-reason in the API's words is `finish_reasons[0]`); `keepalive` is the bytes
-the writer sends on a silent stream.
+Responses (output items) and Anthropic (content blocks) describe an answer as blocks opened, extended
+and closed. `BlockEncoder` runs the choice's `Pipeline` on each Delta and maps parts to transitions:
+CONTENT/REASONING extend the open block of that kind or close and open one; TOOL_CALL opens a call
+block; TOOL_ARGS extends it. A subclass renders `_open`, `_delta`, `_close` and the framing (`start`,
+`finish`, `error`) as bytes, one bytes object per step. With `emit=False` it is the non-stream
+accumulator instead, so a JSON answer is exactly what the stream reassembles to: a `BlockEncoder` is a
+`stream.StreamEncoder` and an `accumulate.Accumulator`.
 """
 
 from __future__ import annotations

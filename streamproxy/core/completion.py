@@ -1,20 +1,10 @@
 """Completions request preparation: prompt(s) -> token ids, engine params, echo.
 
-`prompt` is one prompt or a batch (`params.completion_prompts`). Each is
-tokenized (a string) or checked against the vocabulary (token ids), and gets
-its own params: an omitted `max_tokens` is the rest of *its* context, and a
-prompt too long for the context is a 400 naming `prompt` (and, in a batch,
-which one). Every prompt becomes one engine request, its choices numbered
-after the previous prompt's (`index` = prompt × n + choice), as vLLM does.
-
-`echo` keeps each prompt's text (a token-id prompt's decoded by the engine's
-tokenizer, as vLLM does) for `core.echo.Echo`; `max_tokens: 0` is allowed
-with echo only: the engine is asked for one token (vLLM's way), which the
-echo drops. The engine's prompt logprobs are `prompt_logprobs`, or with
-echo the request's `logprobs` (vLLM's rule). `best_of` other than `n` is a
-400: no engine behind this server generates candidates to pick from (vLLM's
-engine has had no best_of since its V1).
-
+Each prompt of `prompt` (one or a batch) is tokenized or checked against the vocabulary and gets its
+own params (an omitted `max_tokens` is the rest of its context; too long: a 400 naming which prompt),
+and becomes one engine request, choices numbered prompt x n + choice, as vLLM does. `echo` keeps each
+prompt's text for `core.echo.Echo`; `max_tokens: 0` (echo only) asks for one token, dropped. Prompt
+logprobs: `prompt_logprobs`, or with echo `logprobs` (vLLM's rule). `best_of` other than `n` is a 400.
 Sans-IO: the engine is only asked to tokenize and detokenize.
 """
 

@@ -1,17 +1,9 @@
 """`echo` on completions: each choice's text starts with its prompt, as vLLM sends it.
 
-`Echo` transforms one engine request's Deltas (the batch merge applies it to
-each prompt's stream before re-indexing the choices): the first Delta of
-each choice gets the prompt's text in front of its own and, when the
-request has logprobs, the prompt's logprobs (the stream's `prompt_logprobs`,
-the first one unscored) before its own. So the stream encoder and the
-non-stream accumulator see a choice whose text simply starts with the prompt.
-
-`prompt_only` is `max_tokens: 0`: the engine was asked for one token (vLLM
-asks for one as well) and the choice shows the prompt alone; the token's
-text and logprobs are dropped, its count and finish reason kept, which is
-what vLLM reports (usage counts that one token; the finish reason is the
-engine's, "length" unless that token was the end of text).
+`Echo` transforms one engine request's Deltas (before the batch merge re-indexes them): each choice's
+first Delta gets the prompt's text, and with logprobs the prompt's logprobs (first unscored), in front.
+`prompt_only` is `max_tokens: 0`: the one token the engine was asked for is dropped, its count and
+finish reason kept, as vLLM reports.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """Engine-neutral `TokenLogprob`s -> the two OpenAI logprobs shapes.
 
-Chat (`logprobs: true`, `top_logprobs: k`): a list of entries
-
-    {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...k]}
-
-wrapped as `{"content": [...], "refusal": null}` on a choice. `bytes` are the
-token's real bytes from the engine adapter, so a token that is half of a
-character still reports its own bytes (its `token` text shows them as \\xNN).
-
-Completions (`logprobs: k`), the legacy shape, as parallel lists:
-
-    {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
-     "text_offset": [...]}
-
-where each top dict holds the sampled token and the k most likely (up to
-k+1 entries, as OpenAI documents), and `text_offset` is the character offset
-of each token in the completion text. Offsets count whole characters: a
-token that completes a character started by the previous one begins where
-that character begins (`CompletionLogprobs` keeps an incremental UTF-8
-decoder for this). `-inf` becomes -9999.0, OpenAI's value for "very
-unlikely", since JSON has no infinity. With `echo` the prompt's tokens come
-first, the first of them unscored: `null` in `token_logprobs` and
-`top_logprobs`, as vLLM sends it.
-
-vLLM's `prompt_logprobs` extra (`prompt_logprobs`), one entry per prompt
-token: `null` for the first, then `{"<token id>": {"logprob", "rank",
-"decoded_token"}}` holding the prompt's own token first and the top k.
-
-With `--return-tokens-as-token-ids` (`token_ids=True`) every token is named
-`token_id:N` instead of its text, and `bytes` are that name's, as vLLM sends them.
+Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...k]}], "refusal": null}`, `bytes`
+the token's real bytes. Completions (legacy, parallel lists): `tokens`, `token_logprobs`,
+`top_logprobs` (the sampled token plus the top k: up to k+1 entries) and `text_offset` in whole
+characters (`CompletionLogprobs` keeps an incremental UTF-8 decoder). `-inf` becomes -9999.0. With
+`echo` the prompt's tokens come first, the first unscored (`null`), as vLLM. vLLM's `prompt_logprobs`
+extra: `null`, then `{"<token id>": {"logprob", "rank", "decoded_token"}}` per prompt token. With
+`--return-tokens-as-token-ids` tokens are named `token_id:N`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Request preparation: one chat request -> prompt ids, engine params, filter chain.
 
-Chat, Responses and Anthropic all come here (the latter two after their
-`apis/<api>/convert.to_chat`): `structured.tool_plan` reads the tool fields
-(a 400 for "auto" when the server has no tool-call parser),
-`structured.constraint` gives the engine its structured-output constraint,
-`params.template_kwargs` merges the chat template kwargs (server defaults,
-reasoning effort, the request's), the chat template renders the prompt,
-`params.sampling_params` validates the sampling fields, and
-`filters.chain.chat_filters` picks the per-choice filter chain (reasoning
-splitter first, then the tool parser). So a feature added here reaches
-every chat-like API at once.
-
-Errors raised on the way name the chat request's parameters; `renamed` puts
-them in the calling API's words (`max_tokens` -> `max_output_tokens`).
-Sans-IO: the engine is only asked to render and tokenize.
+Chat, Responses and Anthropic (after `apis/<api>/convert.to_chat`) all come here: tool plan and
+structured-output constraint (structured.py), chat template kwargs, the rendered prompt, the sampling
+params and the per-choice filter chain, so a feature added here reaches every chat-like API. Errors name
+the chat request's parameters; `renamed` puts them in the calling API's words. Sans-IO: the engine is
+only asked to render and tokenize.
 """
 
 from __future__ import annotations
@@ -26,8 +17,8 @@ from typing import Any
 from engine_adapter.base import Engine, GenerationParams
 from streamproxy.config import Settings
 from streamproxy.core import params as P
-from streamproxy.core.chat_template import content_format
 from streamproxy.core import structured as S
+from streamproxy.core.chat_template import content_format
 from streamproxy.errors import InvalidRequest
 from streamproxy.filters.base import FilterFactory
 from streamproxy.filters.chain import chat_filters, parser_spec, reasoning_spec

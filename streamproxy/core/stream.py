@@ -1,25 +1,12 @@
 """Per-request streaming state machines: engine Deltas -> SSE bytes (chat, completions).
 
-Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return
-the bytes to write (possibly empty), and never await; the writer makes one
-write per call, so one engine step of a stream is one write. `StreamEncoder`
-(a `typing.Protocol`) is that contract as the writer and `generation.run`
-use it; `ChunkEncoder` here and `blockstream.BlockEncoder` (Responses and
-Anthropic events) implement it. Chunks are
-built from templates encoded once per stream (`id`, `created`, `model`, the
-choice index, the closing braces), so per token the only encoding work is
-the delta text itself. Text arrives through a `Utf8Carry` per choice, so no
-chunk carries half a character.
-
-Two paths, chosen once per stream: with no filters and no logprobs,
-`_one_plain` turns a Delta straight into a content chunk. Otherwise each
-choice runs a `filters.base.Pipeline` and `_one_parts` renders its parts:
-content, reasoning (`delta.reasoning`, and `reasoning_content` unless the
-route turns it off), the first fragment of a tool call (`index, id, type,
-function: {name, arguments: ""}`) and later argument pieces. A step's
-logprobs ride on the first chunk the step produces, or on the next one when
-it produced none (half a character, text held back): every token's entry is
-sent exactly once, in order.
+Sans-IO: `start()`, `step(deltas)`, `finish()` and `error(exc)` each return the bytes to write, one
+write per call (`StreamEncoder`, implemented here by `ChunkEncoder` and by `blockstream.BlockEncoder`).
+Chunks come from templates encoded once per stream, so per token only the delta text is encoded; a
+`Utf8Carry` per choice keeps half characters back. With no filters and no logprobs `_one_plain` maps a
+Delta straight to a content chunk; otherwise each choice runs a `filters.base.Pipeline` and `_one_parts`
+renders content, reasoning, tool-call fragments. A step's logprobs ride on the first chunk it produces,
+or the next one: each token's entry is sent once, in order.
 """
 
 from __future__ import annotations
@@ -66,12 +53,9 @@ class _ChoiceState:
 class StreamEncoder(Protocol):
     """What the writer needs to turn one request's engine steps into its stream.
 
-    Every method returns the bytes to write next (possibly empty), never
-    awaits and does no I/O. The writer sets `prompt_tokens` (and, at the end,
-    `cached_tokens`) from the engine's stream before it calls `step`/`finish`;
-    `completion_tokens` and `finish_reasons` (one per choice, in this API's
-    words) go to the access log. `keepalive` is what a silent stream sends
-    (an SSE comment, or the API's own event).
+    Every method returns the bytes to write next (maybe empty) and does no I/O. The writer sets
+    `prompt_tokens` (and at the end `cached_tokens`) before `step`/`finish`; `completion_tokens` and
+    `finish_reasons` (in this API's words) go to the access log; `keepalive` is what a silent stream sends.
     """
 
     prompt_tokens: int

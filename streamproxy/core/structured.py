@@ -1,30 +1,12 @@
 """Request -> tool plan and structured-output constraint (the params layer for both).
 
-Pure functions, like `params.py`; a bad field raises `InvalidRequest` naming it.
-
-`tool_plan(req, auto_parser)` reads `tools`, `tool_choice` and
-`parallel_tool_calls` into a `ToolPlan` whose `mode` is one of
-
-    "none"      tools are shown to the template, the answer is plain text
-    "auto"      the model may call tools in its own syntax; needs the server's
-                --enable-auto-tool-choice --tool-call-parser NAME (else a 400
-                naming the flags: a call must never be left as text silently)
-    "required"  constrained decoding: an array of {"name", "parameters"}
-    "named"     constrained decoding: the named function's arguments object
-
-(`tool_choice` defaults to "auto" when tools are sent, as in OpenAI's API.)
-For the two constrained modes the plan carries the JSON Schema the engine
-must enforce, built the way vLLM builds it (tool `$defs` hoisted to the
-root), so any model, even the small default one, produces a call.
-
-`constraint(req, plan)` gives the engine-neutral structured-output dict
-(`GenerationParams.structured`, vLLM's `StructuredOutputsParams` fields):
-the tool schema for required/named, else `response_format` (json_object,
-json_schema) or vLLM's own `structured_outputs` / `guided_*` fields; more
-than one of those is a 400. JSON Schemas are checked against the JSON
-Schema meta-schema first (compiled once per distinct schema, cached by
-hash in `filters.toolset`), so a broken schema is a 400 that says why even
-before the engine's grammar compiler sees it.
+Pure functions; a bad field raises `InvalidRequest` naming it. `tool_plan` reads `tools`, `tool_choice`
+(default "auto" with tools) and `parallel_tool_calls` into a `ToolPlan` of mode "none" (plain text),
+"auto" (the model's own syntax; needs --enable-auto-tool-choice --tool-call-parser, else a 400),
+"required" or "named" (constrained decoding with the JSON Schema vLLM builds, `$defs` hoisted).
+`constraint` gives `GenerationParams.structured`: the tool schema, else `response_format` or vLLM's
+`structured_outputs`/`guided_*` (more than one: 400). Schemas are checked against the meta-schema
+first (cached by hash in `filters.toolset`), so a broken one is a 400 that says why.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Parts, the filter protocol, and the per-choice pipeline that chains filters.
 
-Between the engine's text and the encoders, each choice of a request may run
-a chain of response filters (a reasoning splitter, a tool-call parser).
-The chain speaks in `Part`s: a run of content text, a run of the model's
-reasoning, the start of a tool call (index, id, name), a piece of a tool
-call's arguments. The engine's text enters as CONTENT parts; a filter
-consumes the kinds it understands and passes every other part through
-unchanged, in order, so filters compose (the reasoning splitter turns the
-thinking into REASONING parts, so a tool parser after it sees only content).
-
-    feed(parts) -> parts     what can be said now (a filter may hold text back)
-    flush()     -> parts     end of output: whatever is still held
-    finish_reason(reason)    may override the engine's reason ("tool_calls")
-
-`Pipeline` owns the choice's UTF-8 carry and the filter instances: `feed`
-turns one Delta's text into parts, `finish` flushes the chain in order (a
-filter's flushed parts still pass through the filters after it) and maps
-the finish reason; `reasoning_tokens` sums what the chain's reasoning
-splitters counted (None when the chain has none). Everything here is
-sans-IO and synchronous.
+Each choice may run a chain of response filters speaking in `Part`s (CONTENT, REASONING, TOOL_CALL,
+TOOL_ARGS). A filter consumes the kinds it understands and passes the rest through in order, so they
+compose: `feed(parts)` (what can be said now), `flush()` (the end), `finish_reason(reason)`. `Pipeline`
+owns the choice's UTF-8 carry and filters: `feed` a Delta's text, `finish` flushes in order and maps the
+reason; `reasoning_tokens` sums the splitters' counts. Sans-IO.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Which filters a chat request's choices run, built once per request.
 
-`chat_filters(plan, parser)` returns a factory that makes one fresh chain
-per choice (so n > 1 keeps every choice's parse state apart), or None when
-the request needs no filter at all, which keeps the encoders on their
-plain-content fast path. The chain is a reasoning splitter (when the
-server has --reasoning-parser and the request thinks), then at most one
-tool-call filter, which so sees only the answer, never the thinking:
-
-    tool_choice "none"/no tools   no filter
-    "named"                       NamedToolEmitter (constrained JSON -> one call)
-    "required"                    RequiredToolEmitter (constrained JSON array -> calls)
-    "auto"                        the server's --tool-call-parser
-
-`reasoning_spec(name, ...)` and `parser_spec(name, ...)` resolve
---reasoning-parser and --tool-call-parser by `registry`'s rules: ours
-(`reasoning.OWN_REASONING`: qwen3, deepseek_r1; `registry.TOOL_PARSERS.own`)
-by name first, then the parsers an engine added (vLLM's registries, which
-need the engine's tokenizer), `vllm:NAME` for vLLM's even where we have our
-own. `reasoning_spec` reads the request's chat template kwargs: qwen3 with
-`enable_thinking: false` needs no splitter at all.
+`chat_filters(plan, parser)` returns a factory of one fresh chain per choice, or None when no filter is
+needed (the encoders' plain fast path). The chain: a reasoning splitter (with --reasoning-parser and a
+thinking request), then at most one tool-call filter: `NamedToolEmitter` ("named"),
+`RequiredToolEmitter` ("required"), the server's --tool-call-parser ("auto"). `reasoning_spec` and
+`parser_spec` resolve the flags by `registry`'s rules: ours by name first, then an engine's
+(`vllm:NAME` forces vLLM's); qwen3 with `enable_thinking: false` needs no splitter.
 """
 
 from __future__ import annotations

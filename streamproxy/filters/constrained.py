@@ -1,24 +1,11 @@
 """Tool calls forced by constrained decoding: tool_choice "required" or a named function.
 
-For these the engine's structured outputs make the model write JSON of a
-known shape (params.py builds the schema, as vLLM does):
-
-    named:     the function's arguments object itself     {"city": "Paris"}
-    required:  an array of calls                          [{"name": "f", "parameters": {...}}, ...]
-
-so there is nothing to guess and nothing to hold back: the arguments are
-streamed as they are generated. `NamedToolEmitter` sends the call's first
-fragment at the first character and then every character of the value as
-argument pieces. `RequiredToolEmitter` walks the array with a small state
-machine (element, key, colon, value) and uses `ValueScan` for each member
-value: the call starts when its "name" string is complete, and the raw text
-of "parameters" is streamed as its arguments (buffered only in the unusual
-case that it comes before the name). Concatenated, the pieces are exactly
-the JSON the model produced. If the text ever leaves the expected shape
-(an engine without structured outputs), the rest is returned as content.
-
-Finish reasons follow OpenAI: "tool_calls" for required, "stop" kept for a
-named function; "length" (cut off mid-JSON) is always kept.
+The engine's structured outputs make the model write known JSON: the arguments object itself (named),
+or `[{"name": ..., "parameters": {...}}, ...]` (required). Nothing is held back: `NamedToolEmitter`
+opens the call at the first character and streams the value; `RequiredToolEmitter` walks the array with
+a small state machine (and `ValueScan`), opening a call once its name is complete and streaming the raw
+"parameters" text. Text that leaves the shape is content from there on. Finish: "tool_calls" for
+required, "stop" kept for named, "length" always kept.
 """
 
 from __future__ import annotations

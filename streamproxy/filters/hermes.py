@@ -1,15 +1,10 @@
 """Hermes / Qwen tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
-Text outside the tags is content, streamed as it comes except for a tail
-that could be the start of `<tool_call>` (held until the next characters
-decide). Inside a tag the JSON object is delimited by `ValueScan`, so a
-`</tool_call>` or a brace inside a JSON string does not end it; the block
-ends at the `</tool_call>` after the object. Then it is parsed
-(`json_call`) and checked (see `toolparse`). Several blocks in one message
-are parallel calls, indices 0, 1, ... A block the model does not close
-before its end of output still counts when its JSON is complete. If the
-body is not a JSON object, the block simply runs to the next `</tool_call>`
-(and, failing the check, comes back as content).
+Text outside the tags is content, streamed except for a tail that could start `<tool_call>`. Inside,
+`ValueScan` delimits the object (a `</tool_call>` or brace in a string does not end it); the block ends
+at the `</tool_call>` after it, then `json_call` parses and `toolparse` checks. Several blocks are
+parallel calls; an unclosed block with complete JSON still counts; a body that is not an object runs to
+the next `</tool_call>`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Find where a JSON value ends, fed in pieces; and the raw text of an object's members.
 
-`ValueScan` is a tiny incremental lexer: it does not build the value, it only
-tracks nesting and string/escape state, so a parser can tell, for text that
-arrives a few characters (or one byte's character) at a time, which
-characters belong to one JSON value and where it ends. Outside strings it
-jumps between the characters that matter with one regex search; inside a
-string it jumps to the next quote or backslash.
-
-`members(text)` splits a complete JSON object into `{key: raw value text}`,
-so tool-call arguments can be handed on exactly as the model wrote them
-(`json.loads` + `dumps` would re-space them).
+`ValueScan` tracks nesting and string/escape state only, so text arriving a few characters at a time
+can be split at the end of one JSON value; it jumps between the characters that matter with one regex
+search. `members(text)` splits a complete object into `{key: raw value text}`, so arguments go on
+exactly as the model wrote them.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """Reasoning splitters: a model's `<think>...</think>` -> REASONING parts, the rest CONTENT.
 
-`--reasoning-parser NAME` picks one per request (see `chain.reasoning_spec`);
-it runs first in the choice's chain, so the tool-call parser after it sees
-only the answer. The rules are vLLM's, per model family (checked against
-vllm/reasoning/ and vllm/parser/qwen3.py):
-
-    deepseek_r1  The output starts inside the thinking: the chat template may
-                 already have opened `<think>`, so a missing opening tag is
-                 normal. The first `<think>` (if the model writes one) is
-                 dropped; `</think>` ends the thinking, everything after it is
-                 content, later `</think>`s included. No `</think>` at all:
-                 the whole output is reasoning.
-    qwen3        The same, except that every `<think>` inside the thinking is
-                 dropped, a `</think>` after the thinking ended is dropped too,
-                 and a `<tool_call>` inside the thinking ends it (the tag goes
-                 on as content, for the tool parser). With the template's
-                 `enable_thinking: false` there is no think block at all:
-                 no splitter is installed (`for_request` returns None).
-
-Tags may be cut anywhere (across deltas, one byte at a time): a tail that
-could be the start of a tag is held until the next text decides, and at the
-end of output whatever is held is what it is (reasoning while thinking,
-content after). Nothing else is held or changed, so the bytes of reasoning
-and content are exactly the model's, whitespace included, as vLLM sends
-them.
-
-`reasoning_tokens` counts the tokens of the parts that left the splitter
-still thinking (a part that is only the `<think>` tag does not count), the
-way vLLM counts the tokens between the tags: exact when a step is one token,
-close otherwise. Sans-IO and per choice, like every filter (`base.py`).
+First in the choice's chain (`chain.reasoning_spec`), so the tool parser sees only the answer; rules as
+vLLM's (vllm/reasoning/, vllm/parser/qwen3.py):
+    deepseek_r1  output starts inside the thinking; a first `<think>` is dropped; `</think>` ends it,
+                 everything after is content; no `</think>`: all reasoning.
+    qwen3        the same, but every `<think>` inside and any `</think>` after are dropped, and a
+                 `<tool_call>` ends the thinking (the tag goes on as content); `enable_thinking: false`:
+                 no splitter (`for_request` returns None).
+A tail that could start a tag is held until the next text decides; nothing else is held or changed.
+`reasoning_tokens` counts the tokens of parts that left still thinking, as vLLM does.
 """
 
 from __future__ import annotations

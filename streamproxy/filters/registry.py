@@ -1,19 +1,10 @@
 """The parsers `--tool-call-parser` and `--reasoning-parser` may name: ours, and those an engine adds.
 
-Ours (sans-IO, in this package) are known by name from the start:
-`TOOL_PARSERS.own` (hermes, llama3_json, mistral, pythonic, ...) and
-`REASONING_PARSERS.own` (qwen3, deepseek_r1). An engine that brings parsers
-of its own adds a `Source` of them (`add`): vLLM's adapter adds its
-registries when its CLI reads the flags (so the start-up check knows their
-names before an engine exists) and when its engine is made. Nothing here
-knows which engine that is, so the filters import no engine adapter; the
-adapter implements the filter protocol and fills this in
-(tests/unit/test_layers.py).
-
-A name resolves to ours first; `PREFIX:NAME` (`vllm:hermes`) names a
-source's parser even where ours has the same name; any other name goes to
-the first source that has it. `known` answers the start-up check,
-`source` says which source makes a name's parser.
+Ours are known by name (`TOOL_PARSERS.own`, `REASONING_PARSERS.own`); an engine adds a `Source` of its
+own (`add`: vLLM's adapter, when its CLI reads the flags and when its engine is made), so the filters
+import no engine adapter (tests/unit/test_layers.py). A name resolves to ours first; `PREFIX:NAME`
+names a source's parser; any other name goes to the first source that has it. `known` answers the
+start-up check, `source` says which source makes a parser.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Which stop sequence ended the output: a filter for APIs that report it (Anthropic).
 
-Anthropic's `stop_reason: "stop_sequence"` names the sequence that matched,
-but an engine's finish reason is just "stop" for an end-of-sequence token and
-a stop string alike. So the route asks the engine to keep the stop string in
-its output (`include_stop_str_in_output`) and puts this filter first in the
-choice's chain: it holds back the last `max(len(stop))` characters (what
-vLLM itself holds back while stop strings are set), and at the end strips a
-stop sequence the text ends with and remembers it in `matched`. The engine
-stops as soon as a stop string appears, so "the text ends with it" is
-exactly "the engine stopped on it"; what the client sees is the text without
-it, as with the plain OpenAI path.
-
-Sans-IO, per choice, like every filter (see `filters/base.py`).
+An engine says "stop" for an EOS token and a stop string alike, so the route asks it to keep stop
+strings in the output (`include_stop_str_in_output`) and this filter, first in the chain, holds back
+the last `max(len(stop))` characters and at the end strips a stop sequence the text ends with, noted in
+`matched`. The engine stops at the first stop string, so "ends with it" is "stopped on it". Sans-IO.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """What every auto-mode tool-call parser shares: blocks, validation, whitespace.
 
-A parser (hermes, llama3_json, mistral, pythonic) subclasses `ToolCallParser`
-and implements one method, `_scan(out, final)`: look at the text buffered so
-far (`self.buf`), move its state machine forward as far as the text allows,
-and report what it found through three helpers:
-
-    self.text(out, s)                 model text that is plain content
-    self.block(out, raw, calls)       a complete tool-call block: its raw text
-                                      and the (name, arguments) it parsed to,
-                                      or calls=None when it did not parse
-    (keep the rest in self.buf)       a tag or a JSON value not complete yet
-
-The block is the unit of trust. Its calls are sent only if every one names a
-tool and has arguments that are a JSON object matching that tool's schema
-(`ToolSet.check`); otherwise the block's raw text is returned as content,
-exactly as the model wrote it, and no tool call is claimed for it. A call is
-sent whole, once its block is complete (first fragment, then its arguments
-in one piece), because only then can it be checked: a client never receives
-half of a call that later turns out to be invalid. The finish reason becomes
-"tool_calls" when the engine stopped normally and at least one call was
-sent; a cut-off ("length") stays "length", its unfinished block as content.
-
-Whitespace that only separates content from a tool call (the newline before
-`<tool_call>`) is dropped, so a message that is only tool calls has no
-content; whitespace in ordinary content is kept exactly.
+A parser subclasses `ToolCallParser` and implements `_scan(out, final)` over `self.buf`, reporting
+`self.text(out, s)` (content) and `self.block(out, raw, calls)` (a complete block, `calls=None` when it
+did not parse), keeping the rest in `self.buf`. The block is the unit of trust: its calls are sent,
+whole, only if every one fits a tool's schema (`ToolSet.check`), else its raw text is content. The
+finish reason becomes "tool_calls" when the engine stopped and a call was sent ("length" stays).
+Whitespace that only separates content from a tool call is dropped; other whitespace is kept exactly.
 """
 
 from __future__ import annotations

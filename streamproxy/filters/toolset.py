@@ -1,18 +1,10 @@
 """The request's tools, and the check a parsed call must pass before it is sent.
 
-A tool-call parser in auto mode reads the model's own text, which can be
-anything: a name that is not a tool, arguments that are not JSON, or JSON
-that does not fit the tool's `parameters` schema. `ToolSet.check(name,
-arguments)` says whether a call is one the client can execute; a parser
-hands on only calls that pass, and returns the others' text as content.
-
-Schema validators (jsonschema, imported on first use) are compiled once per
-distinct schema: the cache key is a hash of the canonical JSON of the
-schema, so the same tools sent on every request of an agent loop cost one
-compile. `compile_schema` raises `SchemaInvalid` for a schema that is not a
-valid JSON Schema, which the route turns into a 400 naming the tool. A
-valid schema whose `$ref` cannot be followed is found only when a call is
-checked against it: that call fails the check.
+`ToolSet.check(name, arguments)`: the name is a tool and the arguments a JSON object fitting its
+`parameters` schema; auto-mode parsers send only calls that pass. Validators (jsonschema, imported on
+first use) are compiled once per distinct schema, keyed by a hash of its canonical JSON;
+`compile_schema` raises `SchemaInvalid` (a 400 naming the tool). A `$ref` that cannot be followed fails
+the check of a call, not the request.
 """
 
 from __future__ import annotations

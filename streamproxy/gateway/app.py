@@ -210,12 +210,9 @@ async def _start(app: web.Application) -> None:
         state.keyring.start()
 
 
-async def _stop_replicas(app: web.Application) -> None:
-    """After the gateway's own drain: every managed replica drains and exits; watches end."""
-    await app[STATE_KEY].state.stop_sources()
-
-
 async def _stop(app: web.Application) -> None:
+    """After the gateway's own drain: every managed replica drains and exits, watches and probes end."""
+    await app[STATE_KEY].state.stop_sources()
     task = app.get(_PROBES_KEY)
     if task is not None:
         task.cancel()
@@ -252,7 +249,6 @@ def create_gateway_app(settings: Settings, config: GatewayConfig, ledger: Ledger
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)
     app.on_startup.append(_start)
-    app.on_cleanup.append(_stop_replicas)
     app.on_cleanup.append(_stop)
     if ledger is not None:
         state.ledger = ledger

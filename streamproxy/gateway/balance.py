@@ -1,27 +1,11 @@
 """Choosing a replica: least outstanding requests, prompt-prefix affinity, health.
 
-Per deployment, `Pool.choose(keys, exclude, now)`:
-  1. the candidates are the replicas whose `Health` lets a request through,
-     less those this request already tried;
-  2. with prefix affinity on, and the loads not imbalanced (SGLang's router
-     test: max - min over `balance_abs_threshold` and max over
-     `balance_rel_threshold` x min), the replica holding the longest share
-     of the request's prefix keys gets it, if that share is at least
-     `cache_threshold` and its load is within `balance_abs_threshold` of the
-     least loaded (so a hot prefix spreads when its replica is busy);
-     a prefix no replica holds (yet) goes to its home, under the same load
-     guard: the replica with the highest rendezvous score of the prefix's
-     first key (the same in every process) and the replica's URL, so
-     gateways that share nothing, or one that restarted, send a prefix to
-     the same replica (`rendezvous`; a replica that goes moves only its
-     own prefixes);
-  3. otherwise power of two choices: two random candidates, the one with
-     fewer outstanding requests (counted here, at dispatch and completion);
-     with `policy: round_robin`, the candidates in turn instead (no
-     affinity, loads ignored: a baseline to compare the others with).
-`dispatched`/`completed` keep the counts, the health and the prefix index
-right; `observed_cache` corrects the index from the `cached_tokens` the
-replica reported. Sans-IO; the random source is injectable for tests.
+`Pool.choose(keys, exclude, now)`: among replicas whose `Health` lets a request through and not yet
+tried, with prefix affinity and loads balanced (SGLang's abs/rel thresholds), the one holding the
+longest share of the prefix keys (at least `cache_threshold`, load within `balance_abs_threshold`), or
+for an unknown prefix its `rendezvous` home (the same in every gateway process); else power of two
+choices on outstanding requests (or `policy: round_robin`). `dispatched`/`completed` keep counts, health
+and prefix index right; `observed_cache` corrects the index. Sans-IO; the random source is injectable.
 """
 
 from __future__ import annotations
@@ -34,7 +18,6 @@ from streamproxy.gateway.config import Deployment, KVEventsEndpoint, UpstreamPol
 from streamproxy.gateway.health import Health
 from streamproxy.gateway.metrics import DeploymentSeries, ReplicaSeries
 from streamproxy.gateway.prefix import PrefixIndex, stable_hash
-
 
 _MASK = (1 << 64) - 1
 

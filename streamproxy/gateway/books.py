@@ -1,20 +1,10 @@
 """The gateway's use of the ledger: a record per relayed request, and the admin routes that query it.
 
-`recorder(state)` is a finish subscriber of every request (context.py): when
-a request on a relayed route ends (answered, failed, refused with a 4xx, or
-its client gone), it builds one `LedgerRecord` from the request's context
-(the tokens the call metered there: what the client saw in `usage`) and
-queues it (`Ledger.add`: an append), and its key's budget counts its real
-tokens from then on (`Keyring.queued`), in the same step on the event loop
-as its hold is released (`keyring.release_hold`, the subscriber before).
-A request refused for its key (401 before the key is known) is not
-recorded: the access log has it, and a flood of bad keys must not fill the
-books. Other routes (models, health, metrics) are not requests to a
-deployment and are not recorded.
-
-`GET /v1/deployments/{deployment}/requests` and `GET /v1/usage` take the
-admin key; their parameters are `ledger.params`'. Without a ledger (`ledger:
-off`) they are 404 `ledger_off`.
+`recorder(state)`, a finish subscriber, queues one `LedgerRecord` per relayed request from its context
+(`Ledger.add`) and counts its tokens against its key's budget (`Keyring.queued`) in the same loop step
+as its hold is released. A request refused for its key is not recorded (a flood of bad keys must not
+fill the books), nor are other routes. `GET /v1/deployments/{deployment}/requests` and `GET /v1/usage`
+take the admin key (parameters: `ledger.params`); without a ledger: 404 `ledger_off`.
 """
 
 from __future__ import annotations

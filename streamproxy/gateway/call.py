@@ -1,24 +1,14 @@
 """One relayed request (`Call`) and its tries on replicas (`Attempt`): what every way of relaying shares.
 
-A `Call` is the request from its deployment's choice to its end (`with call:`:
-counted on the deployment, its source and the retry budget while it runs;
-at its end the tokens metered into the request's context, the metrics and
-the key's per-minute limit). `open` sends it with failover before the first
-byte: replicas are tried one at a time (`Pool.choose`, never one this call
-tried already); a connect error, a timeout before the response headers, or
-a retryable status (503, 429 by default) moves on to another replica while
-Envoy's retry budget and `num_retries` allow. The first answer not retried
-comes back open. When no replica can take the request the answer is 503
-`upstream_unavailable` with a Retry-After, or, if the last replica answered
-429/503 itself, that answer (its Retry-After passed on).
-
-The call owns its attempts (`attempts`, in order: stream migration will add
-more than one answered). An `Attempt` is counted on its replica from its
-start to its `end`, the one place an attempt's outcome is recorded: the
-replica's counts, health and breaker (an ejection logged), its span, and
-its connection (back to the pool after a complete answer, else closed: which
-is how the replica learns to abort). `done` ends the answered one. The
-relaying itself is `proxy` (the body) and `streaming` (the stream).
+`with call:` counts it on the deployment, its source and the retry budget; at its end the tokens go to
+the context, the metrics and the key's limit. `open` fails over before the first byte: one replica at a
+time (`Pool.choose`, never one tried), moving on after a connect error, a timeout before the headers or
+a retryable status while the retry budget and `num_retries` allow; none left: 503
+`upstream_unavailable` + Retry-After, or the last replica's own 429/503. An `Attempt`'s `end` is the one
+place its outcome is recorded (counts, health, breaker, span, connection reuse or close). The relaying
+itself is `proxy` (the body) and `streaming` (the stream).
+A migrated stream has more than one answered attempt: `tried` (their replicas) is never chosen again,
+and `open(path, body)` sends a stream's continuation instead of the request.
 """
 
 from __future__ import annotations
@@ -39,6 +29,7 @@ from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.flowcontrol import Ticket
 from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.limits import KeyLimiter
+from streamproxy.gateway.resume import Stream
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError, ask, read_error
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
@@ -73,7 +64,9 @@ class Call:
     stream: bool
     strip_usage: bool
     usage: Usage
+    resume: Stream | None = None  # a stream that may migrate: its record (resume.py)
     attempts: list[Attempt] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # the replicas its attempts went to
     # Issue 35 (scheduler.py): what turns the prompt into token ids, if KV events route it; its ids once known.
     tokenize: bytes | list[int] | None = None
     cache_salt: str | None = None
@@ -137,8 +130,9 @@ class Call:
             self.ticket = await scheduler.admit(self.tenant, self.band, self.cost, self.weight)
 
     # -- its attempts -----------------------------------------------------------------------
-    async def open(self) -> Attempt:
-        """The first answer not retried, open (see the module's comment)."""
+    async def open(self, path: str | None = None, body: bytes | None = None) -> Attempt:
+        """The first answer not retried, open (see the module's comment); `path` and `body`: a stream's
+        continuation's (on a replica none of its attempts went to yet), instead of the request's."""
         state, pool = self.state, self.pool
         source = state.sources[pool.deployment.name]
         if not source.serving:
@@ -149,7 +143,9 @@ class Call:
         scheduler = state.schedulers[pool.deployment.name]
         if self.tokenize is not None and self.prompt is None and scheduler.publishing:
             self.prompt = await scheduler.prompt(upstreams, self.tokenize, self.cache_salt, pool.upstream_headers, tls)
-        tried: set[str] = set()
+        tried = self.tried
+        path = path or self.route.upstream_path
+        body = self.body if body is None else body
         last: UpstreamError | None = None
         retrying = False
         try:
@@ -169,7 +165,7 @@ class Call:
                 self.attempts.append(attempt)
                 scheduler.dispatched(replica, self.prompt, now)
                 try:
-                    exchange = await ask(upstreams, replica.url, self.route.upstream_path, self.body, attempt.headers, tls)
+                    exchange = await ask(upstreams, replica.url, path, body, attempt.headers, tls)
                 except CONNECT_ERRORS as exc:
                     attempt.end(False, error=type(exc).__name__)
                     if isinstance(exc, UpstreamClosed) and exc.tls:  # a setting to fix, not a blip: say why

@@ -1,82 +1,18 @@
 """The gateway's YAML: deployments, API keys, and the upstream policy (nginx/Envoy knobs).
 
-```yaml
-deployments:
-  - name: support-bot            # what clients send as `model`
-    id: dep-7f3a                 # also /v1/deployments/dep-7f3a/...
-    served_model: Qwen/Qwen3-8B  # the replicas' name for it (rewritten both ways)
-    upstreams: [http://127.0.0.1:8001, http://127.0.0.1:8002]
-  - name: secure                 # replicas over HTTPS (`serve --ssl-certfile ...`)
-    id: dep-secure
-    upstreams: [https://10.0.0.5:8000]
-    tls: {ca_file: /etc/streamproxy/replicas-ca.pem}   # replaces `upstream.tls` for this deployment
-  - name: cached                 # routed by the KV-cache events its replicas publish (scheduler.py)
-    id: dep-cached
-    upstreams: [http://10.0.0.7:8000, http://10.0.0.8:8000]
-    kv_events: {endpoint: "tcp://{host}:5557", replay_endpoint: "tcp://{host}:5558"}  # vLLM's --kv-events-config
-    flow_control:                # queue per key and priority band when the replicas are saturated
-      max_concurrency: 32        # per replica; 0 (the default): no queueing
-      max_queued: 1024
-      max_wait: 30               # s; past it, or past max_queued: 429 with Retry-After
-      priority: 0                # a request's band when neither it nor its key names one
-      scheduling_priority: false # true: replicas run --scheduling-policy priority and get `priority`
-  - name: smol                   # a managed deployment: the gateway runs its replicas
-    id: dep-smol
-    launch:
-      model: /path/to/model      # or "fake" (`--engine fake`)
-      args: ["--max-model-len", "4096"]   # any `serve` flag
-      replicas: 1
-      idle_park_after: 15m       # parked (replicas stopped) after this long idle; 0: always on
-      boot_guess: 60             # Retry-After (s) while waking, until a boot was timed
-      wait_for_wake: false       # true: requests wait for the wake instead of a 503
-  - name: qwen                   # replicas found on Kubernetes (kubernetes.py)
-    id: dep-qwen
-    kubernetes:
-      namespace: llm
-      selector: {app: qwen3-8b}  # the pods' labels
-      port: http                 # container port name or number
-      scale: {kind: Deployment, name: qwen3-8b, replicas: 2}   # optional: the gateway wakes and parks it
-      idle_park_after: 30m       # with `scale`
-admin_key_env: GATEWAY_ADMIN_KEY # opens POST /v1/deployments/{id}/wake and /park, the ledger's
-                                 # GET .../requests and /v1/usage, and /v1/keys
-max_resident: 0                  # replicas of managed deployments running at once (0: no limit)
-keys:                            # none: no key is asked for
-  - id: team-a                   # what the access log says; the key itself never is
-    key_env: TEAM_A_KEY          # or `key: sk-...`
-    deployments: [support-bot]   # or ["*"]
-    rpm: 600                     # requests per minute (0: no limit)
-    tpm: 200000                  # prompt + completion tokens per minute
-    priority: 0                  # its requests' band when they name none; weight: its fair share (1)
-upstream:                        # defaults below
-  connect_timeout: 5
-  tls:                           # how https:// upstreams are verified (a deployment's `tls` replaces it)
-    ca_file: null                # a PEM bundle of the CAs replicas' certificates chain to; null: the system's
-    verify: true                 # false: any certificate, any name (encrypted, not authenticated)
-    server_name: null            # the name the certificate must carry; null: the URL's host
-    cert_file: null              # a client certificate (and key_file) for replicas that ask for one
-    key_file: null               #   (`serve --ssl-cert-reqs 2`)
-ledger: sqlite:///var/lib/streamproxy/ledger.db   # or postgresql://user@host/db, or off;
-                                 # none: $STREAMPROXY_LEDGER, else ~/.local/state/streamproxy/ledger.db
-ledger_writer:                   # defaults below
-  interval: 0.5                  # s between batch writes (the most a kill -9 loses)
-  batch_size: 1000
-  max_buffered: 200000           # records held while the store is away; more are dropped (counted)
-budgets:                         # keys' token budgets (POST /v1/keys): defaults below
-  default_max_tokens: 4096       # completion tokens held for a request that names no max_tokens
-  prompt_bytes_per_token: 4      # the prompt's tokens held: the body's bytes / this (1: an upper bound)
-```
-
-Every other top-level key is one of the server's flags (`sse_heartbeat`,
-`request_timeout`, ...), as in `streamproxy serve --config`. Sans-IO:
-`load(text)` only parses and checks.
+Top-level sections: `deployments` (each with `upstreams`, `launch` or `kubernetes`, and an optional
+`tls`, `migration`, `kv_events` and `flow_control`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
+every other key is one of the server's flags, as in `streamproxy serve --config`. The fields are
+documented in docs/gateway.md (configs/gateway.yaml is a commented example). Sans-IO: `load(text)`
+only parses and checks.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlsplit
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -228,6 +164,15 @@ class FlowControl(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     # The replicas schedule by priority (`--scheduling-policy priority`): a request's band goes on as
     # its body's `priority`; false: the gateway queues by it and sends nothing.
     scheduling_priority: bool = False
+class Migration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Stream migration (`resume.py`): a chat or completions stream a replica broke off goes on on another."""
+
+    enabled: bool = True
+    max_migrations: int = 2  # per request (as Envoy's `num_retries`, but after the first byte)
+    max_tracked_tokens: int = 32768  # prompt + generated ids kept per stream; a longer one is not migrated
+    # Envoy's `stream_idle_timeout`: seconds without a byte from the replica, once a continuable stream's
+    # first event came, that count as a broken replica (then migrated); 0: only `upstream.read_timeout`.
+    stream_idle_timeout: float = 30.0
 
 
 class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -242,6 +187,7 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
     kv_events: KVEvents | None = None  # where its replicas publish KV-cache events (None: `launch:` vLLM ones do)
     flow_control: FlowControl = msgspec.field(default_factory=FlowControl)
+    migration: Migration = msgspec.field(default_factory=Migration)
 
     @property
     def upstream_model(self) -> str:
@@ -423,6 +369,10 @@ def check(config: GatewayConfig) -> None:
                 raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
             check_tls(f"deployment {d.name!r}: `tls", d.tls)
         check_scheduling(d)
+        m = d.migration
+        if m.max_migrations < 0 or m.max_tracked_tokens < 1 or m.stream_idle_timeout < 0:
+            raise ConfigError(f"deployment {d.name!r}: `migration`: max_migrations >= 0, max_tracked_tokens >= 1, "
+                              "stream_idle_timeout >= 0")
     check_tls("gateway config: `upstream.tls", config.upstream.tls)
     if config.admin_key_env and not os.environ.get(config.admin_key_env):
         raise ConfigError(f"gateway config: the environment variable {config.admin_key_env} (admin_key_env) is not set")

@@ -1,20 +1,11 @@
 """Deployments made through the admin API: `POST /v1/deployments`, `PATCH` and `DELETE /v1/deployments/{id}`.
 
-The body is a `deployments:` entry of the config file, as JSON (`upstreams`,
-`launch` or `kubernetes`, `served_model`, `upstream_key_env`); `id` may be left
-out (`dep-` and 8 hex digits). A PATCH names the fields to change (null: back to
-the default); `name` may change, `id` not. Each is checked by the config's own
-rules and then against the whole config (`reload.merged`: names used once, the
-file's keys still naming deployments that exist): a 400 names the field
-(`param`), a name or id taken is a 409. Then it is written to the ledger's store
-(`ledger_deployments`; a store that cannot be written is a 503 and nothing
-changes) and served at once through the same swap as a SIGHUP reload
-(`reload.swap`): requests in flight on a changed or deleted deployment finish on
-it. At start the store's deployments are served beside the file's, and every
-gateway sharing the store follows its changes within a second (deploysync.py:
-one that no longer fits, e.g. the file took its name, is skipped with an ERROR
-line). Deployments of the config file are changed in the file (a 400 here).
-Without a ledger (`ledger: off`): 404 `ledger_off`.
+The body is a config file's `deployments:` entry as JSON (`id` optional: `dep-` + 8 hex digits); a PATCH
+names the fields to change (null: the default; `id` fixed). Checked by the config's rules and against
+the whole config (`reload.merged`): a 400 naming `param`, a 409 for a name or id taken. Written to the
+ledger's store (unwritable: 503, nothing changes), then served through the reload swap; other gateways
+follow within a second (deploysync.py). The file's deployments are changed in the file (400); without a
+ledger: 404 `ledger_off`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """The deployments made through the admin API, followed in the ledger's store: every gateway sharing
 it serves another's POST, PATCH and DELETE /v1/deployments within `REFRESH` s, as keyring.py does keys.
 
-Every `REFRESH` s one cheap read: the store's `deployments_version`, a counter
-each put or delete of a deployment bumps in its own transaction (ledger
-migration 4). Only when it moved since the last one seen are the deployments
-listed again and checked one by one as at start (`serveable`: deployadmin's
-`parse`, then beside the file's deployments and the others, `reload.merged`,
-and their TLS settings built). When the set differs from the one served it is
-applied through the same swap as a SIGHUP reload and the admin API
-(`reload.swap`): new requests see it, requests and streams in flight finish on
-the state they began with, a changed or removed deployment retires once idle,
-an unchanged one keeps its pool (health, prefix index). A stored deployment
-that does not fit here (it no longer parses, a name this gateway's file uses,
-a CA file missing on this machine) is refused with one ERROR line, once per
-version of it, and the rest applied: the gateway serves what it would serve
-if it were started now.
-
-A SIGHUP reload (a new config file) has them checked again at the next poll:
-one the old file shadowed may be served now. This gateway's own changes bump
-the counter too; the list read for them finds the set already served and
-swaps nothing. A list read while this gateway changed its deployments or
-reloaded (`Current.api` or `file_config` is no longer what it was when the
-read began) is dropped and read again at the next poll, so a stale list never
-undoes a change just made here. The store down: the deployments served stay,
-with one warning, and one line when it is back.
+Each poll reads `deployments_version`; only when it moved are the deployments listed and checked as at
+start (`serveable`), and a changed set applied through the reload swap (`reload.swap`: in-flight work
+keeps its state, unchanged deployments their pools). A stored deployment that does not fit here is
+refused with one ERROR line per version, the rest applied. A list read while this gateway changed its
+deployments or reloaded is dropped and read again, so a stale list never undoes a change made here.
+The store down: the deployments served stay, with one warning.
 """
 
 from __future__ import annotations

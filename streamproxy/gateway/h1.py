@@ -1,29 +1,13 @@
 """HTTP/1.1, the client side, sans-IO: a request's bytes, and a strict response parser fed bytes.
 
-`request_bytes` writes a request head and body. `ResponseParser.feed(data)`
-takes whatever one read gave (any split: a byte at a time or many messages'
-worth) and returns the body bytes found in it, decoded from its framing
-(Content-Length, chunked, or until the connection closes); `head` says when
-the status line and headers are in (`status`, `headers` with lower-cased
-names), `complete` when the body ended, `keep_alive` whether the connection
-may carry another request. `feed_eof` ends a body read until close, and is an
-error for any other body cut short. Nothing here knows of sockets or time:
-`wire` does the I/O.
-
-Strict, per RFC 9112 (framing) and RFC 9110 (fields), whatever the split:
-anything else is a `ProtocolError`, the one exception `feed` raises (`wire`
-makes it an `upstream_unavailable`). Lines end in CRLF; the status line is
-HTTP/1.0 or 1.1, a code 100-599 (a 1xx, never asked for, is refused) and a
-reason of HTAB/SP/VCHAR/obs-text; a field line is a token, a colon, and such
-a value (no obs-fold, no NUL or other CTL); Content-Length is digits below
-2**64, repeated only with the same value; Transfer-Encoding is `chunked`
-alone (we cannot undo another coding) and never with Content-Length (RFC
-9112 6.3); a chunk size is 1*HEXDIG below 2**64 with extensions as the
-grammar has them, a chunk ends in CRLF; trailers are field lines, dropped.
-The head and the trailers are at most MAX_HEAD bytes, a chunk size line
-_MAX_SIZE_LINE. Bytes after the end are an error (a replica does not push
-unasked answers). tests/fuzz/test_h1_differential.py holds this against
-llhttp and names each deliberate difference.
+`request_bytes` writes a request. `ResponseParser.feed(data)` takes any split of the input and returns
+the body bytes in it, decoded from its framing (Content-Length, chunked, or until close); `head`,
+`complete` and `keep_alive` say where it is; `feed_eof` ends a close-delimited body (an error for any
+other). Strict per RFC 9112/9110: anything else is a `ProtocolError` (`wire` makes it
+`upstream_unavailable`): CRLF lines, HTTP/1.0-1.1, no 1xx, token field names, no obs-fold or CTL,
+Content-Length digits below 2**64 (repeated only equal), `chunked` alone and never with
+Content-Length, heads and trailers at most MAX_HEAD bytes, nothing after the end.
+tests/fuzz/test_h1_differential.py holds it against llhttp and names each deliberate difference.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """One replica's health: passive outlier ejection with a half-open breaker, and active probes.
 
-Envoy's outlier detection, reduced to what a few replicas need:
-  closed     requests flow; `consecutive_errors` failures in a row (connect
-             error, 5xx, a stream broken mid-way) eject the replica:
-  open       for `base_ejection_time` x the times it was ejected (at most
-             `max_ejection_time`), no request is sent to it; then
-  half_open  one trial request: success closes the breaker, failure opens it
-             again for longer.
-Active probes (`GET /health`, never an inference request) run beside it:
-`unhealthy_threshold` failed probes in a row take the replica out of
-rotation, `healthy_threshold` good ones bring it back, and a good probe also
-ends an ejection (Envoy's `successful_active_health_check_uneject_host`), so
-a replica that comes back is in rotation within a probe interval or two.
-Sans-IO: every method takes the time as an argument.
+Envoy's outlier detection, reduced: `consecutive_errors` failures in a row (connect error, 5xx, a broken
+stream) open the breaker for `base_ejection_time` x times ejected (at most `max_ejection_time`), then
+one half-open trial closes it or opens it again for longer. Active probes (`GET /health`):
+`unhealthy_threshold` failures take it out of rotation, `healthy_threshold` successes bring it back,
+and a good probe ends an ejection. Sans-IO: every method takes the time.
 """
 
 from __future__ import annotations

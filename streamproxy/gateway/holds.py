@@ -1,32 +1,11 @@
 """Budget holds: a request's worst case, reserved against its key's token budget while it runs. Sans-IO.
 
-A key's budget was checked only when a request started, so the requests
-already running could overshoot it by all they generated. Now admission
-holds each request's worst case (`worst_case`: an estimate of its prompt
-plus the most it may generate) and refuses one whose hold does not fit in
-what is left: spent (the ledger's sums, keyring.py) + held by the key's
-requests running + this one's worst case must stay within the budget. When
-the request ends, however it ends, its hold is released and its real tokens
-are counted instead, in one step on the event loop (keyring.release_hold and
-books.recorder, the request's finish subscribers), so between the two
-nothing is uncounted.
-
-The worst case, without a tokenizer (the gateway has none) and without
-walking the messages: the body's bytes / `budgets.prompt_bytes_per_token`
-(4 by default) for the prompt (JSON's quotes and keys make it generous for
-English text; text of fewer bytes per token (code, CJK), or a Responses
-`previous_response_id` whose earlier turns the replica adds, can exceed it:
-that difference is the one overshoot left in a single process; 1 makes it
-an upper bound for byte-level BPE tokenizers), plus the request's own cap on what it generates
-times its choices (its API's `apis.spec.ApiSpec.cap`: `max_completion_tokens`
-or `max_tokens` (chat, legacy completions, with `n` or `best_of`),
-`max_output_tokens` (Responses), `max_tokens` (Anthropic)); the config's `budgets.default_max_tokens` when it
-names none. Routes that generate nothing (embeddings, count_tokens,
-tokenize) hold nothing: they are refused only once the budget is spent.
-
-`Holds` is one process's: the sum held per key id, and `Hold`s released
-once (`release` is idempotent), so a hold can never be released twice or
-leak past its request's end.
+Admission refuses a request unless spent (keyring.py) + held + its `worst_case` fits the budget; at the
+request's end its hold is released and its real tokens counted in one loop step. The worst case, with
+no tokenizer: the body's bytes / `budgets.prompt_bytes_per_token` for the prompt (text of fewer bytes
+per token, or a Responses `previous_response_id`, can exceed it; 1 is an upper bound for byte-level
+BPE), plus the API's own generation cap times its choices (`apis.spec.ApiSpec.cap`, else
+`budgets.default_max_tokens`). Routes that generate nothing hold nothing. A `Hold` is released once.
 """
 
 from __future__ import annotations

@@ -1,44 +1,14 @@
 """The keys made through the admin API, as the gateway uses them: looked up by the secret's hash,
 refreshed from the ledger's store every `REFRESH` s, and their budgets' spend.
 
-`refresh()` reads the keys (a key made or revoked by another
-gateway process sharing the store is seen within `REFRESH`; by this one, at
-once: `add`, `remove`) and, for the periods some key has a budget in, each
-key's prompt + completion tokens since the UTC day or month began, from the
-ledger's records (all processes'). Between two refreshes the tokens this
-process charged (`charge`, at the end of each request) are added, so a key
-is stopped about when it crosses its budget, not a refresh later. The store
-down: the last keys and sums stay, with a warning.
-
-A key's spend is exact up to requests still running: the store's sum when
-last read, plus this process's records the store took since that read began
-(`written`, the ledger's `on_written`), plus those still in the ledger's
-buffer (`queued`, at each record's end), plus those the buffer was too
-full to take (`dropped`: the store will never sum them, so they count here,
-and in what this process publishes, until the key's period ends). A batch
-written while the sum is being read may be counted twice until the next
-read: a key is stopped a little early, never late.
-
-Requests running are counted too: `reserve` (at admission) holds a
-request's worst case (holds.py) and refuses it, 429 `insufficient_quota`,
-when spent + held + its worst case is over the budget; when it ends, its
-hold is released (`release_hold`, a finish subscriber of every request) and
-its real tokens counted (books.recorder, the next one) in the same step on
-the event loop. The check is in memory: no store round trip per request.
-
-Across gateway processes sharing the store, each refresh also publishes
-what this process holds per budgeted key and has not yet written (its holds
-+ its buffered records: `put_holds`), and reads what the others published
-(`other_holds`, rows renewed within `STALE` s: a process gone without a word
-stops counting after that), before it reads the sums: a request of another
-process is then in its published row or, once that row no longer has it,
-already in the records the sums read (a process drops a record from its row
-only after the store took it), so nothing it published is missed, though it
-may be counted twice for a refresh. What one process cannot see is what
-another admitted since its last publish and this one's last read: the
-worst cases the other processes admitted for a key within about 2 x
-`REFRESH`. That is the bound on overshoot across processes
-(docs/gateway.md), on top of a prompt longer than its estimate (holds.py).
+A key's spend is the store's sum when last read plus this process's records since (`written`, `queued`,
+and `dropped`, which the store will never sum); a batch written during a read may count twice until
+the next one, so a key stops a little early, never late. `reserve` (at admission) holds a request's
+worst case (holds.py) and refuses it with 429 `insufficient_quota` when spent + held + worst case is
+over budget; `release_hold` (a finish subscriber) frees it as the real tokens are counted. Processes
+sharing the store publish their unwritten holds (`put_holds`) and read the others' (`other_holds`,
+stale after `STALE` s), which bounds overshoot across processes (docs/gateway.md). The store down:
+the last keys and sums stay, with a warning.
 """
 
 from __future__ import annotations
@@ -178,7 +148,7 @@ class Keyring:
         if used < budget and used + held + tokens <= budget:
             return self.holds.take(k.id, tokens)
         _, end = period_start(now, period)
-        resets = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resets = dt.datetime.fromtimestamp(end, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         word = "daily" if period == "day" else "monthly"
         until_reset = max(1, int(end - now))
         if used >= budget:

@@ -1,23 +1,11 @@
 """The Kubernetes API calls of a `kubernetes:` deployment, through kubernetes_asyncio.
 
-kubernetes_asyncio (imported here only, on first use) is asyncio native on
-aiohttp, the HTTP stack the gateway already runs (lightkube, also
-maintained, brings httpx2 and a second connection pool); it is generated
-from the API's OpenAPI description, so the scale subresource of a
-Deployment or StatefulSet is a typed call, and its loaders read a kubeconfig
-or the in-cluster service account. Responses are taken raw
-(`_preload_content=False`) and read as JSON: a pod's readiness, IP and ports
-are all the gateway needs, and the watch stream's lines are parsed here (the
-library's `Watch` retries a 410 with the same stale resourceVersion, where
-the API's rules ask for a re-list).
-
-`KubeApi`: `list_pods` (items and the list's resourceVersion), `watch_pods`
-(None once the watch is accepted, then the events after a resourceVersion, with bookmarks, until the server ends
-the watch; `WatchCut` when the connection breaks mid-stream; an ERROR event
-raises like an error status), `get_scale` / `patch_scale`. Errors:
-`ApiStatus` (the API's status and message; `Gone` for 410) and the
-`UNREACHABLE` exceptions of a connection that fails; `refused` words a
-status for the log and the 503s.
+kubernetes_asyncio (imported here only, on first use) runs on aiohttp and reads a kubeconfig or the
+in-cluster account. Responses are read raw as JSON (`_preload_content=False`), and the watch stream is
+parsed here: the library's `Watch` retries a 410 with the stale resourceVersion where the API asks for
+a re-list. `KubeApi`: `list_pods`, `watch_pods` (None once accepted, then events with bookmarks;
+`WatchCut` when the connection breaks), `get_scale`/`patch_scale`. Errors: `ApiStatus` (`Gone` for 410)
+and `UNREACHABLE`; `refused` words a status for the log and the 503s.
 """
 
 from __future__ import annotations

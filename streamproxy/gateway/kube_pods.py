@@ -1,20 +1,11 @@
 """A Kubernetes deployment's pods as the gateway sees them, sans-IO: which are replicas, at which URL.
 
-`PodTable` is fed the API's pod objects as plain JSON mappings: a list's items
-(`reset`, which also reconciles after a re-list: pods gone from the list
-leave, the rest are updated in place) and a watch's events (`apply`: ADDED,
-MODIFIED, DELETED). A pod is a replica when its `Ready` condition is "True",
-it has a pod IP, it has no `deletionTimestamp` (being deleted: it takes no
-new request, its running streams finish on it), and its port is known: a
-port number as configured, or a container port found by name. `replicas()`
-gives (uid, URL) in pod-name order; the pool keeps a replica's health, load
-and prefix index across calls by URL, so a re-list never drops or duplicates
-one. `problems()` says which pods cannot be replicas and why (a port name no
-container has). `Backoff` is the bounded, jittered wait between attempts
-while the API server cannot be reached. `PodActivity` reads the pods' own
-/metrics (streamproxy's or vLLM's request gauges and counters) and says
-whether any pod served something since the last look: other gateways'
-traffic too, so a gateway does not park pods another one keeps busy.
+`PodTable` takes a list's items (`reset`, reconciling after a re-list) and watch events (`apply`). A pod
+is a replica when Ready, with an IP, no `deletionTimestamp` and a known port (a number, or a container
+port by name); `replicas()` gives (uid, URL) in name order, and the pool keeps state by URL, so a
+re-list never drops or duplicates one. `problems()` says why a pod cannot be one. `Backoff` is the
+jittered wait while the API is unreachable. `PodActivity` reads the pods' /metrics request counters
+and says whether any pod served something since the last look (other gateways' traffic included).
 """
 
 from __future__ import annotations

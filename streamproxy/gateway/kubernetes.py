@@ -1,38 +1,15 @@
 """`kubernetes:` deployments: replicas are pods found through the Kubernetes API, woken and parked through it.
 
-The API calls are `kube_api.KubeApi`'s (kubernetes_asyncio, imported there only).
-
-Discovery (`_discover_forever`): list the pods with the `labelSelector`, then
-watch from the list's resourceVersion with `allowWatchBookmarks`; each event
-and bookmark moves the resourceVersion, and a watch that ends (its
-`timeoutSeconds`, a cut connection, the API server gone) is resumed from the
-last one. A 410 Gone (an ERROR event, or the response's status) re-lists and
-reconciles (`kube_pods.PodTable.reset`: the pool keeps its replicas by URL,
-so none is dropped or duplicated). While the API server cannot be reached,
-or refuses (403: RBAC), the pods last seen stay in the pool (probes and
-ejection still guard them) and the next attempt waits a bounded, jittered
-backoff. Each fault is one log line when it starts and one when it ends.
-
-Wake and park (with `scale:`), the managed mode's contract and life cycle
-(`lifecycle.Lifecycle`): a request to a parked deployment gets 503
-`deployment_waking` + Retry-After (the last wake's duration) or is held
-(`wait_for_wake`), and the wake reads the workload's scale and, when it is 0,
-patches `spec.replicas` to `scale.replicas` (a count someone else set, e.g.
-an HPA, is left alone). No Ready pod within `boot_timeout`: `deployment_failed`
-(and the scale the gateway set goes back to 0). Idle for `idle_park_after`:
-the scale is patched to 0; its pods leave the pool at once (no new request)
-and their streams finish while Kubernetes drains them. Ready pods the gateway
-did not wake (an autoscaler scaled the workload up) make it ready; all pods
-gone makes it parked. Idle means idle on the pods too: the ticker looks at
-each pod's /metrics (streamproxy's or vLLM's request counters, read with
-the gateway's own client, `wire.Upstreams.get`, at most 8 MiB) and counts a
-request another gateway sent as a use, so two gateways in front of the same
-pods do not park them under each other's traffic.
-
-Without `scale:` the gateway only discovers: no Ready pod is 503 `upstream_unavailable` + Retry-After (`boot_guess`), or a held
-request with `wait_for_wake`. Requests that find no Ready pod are counted per
-deployment in /metrics (`streamproxy_gateway_cold_requests`, and the held ones
-in `streamproxy_gateway_waiting_requests`): the signal for an external autoscaler.
+API calls are `kube_api.KubeApi`'s. Discovery (`_discover_forever`) lists the pods by `labelSelector` and
+watches from the list's resourceVersion (with bookmarks), resuming where a watch ended; a 410 re-lists
+and reconciles (`kube_pods.PodTable.reset`, replicas kept by URL). While the API cannot be reached or
+refuses, the last pods stay in the pool and retries back off with jitter; one log line per fault start
+and end. With `scale:` the deployment has the managed mode's life cycle (`lifecycle.Lifecycle`): a wake
+patches a zero scale to `scale.replicas` (a count someone else set is left alone), `boot_timeout` fails
+it, idle for `idle_park_after` patches it to 0. Idle means idle on the pods too: their /metrics request
+counters (read with `wire.Upstreams.get`) count other gateways' traffic as use. Without `scale:` it only
+discovers. Requests that find no Ready pod are counted (`streamproxy_gateway_cold_requests`,
+`..._waiting_requests`): the signal for an external autoscaler. Details: docs/kubernetes.md.
 """
 
 from __future__ import annotations

@@ -5,26 +5,15 @@
                        +---- no replica up ---+  (a replica exited on its own: restart after a backoff)
     any --(max_failures unexpected exits or failed starts in a row)--> failed --want(admin)--> waking
 
-The supervisor (`managed.py`) feeds it events with the time (`now`, monotonic
-seconds, injected) and does what the answers say: `want` True means "start
-the replicas", `replica_exited` gives the restart delay (None: the deployment
-failed; stop everything), `park_due` says the deployment was idle long enough.
-Requests in flight (`begin`/`end`) keep a deployment from parking and date its
-last use. `retry_after` is the last boot's duration (the first time:
-`boot_guess`), what a 503 `deployment_waking` tells the client to wait.
-
-A source whose replicas someone else may start or stop (Kubernetes: an HPA,
-KEDA, a person) also reports `adopted` (replicas came up without a wake),
-`lost_all` (every replica went away: parked by someone else), and
-`failed_to_wake` (no replica up within the boot timeout, or the wake itself
-was refused).
+The supervisor feeds it events with the (injected) time and does what the answers say. Requests in
+flight (`begin`/`end`) keep it from parking; `retry_after` is the last boot's duration (`boot_guess` at
+first). A source others may scale (Kubernetes) also reports `adopted`, `lost_all` and `failed_to_wake`.
 """
 
 from __future__ import annotations
 
 import math
-from enum import Enum
-
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -41,7 +30,7 @@ class Timings(Protocol):
     def restart_backoff(self) -> float: ...
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     PARKED = "parked"
     WAKING = "waking"
     READY = "ready"

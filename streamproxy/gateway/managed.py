@@ -1,25 +1,11 @@
 """Managed deployments (`launch:`): the gateway runs their replicas as child processes.
 
-Each replica is a `streamproxy serve` process on a free loopback port
-(`replicas.py`: own process group, parent-death signal, a pidfd that tells
-the event loop the moment it exits, its output in a log file).
-
-`ManagedDeployment` does what its `Lifecycle` says:
-  wake   start every replica; poll each one's /health until 200 (`wire.Upstreams.get`,
-         2 s each look), then add its URL to the deployment's `Pool` (`Pool.set_replicas`);
-  exit   a replica that exits on its own leaves the pool at once (its streams
-         break, and the relay ends them with `upstream_unavailable`) and is
-         restarted after the lifecycle's backoff; when the deployment fails,
-         the end of the replica's log goes to the gateway's log;
-  park   idle for `idle_park_after` (the `Supervisor`'s ticker), the admin, or
-         room for another deployment under `max_resident`: out of the pool,
-         SIGTERM to each replica's group (the replica drains), SIGKILL after
-         the drain timeout.
-Requests: `admit` (in the handler, before anything is sent) answers 503
-`deployment_waking` + Retry-After when the deployment is not ready (and wakes
-it), or 503 `deployment_failed`; with `wait_for_wake` it lets the request
-through and `until_ready` waits in its place (heartbeats and keepalives come
-from the relay meanwhile). `Supervisor.shutdown` stops every replica.
+Each replica is a `streamproxy serve` on a free loopback port (replicas.py). `ManagedDeployment` does
+what its `Lifecycle` says: wake starts every replica and adds each to the `Pool` once /health answers
+200; a replica that exits leaves the pool at once and restarts after the backoff; park (idle, the
+admin, or `max_resident`) takes them out and SIGTERMs each group, SIGKILL after the drain timeout.
+`admit` answers 503 `deployment_waking` + Retry-After (and wakes it) or `deployment_failed`; with
+`wait_for_wake`, `until_ready` waits instead. `Supervisor.shutdown` stops every replica.
 """
 
 from __future__ import annotations
@@ -40,8 +26,8 @@ from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
-from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
+from streamproxy.gateway.source import wake_or_refuse
 from streamproxy.gateway.wire import UpstreamClosed, Upstreams
 
 log = logging.getLogger("streamproxy.gateway")

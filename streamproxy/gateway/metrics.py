@@ -117,3 +117,12 @@ KV_TOKENIZE = Histogram("streamproxy_gateway_kv_tokenize_seconds", "A replica's 
 
 # Reloads of the config (SIGHUP): `applied`, or `refused` (the file did not load or validate; the old one serves).
 RELOADS = Counter("streamproxy_gateway_config_reloads", "Config reloads (SIGHUP), by outcome: applied or refused", ["outcome"])
+
+# Stream migration (resume.py): what became of each break of a stream after its first byte.
+MIGRATIONS = Counter(
+    "streamproxy_gateway_migrations",
+    "Streams a replica broke off after the first byte, by what the gateway did: continued (on another replica), "
+    "resent (nothing had gone to the client), finished (the finish had gone out), refused (not continuable), "
+    "failed (no replica took the continuation)",
+    ["deployment", "outcome"],
+)

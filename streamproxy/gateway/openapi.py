@@ -1,21 +1,10 @@
 """GET /openapi.json of the gateway: serve's document builder over the gateway's route table.
 
-A relayed route is serve's `Operation` for the path the replica is asked
-(`routes.ROUTES`), once per path the gateway has for it (`relayed_paths`):
-the same request and response Structs, stream and error shape (Anthropic's
-on the Messages routes), plus the errors the gateway itself answers
-(`RELAY_ERRORS`: 401 keys, 413 the body cap, 429 a key's limits, 503 no
-replica / a managed deployment waking, both with Retry-After). A replica's
-own error answers pass through unchanged: 4XX and 5XX, as serve documents
-them. The gateway's own routes (the deployments and their admin, the
-ledger's queries and keys, /health)
-answer JSON built in `app.py`; the Structs below only describe it (nothing
-encodes them), and tests/gateway/test_openapi.py checks real answers
-against them.
-
-The document does not name the deployments (a client without a key would
-learn them here): `{deployment}` is any string, and an unknown one a 404.
-Built once, on the first request, like serve's.
+A relayed route is serve's `Operation` for the replica's path, once per gateway path
+(`relayed_paths`), plus the errors the gateway answers itself (`RELAY_ERRORS`); replicas' own errors
+pass through. The gateway's own routes answer JSON built in `app.py`; the Structs here only describe it
+(tests/gateway/test_openapi.py checks real answers against them). Deployments are not named
+(`{deployment}` is any string). Built once, on the first request.
 """
 
 from __future__ import annotations
@@ -28,12 +17,12 @@ import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
-from streamproxy.gateway.config import Deployment, FlowControl, KVEvents, Kubernetes, Launch
+from streamproxy.gateway.config import Deployment, FlowControl, Kubernetes, KVEvents, Launch
 from streamproxy.gateway.deployadmin import DeploymentDeleted
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
-from streamproxy.ledger.params import MAX_LIMIT
 from streamproxy.ledger.keys import KeyCreate, KeyCreated, KeyDeleted, KeyList
+from streamproxy.ledger.params import MAX_LIMIT
 from streamproxy.ledger.records import RequestPage, UsageReport
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo
 

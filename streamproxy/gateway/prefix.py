@@ -1,21 +1,10 @@
 """Prompt-prefix keys and the per-replica index of what each replica has cached.
 
-`prefix_keys(body)` turns a request into chained hashes of fixed-size blocks
-of its canonical form: the tools first, then every message in order (role
-and content), the way a chat template lays them out, so two requests that
-share a system prompt and tools share their first keys, and a conversation's
-next turn shares every key of the turn before. Each key hashes the key
-before it with its block, so equal keys mean equal prefixes. The first key
-is the same in every process (a BLAKE2b digest of the first block, not
-Python's seeded `hash`): gateways that share nothing agree on it, and
-`balance` hashes it with each replica's URL (rendezvous hashing) to give a
-new prefix the same home replica in every gateway, across restarts.
-
-`PrefixIndex` remembers, per replica, the keys of the requests sent there
-(bounded, least recently used out first) and answers how many leading keys
-of a new request a replica holds. A replica whose reported `cached_tokens`
-fall short of what its index promised has evicted the rest: `forget_after`
-drops those keys. Sans-IO.
+`prefix_keys(body)` hashes fixed-size blocks of the request's canonical form (tools, then each message's
+role and content), each key chained on the one before, so shared prefixes share leading keys. The first
+key is a BLAKE2b digest, the same in every process, which `balance` uses for rendezvous hashing.
+`PrefixIndex` keeps, per replica and LRU-bounded, the keys sent there and counts how many leading keys
+of a request a replica holds; `forget_after` drops keys a replica's `cached_tokens` shows evicted. Sans-IO.
 """
 
 from __future__ import annotations

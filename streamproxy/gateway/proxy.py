@@ -1,27 +1,17 @@
 """The relaying handler: one request in, one replica's answer out, metered.
 
-    the key (401)  ->  read the body (413 over the cap) and decode it by serve's rules
-    (`body.decode`: 400 invalid_json, json_too_deep)  ->  the deployment (model or path
-    id; 404)  ->  the key may use it (401/429)  ->  its token budget holds the request's worst
-    case (429 insufficient_quota; released when the request ends)  ->  model renamed, usage asked for,
-    priority read  ->  `Call.admit` (a saturated deployment's flow control: wait, or 429)  ->
-    `Call.open` (failover before the first byte)  ->  stream or body
+The key (401) -> the body (413 over the cap; decoded by serve's rules: 400) -> the deployment (404) ->
+the key may use it (401/429) -> its budget holds the worst case (429 insufficient_quota) -> model
+renamed, usage asked for, priority read -> `Call.admit` (flow control: wait, or 429) -> `Call.open` (failover before the first byte) -> stream
+(`streaming.stream`) or body (`answer_nonstream`). The body is re-encoded by msgspec (integers as they
+were), with the client's `_FORWARD` headers. However it ends, the upstream response is closed (the
+replica aborts) and the tokens are metered and charged (the end of `with call:`).
 
 A request's priority band (vLLM's numbers, lower first) is its `X-Vllm-Priority` header, else its
-body's `priority`, else its key's `priority`, else the deployment's `flow_control.priority` (400 when
-not an integer); its tenant is its key (without keys: llm-d's `X-Gateway-Inference-Fairness-Id`
-header, else one tenant). The body's `priority` goes to the replica only under
-`flow_control.scheduling_priority` (then always, the band's number); otherwise it is taken out
-(a replica not scheduling by priority refuses one).
-
-The body goes on re-encoded by msgspec (integers of any size as they were), with the
-client's `_FORWARD` headers as the bytes it sent.
-
-Streams are `streaming.stream`'s. A non-streaming answer goes through the edge's
-`answer_nonstream` (early 200 and newlines when slow, late errors in the body).
-Whatever way the request ends, the upstream response is closed (which is what makes
-the replica abort: `Call.done`), and the tokens are metered and charged to the key (the
-end of `with call:`).
+body's `priority`, else its key's, else the deployment's `flow_control.priority` (400 when not an
+integer); its tenant is its key (without keys: llm-d's `X-Gateway-Inference-Fairness-Id` header).
+The body's `priority` goes to the replica only under `flow_control.scheduling_priority` (the band's
+number); otherwise it is taken out (a replica not scheduling by priority refuses one).
 """
 
 from __future__ import annotations
@@ -37,9 +27,10 @@ from aiohttp import web
 from streamproxy.apis.spec import OPENAI, Usage
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, Route
-from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.config import ApiKey, Deployment
+from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
+from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, refusal
 from streamproxy.gateway.scheduler import tokenize_request
 from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
@@ -109,6 +100,16 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     scheduler = state.schedulers[deployment.name]
     tokenize = tokenize_request(route.upstream_path, data) if route.generates and scheduler.subscribers else None
     salt = data.get("cache_salt")
+    resume = None
+    migration = deployment.migration
+    if stream and migration.enabled and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
+        # Stream migration (resume.py): the replica is asked for token ids, stripped unless the client asked.
+        asked = data.get("return_token_ids")
+        why = refusal(route.upstream_path, data)
+        if why is None and asked in (None, False):
+            data["return_token_ids"] = True
+        resume = Stream(route.upstream_path, data, limit=migration.max_tracked_tokens, migrations=migration.max_migrations,
+                        client_ids=asked is True, usage_chunk=not strip, why=why)
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and
@@ -117,7 +118,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     if any(name in request.headers for name in _FORWARD.values()):  # three lookups, not a walk over every header
         _forward(request, headers)
     call = Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage(),
-                tokenize=tokenize, cache_salt=salt if isinstance(salt, str) else None, band=band)
+                resume=resume, tokenize=tokenize, cache_salt=salt if isinstance(salt, str) else None, band=band)
     if key is not None:
         call.tenant, call.weight = key[0].id, key[0].weight
     else:

@@ -1,26 +1,11 @@
 """Relaying a replica's SSE stream: whole events out, with the gateway's few edits.
 
-`SSERelay.feed(bytes) -> bytes` takes what one read from the replica gave
-and returns the complete events in it (a partial event waits for the rest),
-so the gateway never writes half an event and can put its own heartbeat or
-error event between two of them. Per read, not per event, it does:
-  - the model rename: one `bytes.replace` of `"model":"<served>"` by the
-    public name (a JSON string value is escaped, so the pattern only ever
-    matches the key itself);
-  - a look for `"usage":{` and, only in the events that carry it (once or
-    twice per stream), a JSON decode for metering; the usage chunk the
-    client did not ask for (the gateway asked for it) is removed;
-  - a look for the API's end marker (`data: [DONE]`, `message_stop`,
-    `response.completed`), so a stream the replica cut is told apart from
-    one that ended;
-  - Responses only (its `kept` markers): its `response.created` and
-    `output_item.added`/`.done` events (a few per stream) decoded and kept,
-    so that a break ends the stream as serve ends one: `error`, then that
-    response failed with its items (`error`'s `sequence_number` counts the
-    events relayed, not the replica's keep-alive comments).
-Nothing else is decoded or re-encoded. What each API's stream looks like
-(markers, usage shapes, its in-band error and keep-alive) is its
-`apis.spec.ApiSpec`, which serve's encoders read too. Sans-IO.
+`SSERelay.feed(bytes) -> bytes` returns the complete events of a read (a partial one waits), so the
+gateway can put its own heartbeat or error between two. Per read: the model rename (one `bytes.replace`
+of `"model":"<served>"`), usage decoded only in events that carry `"usage":{` (and the usage chunk the
+client did not ask for removed), a look for the API's end marker (a cut stream is told from an ended
+one), and, for Responses, the `kept` events decoded so a break ends as serve ends one. Nothing else is
+decoded. Each API's stream facts are its `apis.spec.ApiSpec`, shared with serve. Sans-IO.
 """
 
 from __future__ import annotations

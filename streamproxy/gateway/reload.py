@@ -1,20 +1,11 @@
 """Reloading the gateway's config while it serves (SIGHUP), the way `nginx -s reload` does.
 
-`reload(app, load)` calls `load()` (cli.load_gateway on the file and flags the
-gateway started with): a file that does not read, parse or validate is refused
-with one log line naming the file and the reason, counted
-(`streamproxy_gateway_config_reloads_total{outcome="refused"}`), and the old
-config keeps serving untouched. Otherwise a new `GatewayState` is built from the
-current one (state.py: unchanged deployments keep their pool and source), and
-the swap is one assignment on the event loop, `Current.state = new`, with no
-await between building and swapping: a request reads the state once and keeps
-it, so new requests see the new deployments, keys and settings while requests
-and streams in flight finish on the state, pool and replica they began with.
-Then `take_over` starts the new deployments' sources and retires the removed
-ones: each is stopped once its last request ends (managed replicas drained,
-Kubernetes watches closed). What only a restart changes (the listener, the
-edge's connection limits, the ledger, the upstream wire's timeouts) is logged
-as kept. SIGHUPs while one reload runs are folded into one more after it.
+`reload(app, load)`: a file that does not read, parse or validate is refused with one log line and
+counted (`streamproxy_gateway_config_reloads_total{outcome="refused"}`), the old config untouched.
+Otherwise a new `GatewayState` is built from the current one and swapped in one assignment with no await
+between: new requests see it, requests in flight finish on the state they began with. `take_over` starts
+new sources and retires removed ones once their last request ends. What only a restart changes is logged
+as kept; SIGHUPs during a reload fold into one more after it.
 """
 
 from __future__ import annotations
@@ -133,17 +124,20 @@ class Reloader:
     async def _run(self) -> None:
         while True:
             self.pending = False
-            # `load` reads a file: a small one, read in a thread so a slow disk does not stall the loop.
-            try:
-                loaded = await asyncio.to_thread(self.load)
-            except (Exception, SystemExit) as exc:  # refused below with the reason, on the loop
-                error = exc
-
-                def failed() -> tuple[Settings, GatewayConfig]:
-                    raise error
-
-                reload(self.app, failed, self.source)
-            else:
-                reload(self.app, lambda: loaded, self.source)
+            await self._once()
             if not self.pending:
                 return
+
+    async def _once(self) -> None:
+        # `load` reads a file: a small one, read in a thread so a slow disk does not stall the loop.
+        try:
+            loaded = await asyncio.to_thread(self.load)
+        except (Exception, SystemExit) as exc:  # refused below with the reason, on the loop
+            error = exc
+
+            def failed() -> tuple[Settings, GatewayConfig]:
+                raise error
+
+            reload(self.app, failed, self.source)
+        else:
+            reload(self.app, lambda: loaded, self.source)

@@ -125,9 +125,9 @@ def requests_waiting(text: bytes) -> int | None:
 
 
 class Scheduler:
-    def __init__(self, pool: Pool, weights: KVWeights = KVWeights()) -> None:
+    def __init__(self, pool: Pool, weights: KVWeights | None = None) -> None:
         self.pool = pool
-        self.weights = weights
+        self.weights = weights or KVWeights()
         self.index = KVIndex()
         self.subscribers: dict[str, KVSubscriber] = {}
         self._endpoints: dict[str, KVEventsEndpoint] = {}

@@ -1,20 +1,9 @@
 """Where a deployment's replicas come from: one interface, one implementation per source.
 
-`ReplicaSource` is what the rest of the gateway asks of a deployment's source;
-balancing (`balance.Pool`), probes and outlier ejection only ever see the
-pool's URLs, which the source keeps current with `Pool.set_replicas`. The
-implementations:
-  upstreams:   `FixedSource` (here): a fixed list of URLs, always "serving";
-  launch:      `managed.ManagedDeployment`: `streamproxy serve` child processes,
-               woken on demand and parked when idle (`lifecycle.Lifecycle`);
-  kubernetes:  `kubernetes.KubernetesSource`: pods found by label through the
-               API server, woken and parked through a workload's scale subresource.
-The request path is the same for all: `admit()` before anything is sent
-(raises the 503 the deployment gives now, and wakes it), `until_ready` when
-`serving` is false and the source holds requests (`wait_for_wake`), and
-`begin`/`end` around each request (idle parking). The admin routes call
-`wake`/`park` when `managed`; `/health` asks `down`; `/v1/deployments` adds
-`describe`'s fields to the replicas' view.
+`ReplicaSource` keeps the pool's URLs current (`Pool.set_replicas`); balancing, probes and ejection see
+only those. `FixedSource` (here, `upstreams:`), `managed.ManagedDeployment` (`launch:`),
+`kubernetes.KubernetesSource` (`kubernetes:`). Per request: `admit()` before anything is sent (the 503
+the deployment gives now, and a wake), `until_ready` for held requests, `begin`/`end` around it.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """What the gateway's handlers share: deployments and their pools, keys, the upstream client.
 
-`resolve(model, deployment_id)` finds the deployment a request names (404
-`model_not_found` otherwise); `identify(request)` finds the request's key
-first (401), and `authorize(key, deployment)` checks it against the
-deployments it may use (401) and its per-minute limits (429 + Retry-After);
-`reserve(key, ...)`, for a key made through the admin API with a token
-budget, holds the request's worst case against it until the request ends
-(keyring.py, holds.py; 429 `insufficient_quota` when it does not fit).
-Keys come from the config, `--api-key`, and the `keyring` (keys.py's routes);
-the gateway asks for a key once there is one of any kind. The key's id, never the key, goes to the request's context.
-`retries` is Envoy's retry budget: retries in flight stay under a share of
-the requests in flight, or under `min_retry_concurrency`.
-
-A reload (`reload.py`) builds a new `GatewayState` from the old one (`previous`):
-what outlives a config (the in-flight count and drain, the upstream client and
-connections, the ledger and keyring, the managed replicas' supervisor, the
-retry budget's counts) is taken over; a deployment whose section is equal (==,
-the whole `deployments:` entry) under an equal `upstream:` policy keeps its
-pool and source objects (health, prefix index, breaker, running replicas);
-every other deployment gets new ones. `Current.state` is the one reference
-handlers read, set once per reload on the event loop; a request reads it once
-(`gateway_state`) and keeps that state, its pool and source until it ends
-(`Pool.active` counts it), so a deployment the reload removed is stopped
-(`take_over`, `request_ended`) only once its last request is done.
+`resolve` finds the deployment a request names (404 `model_not_found`); `identify` its key (401);
+`authorize` checks the key's deployments (401) and per-minute limits (429 + Retry-After); `reserve`
+holds a budgeted key's worst case (keyring.py, holds.py). Keys come from the config, `--api-key` and
+the `keyring`; only the key's id reaches the context. `retries` is Envoy's retry budget.
+A reload builds a new `GatewayState` from `previous`: what outlives a config is taken over, and a
+deployment whose section and `upstream:` policy are equal keeps its pool and source. `Current.state` is
+set once per reload; a request reads it once and keeps its state and pool until it ends, so a removed
+deployment stops only after its last request.
 """
 
 from __future__ import annotations
@@ -136,7 +121,7 @@ class GatewayState:
     def _keep_limits(self, previous: GatewayState) -> None:
         """A key whose id and limits are unchanged keeps its limiter (its minute's counts)."""
         old = {key.id: (key, limiter) for _, key, limiter in previous.keys}
-        for i, (secret, key, limiter) in enumerate(self.keys):
+        for i, (secret, key, _) in enumerate(self.keys):
             was = old.get(key.id)
             if was is not None and (was[0].rpm, was[0].tpm) == (key.rpm, key.tpm):
                 self.keys[i] = (secret, key, was[1])
@@ -173,7 +158,7 @@ class GatewayState:
                 self.retired_schedulers[pool] = previous.schedulers[name]
         for scheduler in self.schedulers.values():
             scheduler.start()
-        for pool, source in gone.values():
+        for _, source in gone.values():
             self.supervisor.forget(source)
         for managed in self.fresh_managed:
             self.supervisor.attach(managed)

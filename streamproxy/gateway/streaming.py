@@ -1,39 +1,55 @@
 """Relaying a stream: headers once a replica answered, whole events, heartbeats, in-band errors.
 
-The client's response is an `http.body.RelayBody`, the writer of everything on it.
-Nothing is sent before a replica answered 200 (failover stays possible) unless that takes
-longer than a heartbeat interval: then the body's heartbeat sends the headers with the
-first keepalive (and `begun()` says so: an error after that goes in-band). Then `SSERelay`
-passes whole events. The response is `body.sse_response`'s, whose status line and headers
-wait for its first write: they leave in one write with the events that came with the
-replica's head (`Exchange.take`), or alone when none did. After that, events are written
-to the client from the replica connection's own data callback while the client keeps up
-(`RelayBody.relay`, given to `wire.Exchange.stream`: no task wake-up per event); when the
-client falls behind, reading from the replica pauses and the handler writes what is held,
-bounded by the stall timeout, then resumes (`RelayBody.follow`). The replica's last read
-(its stream complete) is held, not written: it goes out with the terminating chunk in one
-write (`Body.finish`), as a broken stream's error event does (the chunks are the same as
-when each was written on its own). So a stream costs the client's socket one write per
-replica read, no more. The body's heartbeat fills the replica's silences; a replica that
-breaks off ends the client's stream with an in-band `upstream_unavailable` event.
+The client's response is an `http.body.RelayBody`. Nothing is sent before a replica answered 200
+(failover stays possible) unless that takes a heartbeat interval: the heartbeat then sends the headers
+(`begun()`: later errors go in-band). The held head leaves in one write with the events that came with
+the replica's (`Exchange.take`); after that events are written from the replica connection's data
+callback while the client keeps up (`RelayBody.relay`), and when it falls behind reading pauses while
+the handler writes what is held (`RelayBody.follow`). The last read goes out with the terminating chunk
+(`Body.finish`): one client write per replica read. A replica that breaks off ends the stream with an
+in-band `upstream_unavailable`.
+A replica that breaks off a stream that may migrate (`call.resume`, resume.py) hands it to another
+replica through the same body.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any
 
 from aiohttp import web
 
+from streamproxy.apis.spec import Usage
 from streamproxy.errors import APIError, ServiceUnavailable
+from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
+from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISHED, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
-from streamproxy.gateway.wire import UpstreamClosed
+from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
 from streamproxy.http.writer import client_gone
 
+log = logging.getLogger("streamproxy.gateway")
+
 # -- streaming ----------------------------------------------------------------------
+
+
+class _Run:
+    """The attempt a stream is on now, and its relay (a migration moves both on)."""
+
+    __slots__ = ("attempt", "relay", "continued", "migrated")
+
+    def __init__(self, attempt: Attempt, relay_: SSERelay) -> None:
+        self.attempt: Attempt | None = attempt
+        self.relay = relay_
+        self.continued = False  # a continuation's usage is the stream record's (`Stream.totals`)
+        self.migrated = False
+
+
+def _relay(call: Call) -> SSERelay:
+    return SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
 
 
 async def stream(request: web.Request, call: Call) -> web.StreamResponse:
@@ -41,7 +57,7 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     api = call.route.api
     body = RelayBody(request, sse_response(request), api.keepalive, heartbeat=settings.sse_heartbeat,
                      stall=settings.write_stall_timeout)
-    relay_ = SSERelay(api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
+    relay_ = _relay(call)
     response = body.response
     attempt: Attempt | None = None
     outcome: int | None = None
@@ -62,7 +78,13 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
                     raise refused
                 await body.finish(relay_.error(refused))
                 return response
-            ended, tail = await _pump(call, attempt, relay_, body)
+            run = _Run(attempt, relay_)
+            try:
+                ended, tail = await _pump(call, run, body)
+            finally:
+                attempt, relay_ = run.attempt, run.relay
+                if run.migrated:
+                    outcome = 200
             if not ended:
                 outcome = BROKEN
         await body.finish(tail)
@@ -79,49 +101,148 @@ async def stream(request: web.Request, call: Call) -> web.StreamResponse:
     return response
 
 
-async def _pump(call: Call, attempt: Attempt, relay_: SSERelay, body: RelayBody) -> tuple[bool, bytes]:
-    """Relay until the replica's stream ends: (False, ...) when it broke off; and the bytes
-    the response ends with (`Body.finish`): the last events, or after a break the error event.
+async def _pump(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes]:
+    """Relay until the stream ends: (False, ...) when it broke off for good; and the bytes the
+    response ends with (`Body.finish`): the last events, or after a break the error event.
 
-    What came with the replica's head is written first, with the headers (one write). Then
-    `body.follow` relays the replica's reads (`RelayBody.relay`) and, when the client falls
-    behind, writes what is held; a replica silent past the read timeout is `wire`'s."""
-    call.usage = relay_.usage
-    exchange = attempt.exchange
-    body.feed = relay_.feed
-    body.on_first = partial(_first_event, call, attempt)
-    tail = b""
+    A replica that breaks off a stream that may migrate (`call.resume`) is left (its attempt ended
+    as broken) and the stream goes on with another's answer (`_migrate`), through the same body."""
+    resume = call.resume
+    body.on_first = partial(_first_event, call, run)
     try:
         await body.open()
+        while True:
+            ended, tail, reason = await _follow(call, run, body)
+            if ended:
+                return True, tail
+            if resume is None:
+                return False, _broken(call, run, reason)
+            action, why = resume.plan()
+            name = call.pool.deployment.name
+            if action == FINISHED:  # the finish went out: the stream is whole but for its usage and [DONE]
+                M.MIGRATIONS.labels(name, "finished").inc()
+                return True, resume.ending()
+            if action == REFUSED:
+                M.MIGRATIONS.labels(name, "refused").inc()
+                log.info("deployment %s: a stream broke off (%s) and is not migrated: %s", name, reason, why)
+                return False, _broken(call, run, reason)
+            if not await _migrate(call, run, body, action, reason):
+                M.MIGRATIONS.labels(name, "failed").inc()
+                return False, _broken(call, run, reason)
+            M.MIGRATIONS.labels(name, "continued" if action == CONTINUE else "resent").inc()
+    finally:
+        _usage(call, run)
+
+
+async def _follow(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes, str]:
+    """One attempt's stream: (True, its last events) when it ended, else (False, b"", why it broke off),
+    what came before the break written.
+
+    What came with the replica's head is written first (with the headers, the first time: one
+    write). Then `body.follow` relays the replica's reads (`RelayBody.relay`) and, when the client
+    falls behind, writes what is held; a replica silent past the read timeout is `wire`'s."""
+    assert run.attempt is not None
+    exchange = run.attempt.exchange
+    relay_, resume = run.relay, call.resume
+    # The idle bound is for streams that can move on (a continuable one; else the read timeout's as before).
+    idle = call.pool.deployment.migration.stream_idle_timeout if resume is not None and resume.why is None else 0.0
+    body.feed = relay_.feed if resume is None else _Feed(relay_, resume, exchange, idle)
+    tail = b""
+    try:
         came = exchange.take()
-        tail = relay_.feed(came) if came else b""
+        tail = body.feed(came) if came else b""
         if not exchange.complete:  # (complete: the whole answer came at once; it is all the tail)
             await body.write(tail)  # the headers, with the first events if they came
             if tail:
                 body.wrote()
             tail = b""  # written: should `follow` raise, the break's handler has nothing left to send
             tail = await body.follow(exchange, exchange.parser)
-        if tail:
-            body.wrote()
-        if relay_.done:
-            return True, tail
-        raise _Broken("the replica ended the stream before its end")
-    except (_Broken, UpstreamClosed) as exc:
-        reason = str(exc) if isinstance(exc, _Broken) else f"the replica's stream broke off: {exc}"
-        error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
-        call.ctx.fail(error.code)
-        if tail:  # the events that came before the break, in their own chunk as they came
-            await body.write(tail)
-            body.wrote()
-        return False, relay_.error(error)
-    finally:
-        if not relay_.usage.billed:
-            relay_.counted()
+        if resume is not None and resume.failed is not None:
+            reason = f"the replica's stream ended with an error ({resume.failed.get('message', 'no message')})"
+        elif relay_.done:
+            if tail:
+                body.wrote()
+            return True, tail, ""
+        else:
+            reason = "the replica ended the stream before its end"
+    except UpstreamClosed as exc:
+        reason = f"the replica's stream broke off: {exc}"
+    tail = b"".join(body.held) + tail  # the events that came before the break, in their own chunk as they came
+    body.held.clear()
+    if tail:
+        await body.write(tail)
+        body.wrote()
+    return False, b"", reason
 
 
-def _first_event(call: Call, attempt: Attempt, now: float) -> None:
+async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: str) -> bool:
+    """The broken attempt ended, the stream's continuation (or the request itself: RESEND) sent to another
+    replica; True when one answered 200 (then `run` is on it)."""
+    resume = call.resume
+    assert resume is not None and run.attempt is not None
+    broken, run.attempt = run.attempt, None
+    call.done(broken, BROKEN)
+    log.info("deployment %s: %s broke off a stream (%s); %s", call.pool.deployment.name, broken.replica.url, reason,
+             "continuing it on another replica" if action == CONTINUE else "sending it again (nothing had gone out)")
+    try:
+        if action == CONTINUE:
+            attempt = await call.open(COMPLETIONS, resume.continuation())
+        else:
+            attempt = await call.open()
+    except APIError:
+        return False
+    exchange = attempt.exchange
+    if exchange.status != 200:
+        await _error_body(exchange)
+        call.done(attempt, exchange.status)
+        return False
+    resume.migrating(action)
+    call.ctx.migrated()
+    run.attempt, run.relay, run.migrated = attempt, _relay(call), True
+    run.continued = run.continued or action == CONTINUE
+    return True
+
+
+def _broken(call: Call, run: _Run, reason: str) -> bytes:
+    error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
+    call.ctx.fail(error.code)
+    return run.relay.error(error)
+
+
+def _usage(call: Call, run: _Run) -> None:
+    """The call's usage: the last attempt's relay's (a resent request's is whole), or after a continuation
+    (or a finish without usage) the stream record's: prompt tokens once, completion tokens all the client got."""
+    resume, relay_ = call.resume, run.relay
+    if resume is not None and (run.continued or (resume.finished and not relay_.usage.billed and resume.prompt is not None)):
+        prompt, completion, cached = resume.totals()
+        call.usage = Usage(prompt, completion, cached, billed=True)
+        return
+    if not relay_.usage.billed:
+        relay_.counted()
+    call.usage = relay_.usage
+
+
+class _Feed:
+    """A read's whole events (`SSERelay.feed`) through the stream's record (`Stream.feed`); the
+    first events bound the replica's silence from then on (`stream_idle_timeout`)."""
+
+    __slots__ = ("relay", "resume", "exchange", "idle")
+
+    def __init__(self, relay_: SSERelay, resume: Stream, exchange: Exchange, idle: float) -> None:
+        self.relay, self.resume, self.exchange, self.idle = relay_, resume, exchange, idle
+
+    def __call__(self, data: bytes) -> bytes:
+        out = self.resume.feed(self.relay.feed(data))
+        if self.idle and out:
+            self.exchange.bound_silence(self.idle)
+            self.idle = 0.0
+        return out
+
+
+def _first_event(call: Call, run: _Run, now: float) -> None:
     call.ctx.first_token(now)
-    call.pool.series.ttft.observe(now - attempt.sent_at)
+    if run.attempt is not None:
+        call.pool.series.ttft.observe(now - run.attempt.sent_at)
 
 
 async def _error_body(exchange: Any) -> bytes:
@@ -129,7 +250,3 @@ async def _error_body(exchange: Any) -> bytes:
         return await exchange.read()
     except UpstreamClosed:
         return b""
-
-
-class _Broken(Exception):
-    pass

@@ -1,14 +1,8 @@
 """Asking a replica: its answer's head (`ask`), and its own error answers (`UpstreamError`).
 
-`ask` sends a request on a pooled connection and waits for the response
-head, once more on a new connection when a pooled one turns out to have been
-closed by the replica while idle. Failover between replicas is the call's
-(call.py). `UpstreamError` carries a replica's own error answer (status,
-body, Retry-After) through to the client unchanged: the client's mistakes
-(400, 404, context too long) come back as the replica said them. The
-connection itself is `wire`'s (with the deployment's `tls` for an https://
-replica: a failed handshake is a connect failure, logged as a warning with
-its reason).
+`ask` sends on a pooled connection and waits for the head, once more on a new connection when the
+pooled one was closed while idle; failover between replicas is call.py's. `UpstreamError` carries a
+replica's own error answer (status, body, Retry-After) to the client unchanged.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """TLS to the replicas: an `ssl.SSLContext` per deployment for its https:// upstreams.
 
-`contexts(config)` builds them once, at start-up: a deployment's own `tls:`
-or else the gateway-wide `upstream.tls:` (config.UpstreamTLS), one context
-per distinct setting, so every deployment on the defaults shares one (the
-system's trust store is loaded once). A CA bundle, client certificate or key
-that cannot be read is a `ConfigError` naming the field and the file, so the
-gateway does not start rather than failing every request later.
-
-The contexts verify as a browser does (`ssl.create_default_context`: the
-chain to a trusted CA and the host name, TLS 1.2 or later); `verify: false`
-turns both checks off. wire.py passes the context to `loop.create_connection`
-with the URL's host (or `server_name`) as `server_hostname` (`ClientTLS`
-carries both); a handshake that fails there is `UpstreamClosed(tls=True)`:
-the replica did not answer, logged with the reason (upstream.py), never an
-exception out of the handler. Probes go through the same connections (`Upstreams.get`).
+`contexts(config)` builds them once at start: a deployment's `tls:` or else `upstream.tls:`, one context
+per distinct setting; a file that cannot be read is a `ConfigError` naming it. They verify as a browser
+does (`ssl.create_default_context`); `verify: false` turns both checks off. wire.py passes the context
+and name (`ClientTLS`) to `loop.create_connection`; a failed handshake is `UpstreamClosed(tls=True)`.
 """
 
 from __future__ import annotations

@@ -1,39 +1,16 @@
 """The gateway's HTTP/1.1 client to its replicas: asyncio protocols around `h1`'s parser.
 
-`Upstreams.send` takes an idle keep-alive connection to the replica (or opens
-one, within the connect timeout) and writes the request in the caller's own
-turn of the loop: no task, no request-writer coroutine in between. The reply
-is an `Exchange`, fed from the connection's `data_received`: `await
-exchange.head()` for the status and headers; `take()` for the body bytes that came
-with them; then either `await read()` for a whole body, or `stream(sink)`: each piece of the body goes to `sink(bytes)`
-from within `data_received` itself, so a relayed event costs one callback and
-no task wake-up. A sink that returns False (the client cannot take more now)
-pauses reading from the replica until `resume()`; `wait()` returns when the
-body ended or reading paused, and raises `UpstreamClosed` when the replica
-broke off, spoke bad HTTP, or was silent past the read timeout (nginx's
-`proxy_read_timeout`: the longest gap between two reads, one timer per
-exchange). `finish(reuse=...)` ends the exchange: a complete response on a
-keep-alive connection goes back to the idle pool (nginx `keepalive`), anything
-else closes the connection, which is how a replica learns to abort.
-
-A pooled connection the replica closed while idle fails before any byte of
-the response; `send`'s caller sees `UpstreamClosed(stale=True)` and may
-resend on a fresh connection to the same replica at no risk.
-
-An https:// replica is reached with the deployment's `tls` (upstream_tls.py:
-its SSLContext, and the name to check, by default the URL's host); without
-one, with the system's trust store. Connections are pooled per (URL, tls), so
-two deployments that reach one URL differently never share one. A failed
-handshake (an untrusted certificate, a wrong name, plain HTTP on the port) is
-`UpstreamClosed(tls=True)` with the reason.
-
-`get` is the gateway's one small client for everything else it asks a
-replica (health probes, managed replicas' boot checks, pods' /metrics): a
-GET on the same pool, parser and TLS, the whole answer within one timeout
-(connecting included) and at most `limit` body bytes, as a `Reply`. Every
-failure (no connection, a handshake, the timeout, bad HTTP, a connection
-closed early, a body over the limit) is `UpstreamClosed`, so a caller has
-one exception to catch and no way to see a half answer.
+`Upstreams.send` takes an idle keep-alive connection (or opens one within the connect timeout) and
+writes the request in the caller's own loop turn. The reply is an `Exchange` fed from `data_received`:
+`head()`, `take()` (body bytes that came with the head), then `read()` for a whole body or
+`stream(sink)`, which hands each piece to `sink` from `data_received` itself; a sink returning False
+pauses reading until `resume()`. `wait()` raises `UpstreamClosed` when the replica broke off, spoke bad
+HTTP or was silent past the read timeout (one timer per exchange). `finish(reuse=...)` pools a complete
+keep-alive response, else closes (how a replica learns to abort); a pooled connection closed while idle
+is `UpstreamClosed(stale=True)`, safe to resend. Connections are pooled per (URL, tls); a failed TLS
+handshake is `UpstreamClosed(tls=True)`. `get` is the one small client for everything else (probes,
+boot checks, pods' /metrics): the whole `Reply` within one timeout and `limit` bytes, or `UpstreamClosed`.
+`bound_silence` shortens the read timeout for a stream once it began (migration's stall bound).
 """
 
 from __future__ import annotations
@@ -334,6 +311,16 @@ class Exchange:
         """Until the body ended or reading paused (`paused`); raises UpstreamClosed."""
         if not self.parser.complete and not self.paused:
             await self._wait()
+
+    def bound_silence(self, seconds: float) -> None:
+        """From now on the longest silence between two reads is at most `seconds` (a stream's idle
+        bound once it began: Envoy's `stream_idle_timeout`); a longer read timeout is shortened."""
+        if seconds <= 0 or (self._timeout and self._timeout <= seconds) or self.parser.complete or self.error is not None:
+            return
+        self._timeout = seconds
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(self._last_read + seconds, self._check_silence)
 
     def resume(self) -> None:
         if self.paused and self.error is None:

@@ -1,14 +1,9 @@
 """The edge: everything that touches aiohttp and the socket.
 
-`app`/`server` build and run the aiohttp application (`connection`: one client
-connection's timeouts, the connection cap); `body` is a response's one writer once
-it starts (framing, the heartbeat: serve's and the gateway's one keep-alive
-mechanism, flow control, the write-stall bound), the only code that writes to a
-client's socket; `writer` is serve's stream loop over it (late errors in-band),
-`nonstream` a slow JSON answer's; `routes/` are thin handlers (decode, admit,
-generate, encode, write); `state` holds what one server shares; the rest
-are the edge's policies: admission, drain, auth, CORS, deprecation headers,
-the access log and the metrics.
+`app`/`server`/`connection` build and run the aiohttp application; `body` is a response's one
+writer (framing, heartbeat, flow control, stall bound), `writer` serve's stream loop over it,
+`nonstream` a slow JSON answer's; `routes/` are thin handlers; the rest are the edge's policies
+(admission, drain, auth, CORS, deprecation, access log, metrics, tracing).
 
 May import everything below it: `streamproxy.core`, `streamproxy.apis`,
 `streamproxy.filters`, `streamproxy.protocol`, `streamproxy.errors`,

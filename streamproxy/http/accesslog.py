@@ -1,22 +1,10 @@
 """One structured JSON access-log line per request: the request context's finish subscriber.
 
-`finished` is subscribed to every request's end (context.py): it writes the
-line from what the `RequestContext` collected on the way (the body: model,
-user, stream; the generation route or the gateway's call: tokens, time to
-first token, finish reason; the error middleware and the writers: the error
-code). Nothing here runs per token.
-
-The line has no prompt or completion text (the completion's only with
-`--enable-log-outputs`, vLLM's flag, at most `--max-log-len` characters per
-choice) and never a header value, so no API key can reach it; `path` is the path only (no query string). It goes to
-`configure()`'s `BatchWriter`: a line costs the event loop one list append,
-and one background thread writes the lines to stdout, stderr or a file in
-batches (waking once per batch, at most every `FLUSH_INTERVAL` s), so a slow
-sink never blocks the loop and a busy server does not hand the GIL to a
-logging thread per request. Handlers added to the `streamproxy.access` logger
-(an embedding application's, the tests') get each line as a record too.
-aiohttp's own access log is off (server.py). Paths named by
-`--disable-access-log-for-endpoints` (vLLM's flag) get no line.
+`finished` writes the line from the `RequestContext`. No prompt text, the completion only with
+`--enable-log-outputs` (at most `--max-log-len` per choice), never a header value, and `path` without
+the query. Lines go to `configure()`'s `BatchWriter`: one list append on the loop, one thread writing
+batches (at most every `FLUSH_INTERVAL` s), so a slow sink never blocks the loop. Handlers on the
+`streamproxy.access` logger get each line too; `--disable-access-log-for-endpoints` paths get none.
 """
 
 from __future__ import annotations
@@ -91,6 +79,8 @@ def line(ctx: RequestContext) -> str:
             deployment=ctx.deployment, upstream=ctx.upstream, key_id=ctx.key_id,
             cached_prompt_tokens=ctx.cached_tokens, usage_source=ctx.usage_source,
         )
+        if ctx.migrations:  # a stream that moved: every replica its attempts went to, in order
+            fields.update(migrations=ctx.migrations, upstreams=ctx.replicas)
     return orjson.dumps(fields).decode()
 
 

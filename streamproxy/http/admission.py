@@ -1,21 +1,10 @@
 """Admission control: a bounded number of requests generate, a bounded number wait.
 
-`enter()` decides at once, with no await: a slot is free (granted), or the
-waiting line has room (queued), or neither (429 with Retry-After, raised
-right away so an overloaded server answers fast instead of timing out).
-A queued ticket is granted in arrival order when a slot frees; a ticket
-whose client leaves while waiting gives up its place. `release()` is called
-exactly once per ticket, in the route's `finally`.
-
-`max_concurrent == 0` means no limit (every ticket is granted at once).
-The running/queued gauges and the rejection counter move here, the one
-place that knows.
-
-A ticket counts `weight` requests: a batched completions request is one
-engine request per prompt, and takes that many slots at once (granted when
-all of them are free, queued as that many). A weight above the limit could
-never be granted: it counts as the whole limit (the route refuses such a
-batch with a 400 before it gets here).
+`enter()` decides at once, with no await: granted, queued, or a 429 with Retry-After. Queued tickets are
+granted in arrival order; one whose client leaves gives up its place; `release()` once per ticket in the
+route's `finally`. `max_concurrent == 0`: no limit. A ticket counts `weight` slots (a batched
+completions request, one per prompt), granted when all are free; a weight above the limit counts as the
+limit. The gauges and the rejection counter move here.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Application factory: routes, middlewares, response hooks, engine life cycle.
 
-Middlewares, outermost first: `context.edge` (request id, the request's
-context, and at its end the finish subscribers: response metrics, the
-access-log line, the span; `--ledger`'s record), `error_middleware`, CORS
-(only with --allowed-origins), API-key auth (only with --api-key).
-
-The server listens before the engine is ready: `on_startup` starts the engine
-in a background task, and until it is up the generation routes answer 503
-`engine_loading` (and /health says not ready). Once it is up,
-`engine_watch.watch` waits for its death (503 `engine_dead`, then exit 1). Every error a handler raises
-(our `APIError`s, aiohttp's own 404/405/413, anything unexpected) leaves
-through `error_middleware` as an OpenAI-shaped JSON body (or in the shape of
-the route's API where it registered one, as the Anthropic routes do: see
-`error_shapes`); an unexpected one is logged with its traceback and answered with a
-bare 500, never the traceback.
+Middlewares, outermost first: `context.edge` (id, context, finish subscribers), `error_middleware`,
+CORS (with --allowed-origins), API-key auth (with --api-key). The server listens before the engine is
+ready: `on_startup` starts it in a task and generation routes answer 503 `engine_loading` until it is
+up; then `engine_watch.watch` waits for its death. Every error leaves through `error_middleware` as an
+OpenAI-shaped body (or the route's API's shape, `error_shapes`); an unexpected one is logged and a bare
+500.
 """
 
 from __future__ import annotations
@@ -31,17 +23,16 @@ from streamproxy.errors import APIError, InternalError, MethodNotAllowed, NotFou
 from streamproxy.filters.detect import AUTO, resolve
 from streamproxy.http import accesslog, context, tracing
 from streamproxy.http import metrics as metrics_module
-from streamproxy.http.context import CONTEXT, Subscriber
 from streamproxy.http.auth import make_auth_middleware
+from streamproxy.http.context import CONTEXT, Subscriber
 from streamproxy.http.cors import Cors
 from streamproxy.http.deprecation import DEPRECATIONS_KEY, Deprecations
 from streamproxy.http.drain import INFLIGHT_KEY
 from streamproxy.http.engine_watch import watch
 from streamproxy.http.error_shapes import error_response
 from streamproxy.http.metrics import watch_engine
-from streamproxy.http.routes import add_routes
+from streamproxy.http.routes import add_routes, background
 from streamproxy.http.routes.lora import load_static
-from streamproxy.http.routes import background
 from streamproxy.http.state import STATE_KEY, AppState
 
 log = logging.getLogger("streamproxy")

@@ -1,15 +1,9 @@
 """API-key check for the /v1 routes (Bearer or x-api-key), constant time.
 
-Keys are compared with `hmac.compare_digest` against every configured key
-(no early exit on the first match, so timing says nothing about which key or
-how much of it matched). Keys are never logged (the access log has no header
-values). `/health`, `/metrics` and `/version` stay open unless
-`--health-requires-api-key` / `--metrics-requires-api-key` close the first two
-(a load balancer's probe or a Prometheus scraper then sends the key too).
-CORS preflights (`OPTIONS`) pass: browsers never send credentials on them.
-`/invocations` (vLLM's SageMaker route, which vLLM leaves open although it
-generates) needs the key too. Under `--root-path` the same rules apply to
-the prefixed paths.
+Every configured key is compared with `hmac.compare_digest` (no early exit); keys are never logged.
+`/health`, `/metrics` and `/version` stay open unless `--health-requires-api-key` /
+`--metrics-requires-api-key`; preflights pass; `/invocations` needs the key. Under `--root-path` the
+same rules apply to the prefixed paths.
 """
 
 from __future__ import annotations

@@ -1,41 +1,19 @@
 """A response's body: the one code that writes to a client's socket.
 
-A `Body` is made for each response that writes a body of its own (a stream, served or
-relayed; the early 200 of a slow JSON answer) and owns everything about its bytes:
-
-- framing: what goes through `write` aiohttp frames (and an `SSEResponse`'s held status
-  line and headers go out with it); what goes straight to the transport (`direct`: the
-  headers are out, the body plain chunked: `can_write_direct`) is framed here, the size
-  lines of the usual sizes made once (`SIZE_LINES`). `finish` ends the body with aiohttp's
-  `write_eof(tail)`: the last frames and the terminating chunk in one write.
-- the time of the last write (`written_at`, every write sets it) and the heartbeat: one
-  loop timer per body, not a task, never a timer per token. It fires `heartbeat` seconds
-  after the last write; when the body was silent that long it writes `keepalive` (an SSE
-  comment, Anthropic's ping, a newline before a JSON body) and is due again an interval
-  later, else it is due an interval after that last write. The handler may be awaiting
-  anything meanwhile (a generation slot, the engine's next step, a replica's answer or its
-  next read, the JSON), so this is the one keep-alive mechanism of serve and the gateway.
-  When the body is direct the beat is one `transport.write`; when it is not (the headers
-  not out yet: the gateway before a replica answered; an HTTP/1.0 body, close-delimited)
-  a task of its own writes it through aiohttp (the headers with it), and `begun()` waits
-  for that task before the handler decides how an error goes out. No beat while the
-  transport holds more than PUSH_BUFFER_LIMIT unsent bytes: those are the connection's
-  traffic, and a beat would only queue behind them.
-- flow control: a push sink takes a piece only while the transport holds at most
-  PUSH_BUFFER_LIMIT unsent bytes and is not closing; else it refuses (serve's writer
-  pulls; the gateway's replica connection pauses reading) until `write` has caught up.
-- the stall bound: `write` and `finish` wait for aiohttp's drain only when they could
-  block (bytes already queued, or a large write): then for at most `stall` seconds, or
-  `WriteStalled`. The common write (an empty buffer, a small chunk) pays for no timer.
-
-Two subclasses add the sink of each kind of stream, inlined (they run once per engine
-step per stream, or once per replica read): `StreamBody.push` (serve: a step encoded and
-written from the engine's own step) and `RelayBody.relay` (the gateway: a replica read's
-whole events, from the replica connection's data callback). `answer_unread` is the one
-response aiohttp never sees: the 408 to a request whose headers never all came.
-
-tests/unit/test_one_writer.py fails if anything else in the product writes to a transport or
-reads its buffer size.
+A `Body` per response that writes a body of its own (a stream, served or relayed; the early 200 of a
+slow JSON answer) owns:
+- framing: `write` goes through aiohttp (with an `SSEResponse`'s held head); `direct` writes go to the
+  transport, chunk-framed here (`SIZE_LINES`); `finish` is aiohttp's `write_eof(tail)`, one write.
+- the heartbeat: one loop timer per body (`written_at` moves with every write) that writes `keepalive`
+  after `heartbeat` s of silence, whatever the handler awaits: the one keep-alive mechanism of serve
+  and the gateway. Not direct yet (headers not out, HTTP/1.0), a task writes it and `begun()` waits
+  for it; no beat while over PUSH_BUFFER_LIMIT unsent bytes.
+- flow control: a push sink takes a piece only while the transport holds at most PUSH_BUFFER_LIMIT
+  bytes and is not closing, else refuses until `write` has caught up.
+- the stall bound: `write`/`finish` wait for aiohttp's drain only when they could block, at most
+  `stall` s, else `WriteStalled`.
+`StreamBody.push` (serve) and `RelayBody.relay` (the gateway) are the sinks, inlined. `answer_unread` is
+the 408 aiohttp never sees. tests/unit/test_one_writer.py fails if anything else writes to a transport.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """`serve`'s use of the request ledger (`--ledger URL`): a record per request on a generation route.
 
-Off unless `--ledger` names a store (`sqlite:///…` or `postgresql://…`; the
-gateway's is on by default, serve's is not). The store is opened and
-migrated (`ledger.writer.open_ledger`, the gateway's opener too) before the
-server listens; one that cannot be opened is a one-line start-up error
-naming `--ledger`. `recorder` is a finish subscriber of every request
-(context.py), as the gateway's is (`gateway/books.py`): when a request on a
-generation route ends (answered, failed, refused with a 4xx, or its client
-gone) it builds one `LedgerRecord` from the request's context (the tokens
-the route put there: what the client saw in `usage`) and queues it
-(`Ledger.add`, an append; the writer task writes batches off the request
-path). A request refused for its key (401: no `--api-key` matched) is not
-recorded, as in the gateway.
-
-The record's fields: `deployment` the served model name the request named
-(an adapter's name for a LoRA request; the first served name when it named
-none that is served), `replica` this server's address (`host:port` or the
-Unix socket), `key_id` `auth.key_id(secret)` of the `--api-key` that matched
-(`sha256:` and the first 12 hex digits of the key's SHA-256; never the key),
-`usage_source` "billed" (the engine's own counts). The ledger is closed
-(everything written) in `on_cleanup`, after the drain. With
-`--api-server-count N` each worker process opens the store and writes its own
-records: SQLite in WAL mode takes several writers (each batch is one short
-transaction; a writer waits on the other's lock up to its busy timeout), and
-PostgreSQL any number.
+Off unless `--ledger` names a store; opened and migrated (`ledger.writer.open_ledger`) before the server
+listens. `recorder`, a finish subscriber as in the gateway, queues one `LedgerRecord` per generation
+request from its context (`Ledger.add`; the writer task batches), except one refused for its key.
+`deployment` is the served (or adapter) name, `replica` this server's address, `key_id`
+`auth.key_id(secret)` (never the key), `usage_source` "billed". Closed in `on_cleanup`, after the drain;
+with `--api-server-count` each worker writes its own records.
 """
 
 from __future__ import annotations

@@ -1,67 +1,20 @@
 """One client connection: aiohttp's handler with nginx's client timeouts, and the connection cap.
 
-Only aiohttp's public server API: `Connections` is a `web.Server` (the
-low-level server, a protocol factory) whose `__call__` makes a `Protocol`, a
-`web.RequestHandler` that overrides its public methods (`connection_made`,
-`connection_lost`, `data_received`, `finish_response`, `handle_error`) and
-calls `force_close()` and `keep_alive()`; the request
-factory it hands aiohttp (`request_factory`) tells each connection's `Clock`
-that a request's headers are in. The per-connection state is the `Clock`'s,
-not in aiohttp's objects.
+`Connections` is a `web.Server` whose `Protocol` (a `web.RequestHandler`) overrides only public methods;
+each connection's state is its `Clock`, one phase at a time:
+  fresh/header  nothing, or part of the headers in: `client_header_timeout` from the accept (or the first
+                byte on a kept-alive connection), then a close, or a 408 (`body.answer_unread`) once a
+                byte is in. aiohttp's keep-alive timer is stopped meanwhile (`keep_alive(True)`).
+  body          `client_body_timeout` between two socket reads (a read only stores the time; the timer
+                re-arms itself, and waits while the transport is paused); firing makes the body read
+                raise `RequestTimeout`: a 408 from the route, or only a close once a response byte is out.
+  busy / linger no timer of ours; idle: aiohttp's `keepalive_timeout`, its close counted here.
+A timer acts one loop turn later (`call_soon`) and is void if re-armed meanwhile (`_epoch`).
 
-A connection is in one phase at a time:
-
-  fresh   accepted, nothing received: `client_header_timeout` from the accept,
-          then a close (there is no request to answer);
-  header  part of a request's headers is in: the same timer (from the first
-          byte on a kept-alive connection), then a 408 with an OpenAI error
-          body (`body.answer_unread`: HTTP/1.0, `Connection: close`, as aiohttp
-          answers a request it could not read; access log and metrics too),
-          then a close;
-  body    the handler runs, the body is not all in: `client_body_timeout`
-          between two reads from the socket. A read only stores the time; the
-          timer, when due, re-arms at the last read plus the timeout, and
-          restarts the client's clock while the transport is not reading (the
-          client could not send). When it fires, the handler's body read raises
-          `RequestTimeout` (`StreamReader.set_exception`): the route answers 408
-          in its own shape with `Connection: close`; once a response byte is
-          out (`output_size`), only a close;
-  busy    body complete: no timer and no work per chunk (streams cost nothing);
-  linger  the response is out, the body was not all read: aiohttp reads and
-          drops the rest (at most its `lingering_time`), no timer of ours;
-  idle    between requests: aiohttp's own `keepalive_timeout` (the one idle
-          timer), then its quiet close, counted here (a connection lost after
-          being idle that long).
-
-The fresh and header phases are ours, not aiohttp's keep-alive timer's (which
-aiohttp starts at the accept and after each response, and which would close a
-connection mid-headers without a word): `keep_alive(True)` stops it at the accept
-and at a kept-alive connection's first byte; aiohttp starts it again after the
-next response. Phases change in `data_received`, when aiohttp makes a request
-(the headers are in: `Connections.make_request`) and when `finish_response`
-ends. A partial request pipelined behind a complete one counts as idle until
-its next bytes. A timer that fires acts one loop turn later (`call_soon`), so a
-request whose headers were parsed in the same turn is started first and not
-timed out; a timer re-armed or disarmed meanwhile does nothing (`_epoch`).
-
-One thing here is not aiohttp's public API, and is kept because
-tests/production/test_dispatch.py pins it: on Python 3.11 aiohttp starts each
-request's handler in a task of its own, one more loop turn after the
-connection's task wakes, and under load a turn waits behind every other
-connection's I/O. `Connections` hands each connection's handler a `HandlerLoop`
-as its (public) `loop` argument: the loop itself, except that `create_task`,
-once the connection's task exists, gives the coroutine back, so aiohttp's
-`start()` awaits the request's handler in the connection's own task. Python
-3.12+ does the same with eager tasks (no HandlerLoop); on 3.11 there is no
-public way to it.
-
-`Connections` counts the connections it serves; one accepted past
-`max_connections` is closed at once, unread, and the others are served. The
-default cap is half the soft RLIMIT_NOFILE (`ulimit -n`), which with the usual
-limit is nginx's default worker_connections; the other half is left for the
-server's own files and sockets (logs, the engine, the gateway's upstreams).
-Closes of the server's own making are counted by reason in
-`streamproxy_connections_closed_total`; `streamproxy_open_connections` is the gauge.
+Not public API, pinned by tests/production/test_dispatch.py: on Python 3.11 `HandlerLoop.create_task`
+hands the coroutine back so aiohttp awaits the handler in the connection's own task (3.12+: eager tasks).
+Past `max_connections` (default: half the soft RLIMIT_NOFILE) a connection is closed unread; closes of
+our making are counted in `streamproxy_connections_closed_total`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """One request's context: made once at the edge, told what happens, finished once.
 
-`edge`, the outermost middleware of serve and the gateway, gives each
-request its id and a `RequestContext` (`request[CONTEXT]`, a typed request
-key). The layers below tell it what they learn through its narrow methods:
-the body decoder the model, user and stream (`body`), auth and the
-gateway's keys the key (`key`), the gateway where the request went
-(`routed`, `tried`: one replica per attempt), the writers the first token
-(`first_token`) and a stream's error or a client gone (`fail`, `gone`), the
-generation runner and the gateway's call the usage (`usage`), the
-error middleware the error code; a few slots are set by the one module that
-owns them (the span, the gateway's budget hold, --enable-log-outputs' text).
-`on_prepare` notes the status whose headers went out and the time to first
-byte.
-
-When the handler returns, raises or is cancelled (the client went away),
-`edge` finishes the context (the status really sent, the duration) and
-hands it to the app's finish subscribers, registered at app start with
-`on_finish(app, fn)`, in that order: metrics, the access-log line, the
-span (http/app.py's `EDGE_SUBSCRIBERS`), then the gateway's budget hold
-release and either's ledger record. Each is called once; an
-exception in one is logged and stops neither the others nor the response.
-Nothing here runs per token: the context is touched per request, and per
-stream at its first token and its end.
+`edge`, the outermost middleware of serve and the gateway, gives each request an id and a
+`RequestContext` (`request[CONTEXT]`); the layers below tell it what they learn through narrow methods
+(`body`, `key`, `routed`, `tried`, `first_token`, `fail`, `gone`, `usage`), and `on_prepare` notes the
+status sent and the time to first byte. When the handler returns, raises or is cancelled, `edge`
+finishes the context and calls the app's finish subscribers (`on_finish(app, fn)`) in order: metrics,
+access log, span (`EDGE_SUBSCRIBERS`), then the gateway's budget release and the ledger. Each runs once;
+one that raises is logged and stops nothing else. Nothing here runs per token.
 """
 
 from __future__ import annotations
@@ -67,7 +52,7 @@ class RequestContext:
 
     __slots__ = (
         "request_id", "start", "method", "path", "route", "remote",
-        "generation", "stream", "model", "user", "max_tokens", "key_id", "deployment", "replicas", "hold",
+        "generation", "stream", "model", "user", "max_tokens", "key_id", "deployment", "replicas", "migrations", "hold",
         "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "finish_reason", "outputs",
         "sent_status", "status", "error_code", "disconnected", "ttfb", "ttft", "duration", "span",
     )
@@ -89,6 +74,7 @@ class RequestContext:
         # request's hold on its key's budget.
         self.deployment: str | None = None
         self.replicas: list[str] | None = None
+        self.migrations = 0  # the gateway's: times its stream moved on to another replica (stream migration)
         self.hold: Releasable | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -133,6 +119,10 @@ class RequestContext:
             self.replicas = [replica]
         else:
             self.replicas.append(replica)
+
+    def migrated(self) -> None:
+        """The stream went on on another replica (the last `tried`)."""
+        self.migrations += 1
 
     @property
     def upstream(self) -> str | None:

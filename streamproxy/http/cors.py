@@ -1,17 +1,10 @@
 """CORS for browser clients: off unless `--allowed-origins` is given.
 
-The flags and their meaning are vLLM's (which follows Starlette's
-CORSMiddleware): `--allowed-origins` (a JSON list, or comma-separated; `*`
-for any), `--allowed-methods` and `--allowed-headers` (default `*`),
-`--allow-credentials`. Unlike vLLM, the default is no origin at all, so a
-server is not readable cross-origin unless its operator says so.
-
-A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) is
-answered here, before authentication (browsers never send credentials on a
-preflight). Every other response to an allowed `Origin` gets
-`Access-Control-Allow-Origin` in `on_prepare`, including error and streaming
-responses, and exposes the headers a client may need (`X-Request-Id`,
-`Retry-After`, `x-should-retry`, `Deprecation`).
+vLLM's flags (Starlette's CORSMiddleware): `--allowed-origins` (`*` for any), `--allowed-methods`,
+`--allowed-headers`, `--allow-credentials`; unlike vLLM, no origin by default. A preflight is answered
+here, before authentication; every other response to an allowed `Origin` (errors and streams included)
+gets `Access-Control-Allow-Origin` in `on_prepare` and exposes `X-Request-Id`, `Retry-After`,
+`x-should-retry` and `Deprecation`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ _DEPRECATION: web.RequestKey[str] = web.RequestKey("deprecation", str)  # the fi
 def _header_value(date: str | None, started: float) -> str:
     if not date:
         return f"@{int(started)}"
-    day = dt.datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc)
+    day = dt.datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=dt.UTC)
     return f"@{int(day.timestamp())}"
 
 

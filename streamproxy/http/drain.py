@@ -1,21 +1,10 @@
 """How long a generating request may live, and the graceful drain that shortens it.
 
-Every generating request runs inside one `Lifetime`: an `asyncio.Timeout`
-(one timer per request, nothing per token) whose deadline is the request
-timeout, or none. The `InFlight` registry holds the lifetimes that are
-running. On SIGTERM, `InFlight.begin_drain(deadline)` pulls every deadline
-in to the drain deadline (and a lifetime entered later starts with it), so
-a request that has not finished by then is ended by the same mechanism as a
-timeout: its task is cancelled at whatever it awaits, the Timeout turns that
-into `TimeoutError` at the lifetime's boundary, and the writer ends the
-response with the lifetime's `reason` (an in-band error event for a stream,
-an error body or status otherwise) while the route's `finally` aborts the
-engine request.
-
-`begin_drain(deadline, reason)` with a reason of its own ends the requests
-with that error instead of `server_shutting_down` (the engine died:
-`engine_dead`, see engine_watch.py). `wait_idle()` lets the server wait until
-nothing is in flight.
+Every generating request runs inside one `Lifetime`, an `asyncio.Timeout` with the request timeout (one
+timer per request). `InFlight.begin_drain(deadline, reason)` pulls every deadline in (and later
+lifetimes start with it), so a request not done by then ends as a timeout does: cancelled where it
+awaits, and the writer ends the response with the lifetime's `reason` (`server_shutting_down`, or
+`engine_dead`) while the route's `finally` aborts the engine request. `wait_idle()` waits for none left.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
-"""The engine died: answer for it, let the requests in flight end, then exit 1.
+"""The engine died: answer for it, let the requests in flight end, then exit 1 (as vLLM's server does).
 
-A dead engine (its engine-core process killed, a step that raised) does not
-come back: vLLM's AsyncLLM cannot restart its engine core, and a server that
-stays up serving nothing is never restarted by a supervisor that restarts on
-exit. vLLM's own server exits when its engine dies (its watchdog); so does
-this one, in three steps:
-
-  1. at once: `/health` answers 503 and every new generation request 503
-     `engine_dead` with Retry-After (both read `engine.state`, which turns
-     "dead" as soon as the engine knows: vLLM's monitor thread sees the
-     engine core's process end);
-  2. `watch` notices within `INTERVAL` s and gives the requests in flight
-     `--engine-death-grace` seconds: those the engine failed end their error
-     path (an in-band error event and `data: [DONE]`, or a 5xx OpenAI error);
-     any still running at the deadline is ended by its Lifetime with
-     `engine_dead` (drain.py's mechanism). The server keeps answering 503s
-     meanwhile, so a load balancer sees why;
-  3. the `on_engine_failure` callbacks run: `server.serve` stops listening,
-     cleans up and exits 1.
-
-Polling `state` (a property read, five times a second) is the one way that
-works for every engine: vLLM learns of its engine core's death in a monitor
-thread and offers no callback.
-
-With `--api-server-count N` and vLLM, the engine cores belong to the parent,
-and an API server learns of their death from it (SIGUSR1, server.py):
-`engine_lost` kills the engine's client side (`Killable`), its state turns
-"dead", and the same three steps follow.
+At once `/health` and new generation requests answer 503 (`engine_dead`, Retry-After): both read
+`engine.state`. `watch` polls it every `INTERVAL` s (vLLM offers no callback) and gives the requests in
+flight `--engine-death-grace` s before their Lifetime ends them; then the `on_engine_failure` callbacks
+stop the server with exit 1. With `--api-server-count` the parent tells a worker (SIGUSR1):
+`engine_lost` kills the engine's client side and the same steps follow.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """One `OutputStream` over several: a batched completions request's engine requests.
 
-vLLM serves a list of prompts as one engine request per prompt and merges
-their outputs into one stream; `MergedStream` is that merge. Each part is
-one engine request's stream, the offset its choices move by (prompt × n)
-and an optional transform of its Deltas (`core.echo.Echo`), applied first.
-Steps go out in the order the engine makes them, so the parts' choices
-interleave; each Delta keeps its text, token count, logprobs and finish.
-
-The merge is a `base.DeltaQueue` fed by one small task per part (per engine
-request, not per token). While a part has nothing pending, its task arms
-it with a sink that forwards each engine step straight into the queue, so
-with a writer armed on the queue in turn, a step still goes from the
-engine's own step to the socket without a wake-up; the task itself only
-wakes when its part ends (or the sink is refused). The queue ends when
-every part has ended, or with the first part's error. `prompt_tokens` and
-`cached_tokens` are the parts' sums.
-
-`close()` cancels the tasks; aborting the engine requests is the caller's
-(`generation.Work.end`), in the runner's `finally` like any engine request.
+As vLLM, one engine request per prompt, merged: each part is a stream, its choice offset (prompt x n)
+and an optional Delta transform (`core.echo.Echo`); steps go out in engine order. The merge is a
+`DeltaQueue` fed by one task per part, which arms its part with a sink forwarding each step straight
+in, so a push still goes from the engine's step to the socket; the task wakes only when its part ends
+or the sink is refused. It ends when every part has, or with the first error; token counts are sums.
+`close()` cancels the tasks; aborting the engine requests is `generation.Work.end`'s.
 """
 
 from __future__ import annotations

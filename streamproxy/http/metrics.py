@@ -1,27 +1,11 @@
 """Prometheus metrics: vLLM's own (`vllm:*`) plus `streamproxy_*` measured at the client edge.
 
-vLLM's in-process engine registers its `vllm:` families in prometheus_client's
-default REGISTRY, so one `generate_latest(REGISTRY)` serves both, and vLLM's
-Grafana dashboards work unchanged. Our families are created once at import.
-
-Cost on the hot path is bounded per write, not per token: inter-token latency
-is observed once per write (the gap since the previous write divided by the
-tokens it carries), everything else once per request or per event. The
-per-write histogram is a `FastHistogram`: one `bisect` and two additions on
-the event loop's thread, instead of prometheus_client's two locks and a
-Python walk over the buckets, exposed in the same text format.
-
-With `--api-server-count N` (streamproxy/workers.py) the parent sets
-`PROMETHEUS_MULTIPROC_DIR` before the workers start, as `vllm serve` does:
-prometheus_client then keeps every value in a per-process file and
-`/metrics`, whichever worker answers, reads them all (`MultiProcessCollector`):
-counters and histograms add up, gauges are `livesum` (the workers alive now).
-Two things of ours live outside those files and are published by `publish`,
-a task that runs once a second in each worker: the `FastHistogram` (its
-counts since the last flush are added to a file-backed twin, so the hot path
-stays as cheap; /metrics can lag it by up to a second) and
-`streamproxy_engine_requests` (a gauge read from the engine in a single
-process, set from it in each worker).
+vLLM registers its families in the default REGISTRY, so one `generate_latest(REGISTRY)` serves both and
+vLLM's dashboards work. Hot-path cost is per write, not per token: inter-token latency is observed once
+per write (gap / tokens) in a `FastHistogram` (one `bisect`, no locks). With `--api-server-count` the
+values live in `PROMETHEUS_MULTIPROC_DIR` files read by `MultiProcessCollector` (gauges `livesum`);
+`publish`, once a second per worker, flushes the `FastHistogram` to a file-backed twin and sets
+`streamproxy_engine_requests`.
 """
 
 from __future__ import annotations

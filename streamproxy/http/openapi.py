@@ -1,25 +1,10 @@
 """GET /openapi.json: an OpenAPI 3.1 description of every route, generated from the wire structs.
 
-The JSON Schemas are msgspec's own (`msgspec.json.schema_components` over
-the request and response Structs the routes decode and encode), so the
-document says exactly what the decoders accept: a field's type, which
-fields are required, unknown fields ignored. Only the path metadata is
-written here, one `Operation` per route: method, path, the request Struct,
-the Struct of a 200's JSON body (or the media type of a body that is not
-one), whether the route streams, and the error envelope of its API. A
-stream (`"stream": true`) answers `text/event-stream`, whose events are
-built from byte templates, not Structs: it is described in words, not with
-a schema. Errors are OpenAI's envelope everywhere except on the Anthropic
-routes, which answer in Anthropic's (see `error_shapes`).
-
-The document is built once, on the first request, and served as the same
-bytes after that. `tests/http/test_openapi.py` checks that it lists
-exactly the routes `routes.add_routes` registers.
-
-`build_document` is the builder both commands use: the gateway's
-document (`gateway/openapi.py`) is its own table of `Operation`s, most of
-them serve's with another path and the gateway's own error statuses
-(`ErrorStatus`: 401, 413, 429, 503 with Retry-After ...).
+The schemas are msgspec's (`schema_components` over the Structs the routes decode and encode), so they
+say what the decoders accept; one `Operation` per route adds the path metadata and its API's error
+envelope. Streams are described in words. Built once, on the first request;
+tests/http/test_openapi.py checks it lists exactly the registered routes. `build_document` serves the
+gateway's table too (gateway/openapi.py).
 """
 
 from __future__ import annotations

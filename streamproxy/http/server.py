@@ -1,49 +1,16 @@
 """Run the app on uvloop until SIGTERM/SIGINT, then drain and shut down in order.
 
-`make_runner`: a `Runner`, aiohttp's public `web.ServerRunner` over
-`connection.Connections` (a `web.Server`) that serves the app (a
-`web.AppRunner` runs its start-up and hands over the app's handler and
-request factory), with `handler_cancellation=True` (when a client goes
-away, aiohttp cancels its handler and the route's `finally` aborts the engine
-request), header caps from `--max-header-bytes`, aiohttp's own access log off
-(accesslog.py writes ours). aiohttp's sites (`TCPSite`, `SockSite`,
-`UnixSite`) listen for it as for any runner. Requests aiohttp rejects while parsing (a header
-or request line over the cap, too many headers, malformed HTTP) never reach
-the app's middlewares; `connection.Protocol.handle_error` answers them with
-an OpenAI error body too (431 for header limits) and logs them at debug level
-instead of a traceback per bad request. The connections themselves (client
-header, body and keep-alive timeouts, the cap on open connections) are
-`connection.py`'s.
+`make_runner`: aiohttp's `web.ServerRunner` over `connection.Connections`, with
+`handler_cancellation=True` (a client gone cancels its handler, whose `finally` aborts the engine
+request), header caps from `--max-header-bytes` and aiohttp's access log off (accesslog.py writes ours).
+Requests aiohttp rejects while parsing get an OpenAI error body from `connection.Protocol.handle_error`.
 
-Shutdown (`drain`), on the first SIGTERM or SIGINT:
-  1. stop listening (the load balancer's next connection goes elsewhere);
-  2. every in-flight generation gets the drain deadline (`--drain-timeout`),
-     new requests on open connections get 503 `server_shutting_down`, and
-     idle keep-alive connections are closed;
-  3. wait until nothing is in flight; whatever is still running at the
-     deadline is ended by its Lifetime: an in-band error event and a clean
-     end for a stream, an error for a non-streaming request, engine abort;
-  4. `runner.cleanup()` (closes connections, stops the engine, then with `--ledger` writes every
-     record left: http/books.py); exit 0.
-A second signal during the drain moves the deadline to now.
-
-When the engine cannot start, or dies (engine_watch.py: 503 `engine_dead`
-for `--engine-death-grace` s first), the same shutdown runs and the process
-exits 1 so its supervisor restarts it; should the clean-up hang, it exits 1
-anyway `FAILURE_EXIT_LIMIT` s after the failure.
-
-A signal while the engine is still starting runs the same shutdown at once
-(the handlers are installed before the engine starts): the engine's `close`
-aborts its start and leaves none of its processes (vllm_engine.py,
-spawned.py), and the process exits 128 + the signal's number (`serve`
-says why), within `FAILURE_EXIT_LIMIT` s whatever the clean-up waits for.
-
-Once the engine has started, everything alive is frozen out of the garbage
-collector's view (`gc.freeze`), so collections under load only walk what
-requests allocate, and vLLM's environment variables (when vLLM is loaded) are
-read once from then on (`vllm.envs.enable_envs_cache`, which vLLM's engine
-core and workers turn on after their start too): its stat logger reads two of
-them per engine step otherwise.
+`drain`, on the first signal: stop listening; give every in-flight generation the `--drain-timeout`
+deadline (new requests get 503 `server_shutting_down`, idle connections close); wait until nothing is in
+flight (a `Lifetime` ends what is left at the deadline); `runner.cleanup()`; exit 0. A second signal moves
+the deadline to now. An engine that cannot start or dies (engine_watch.py) runs the same shutdown and
+exits 1; a signal during the engine's start exits 128 + the signal; either within `FAILURE_EXIT_LIMIT` s.
+Once the engine is up, `gc.freeze()` and vLLM's env cache (`vllm.envs.enable_envs_cache`).
 """
 
 from __future__ import annotations
@@ -288,14 +255,8 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
 
 
 async def _freeze_after_start(app: web.Application, *, own_process: bool) -> None:
-    """Once the engine is up, move everything alive into the GC's permanent generation
-    (and, in the process's own server, cache vLLM's environment reads: a test process
-    that serves in-process may still change VLLM_* variables for the engines it makes).
-
-    What start-up built (modules, the app, the engine, vLLM's and torch's
-    objects) lives as long as the process; left in the collector's view, every
-    full collection under load walks all of it. Frozen, a collection only
-    walks what requests allocated (gc.freeze, as Instagram's Django servers do).
+    """Once the engine is up, `gc.freeze()` what start-up built, so full collections under load walk only
+    what requests allocate (and, in the process's own server, cache vLLM's environment reads).
     """
     task = app.get(ENGINE_TASK_KEY)
     if task is not None:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from engine_adapter.base import Adapter, Engine
-from streamproxy.config import Settings
 from streamproxy.apis.responses.store import ResponseStore, size_from
+from streamproxy.config import Settings
 from streamproxy.core.adapters import AdapterRegistry
 from streamproxy.errors import EngineDead, EngineLoading, ModelNotFound, ServerShuttingDown, ServiceUnavailable
 from streamproxy.http.admission import Admission

@@ -2,15 +2,9 @@
 `--ssl-cert-reqs` (0 none, 1 optional, 2 required: mutual TLS), `--ssl-ciphers`, and
 `--enable-ssl-refresh`.
 
-`server_context` builds the `ssl.SSLContext` the aiohttp site listens with
-(server.run_app), as uvicorn builds vLLM's: the certificate chain, the CAs
-that client certificates must chain to, whether a client must present one,
-and the TLS 1.2 cipher list. It is built at start-up (cli.py), so a missing
-or unreadable file stops the start with a one-line message, before the
-engine loads. `Refresher` (--enable-ssl-refresh) looks at the files' mtimes
-every `REFRESH_INTERVAL` s and, when one changed, loads them into the same
-context again: new connections get the new certificate, open ones keep theirs
-(vLLM's SSLCertRefresher does the same with a file watcher).
+`server_context` builds the site's `ssl.SSLContext` as uvicorn builds vLLM's, at start-up (cli.py), so
+a bad file stops the start before the engine loads. `Refresher` checks the files' mtimes every
+`REFRESH_INTERVAL` s and reloads a changed chain into the same context: new connections get it.
 """
 
 from __future__ import annotations

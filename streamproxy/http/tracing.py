@@ -1,24 +1,10 @@
 """OpenTelemetry traces (`--otlp-traces-endpoint`), for serve and the gateway alike.
 
-With no endpoint `TRACER` stays None and OpenTelemetry is never imported: the
-edge (context.py) checks `TRACER is None` once per request and that is all
-tracing costs. With one, `configure` imports the SDK and its OTLP exporter
-(gRPC, or HTTP with `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, as vLLM
-picks them; batching per the SDK's `OTEL_BSP_*` variables) and:
-
-- the edge opens one SERVER span per POST request (`Tracer.start`), as the
-  child of the client's W3C `traceparent`/`tracestate` when it sent one (a new
-  trace otherwise), and keeps it on the request's context;
-- serve hands `headers(span)` to the engine (vLLM's `trace_headers`), the
-  gateway opens a CLIENT span per upstream attempt (`attempt`, ended by
-  `end_attempt`) and sends that span's context to the replica;
-- when the request ends, `finished` (a finish subscriber) sets the GenAI
-  semantic convention attributes from the context (model, token counts,
-  finish reasons, time to first token, as an attribute and as an event at its
-  time) and ends the span.
-
-Nothing here runs per token: every attribute is set at the end, from what the
-context already collected.
+With no endpoint `TRACER` stays None and OpenTelemetry is never imported (one check per request). With
+one, `configure` sets up the SDK's OTLP exporter (gRPC or HTTP, as vLLM picks); the edge opens a SERVER
+span per POST (child of the client's `traceparent`), serve passes `headers(span)` to the engine, the
+gateway opens a CLIENT span per attempt (`attempt`/`end_attempt`), and `finished` (a finish subscriber)
+sets the GenAI attributes from the context and ends the span. Nothing runs per token.
 """
 
 from __future__ import annotations

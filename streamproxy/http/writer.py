@@ -1,30 +1,14 @@
 """serve's stream: `pump_sse` writes one request's engine output through its `body.StreamBody`.
 
-The headers go out before anything is asked of the engine's output (in `open()`, or with
-the encoder's first frame when the response is `sse_response`'s `SSEResponse`), then one
-write per engine step (everything pending is taken at once, so a slow socket coalesces
-steps instead of queueing them). The body keeps the connection alive itself (its heartbeat
-timer: a queued stream, a long time to first token, mid-stream gaps, steps that write
-nothing because a filter holds text back), and bounds every write that could block by the
-write-stall timeout (`WriteStalled`). So what a client that stops reading can pin in server
-memory is bounded: the transport buffer (aiohttp drains once 64 KiB have been written
-since the last drain; the transport pauses above its 64 KiB high-water mark) plus the
-engine output produced during the stall timeout.
-
-Push (the common path): while nothing is pending and the transport's buffer is small, the
-stream is armed with the body's sink (`StreamBody.push`) and the engine's own step calls it
-synchronously: encode the step, one `transport.write` of the chunked-encoding frame. aiohttp
-sent the status line and headers, saying `Transfer-Encoding: chunked` (`body.can_write_direct`);
-the handler ends with `write_eof`, so aiohttp writes the last chunk. No task, future, timer or
-aiohttp call per token; the handler sleeps until the end, a fallback or a sink error. It falls
-back to the pull loop (coalescing, write-stall bound) when the sink refuses (buffer above
-`PUSH_BUFFER_LIMIT`: a slow reader; transport closing) or raises (logged; the stream ends with
-an in-band error), and re-arms once it has caught up. Every other exit (end, engine error,
-drain and timeout via the Lifetime, disconnect) goes through the handler exactly as in pull
-mode, and the sink is disarmed first.
-
-The non-streaming answer is `nonstream.py`'s. Neither aborts the engine request: the route
-does that in a `finally`, so every way out (end, error, disconnect, timeout, drain) is covered once.
+The headers go out before anything is asked of the engine (in `open()`, or with the first frame of an
+`SSEResponse`), then one write per engine step, everything pending at once. The body keeps the
+connection alive and bounds every write that could block (`WriteStalled`), so a client that stops
+reading pins at most the transport buffer plus what the engine makes during the stall timeout.
+Push, the common path: while nothing is pending and the buffer is small the stream is armed with
+`StreamBody.push`, and the engine's step encodes and writes its frame in one `transport.write`: no task,
+future or timer per token. A refused push (buffer above `PUSH_BUFFER_LIMIT`, closing) falls back to the
+pull loop until caught up; a raising one ends the stream with an in-band error. Every other exit goes
+through the handler, whose route aborts the engine request in a `finally`.
 """
 
 from __future__ import annotations

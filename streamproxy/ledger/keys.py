@@ -147,7 +147,7 @@ def info(key: StoredKey) -> KeyInfo:
 
 def period_start(now: float, period: Literal["day", "month"]) -> tuple[int, int]:
     """(start, end) of the UTC day or month holding `now`, unix seconds."""
-    t = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+    t = dt.datetime.fromtimestamp(now, dt.UTC)
     if period == "day":
         start = t.replace(hour=0, minute=0, second=0, microsecond=0)
         end = start + dt.timedelta(days=1)

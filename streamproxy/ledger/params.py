@@ -42,7 +42,7 @@ def timestamp_us(value: str, param: str) -> int:
         except ValueError:
             raise _bad(param, f"`{param}` must be unix seconds or an ISO 8601 date or time, not {value!r}") from None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
+            when = when.replace(tzinfo=dt.UTC)
         return int(when.timestamp()) * 1_000_000 + when.microsecond
     if not 0 <= seconds < 2**62 / 1e6 or seconds != seconds:
         raise _bad(param, f"`{param}` is out of range: {value!r}")

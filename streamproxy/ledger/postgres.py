@@ -1,19 +1,10 @@
 """`PostgresStore`: the ledger in PostgreSQL, for several gateway processes or machines (psycopg 3, async).
 
-psycopg 3 rather than asyncpg: it has both a blocking and an asyncio API over
-one implementation, ships its own type information (mypy checks our calls
-against it), its binary wheel needs no compiler, and its COPY writes a batch
-in one round trip. Two connections, opened on first use and again after any
-failure. The writer's is a blocking one in a worker thread of its own, as
-SQLite's: encoding a batch's rows for COPY is the ledger's largest CPU cost
-and stays off the event loop (a batch is one transaction: all or nothing; a
-`COPY` into a temporary table, then one `INSERT ... SELECT` that skips the
-record ids already stored, so a batch written again after a commit whose
-answer was lost stores nothing twice). Queries use an asyncio connection, so a slow report never holds
-up the writer. Every operation has a deadline (`TIMEOUT`; for the blocking
-connection libpq's `tcp_user_timeout` and a `statement_timeout`): a server
-that stops answering is an error the writer retries, not a hang. Migrations
-run under an advisory lock, so gateways starting together migrate once.
+Two connections, opened on first use and again after any failure: the writer's is blocking, in a thread
+of its own (encoding rows for COPY, the ledger's largest CPU cost, stays off the loop; a batch is one
+transaction: COPY into a temporary table, then `INSERT ... SELECT` skipping stored record ids); queries
+use an asyncio one, so a slow report never holds up the writer. Every operation has a deadline
+(`TIMEOUT`, `tcp_user_timeout`, `statement_timeout`). Migrations run under an advisory lock.
 """
 
 from __future__ import annotations

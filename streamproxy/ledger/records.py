@@ -1,22 +1,10 @@
 """What the ledger holds and answers: the record, the two queries, their answers, the cursor. Sans-IO.
 
-A record's time is the request's arrival in integer microseconds since the
-epoch (UTC), so that comparing, paging and summing are exact in every store.
-Requests are listed newest first by (`ts_us`, `seq`): `seq` is the store's
-own row number, which breaks ties; the cursor is those two of the last row
-returned ("<ts_us>_<seq>"), and the next page starts strictly below it, so a
-record written meanwhile never shifts a page and each record comes once.
-Usage sums the token columns (a null count as 0) and counts requests,
-grouped by any of deployment, key and the UTC day or month.
-
-Each record carries `record_id`, made where the record is made (the gateway,
-or serve) and unique per record: a random 64-bit prefix per process and a
-counter (`new_record_id`, no system call per record). The request id cannot
-be it: a client may send its own `X-Request-Id`, the same twice, and a
-gateway and the `serve` behind it sharing one ledger record one request
-each under the same id. The stores keep a record id once (a unique index,
-migration 5), so a batch written again after a commit whose answer was lost
-stores nothing twice. Records written before migration 5 have none (null).
+A record's time is the arrival in integer microseconds (UTC), exact in every store. Requests are listed
+newest first by (`ts_us`, `seq`); the cursor "<ts_us>_<seq>" starts the next page strictly below, so
+each record comes once. Usage sums token columns (null as 0) by deployment, key and UTC day or month.
+`record_id` (`new_record_id`: a random per-process prefix and a counter) is unique per record, unlike a
+request id; stores keep it once, so a batch written twice stores nothing twice (older records: null).
 """
 
 from __future__ import annotations
@@ -30,7 +18,6 @@ from typing import Literal
 import msgspec
 
 from streamproxy.errors import InvalidRequest
-
 
 _ID_PREFIX = os.urandom(8).hex()
 _ids = count()
@@ -161,7 +148,7 @@ class UsageQuery:
 
 def period_of(ts_us: int, period: Literal["day", "month"]) -> str:
     """The UTC day ("2026-12-01") or month ("2026-12") of a time, as every store writes it."""
-    when = dt.datetime.fromtimestamp(ts_us // 1_000_000, dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ts_us // 1_000_000, dt.UTC)
     return when.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
 
 

@@ -1,24 +1,11 @@
 """`LedgerStore`: what the ledger needs of a database, and `open_store(url)` to pick one.
 
-`write` takes a batch in one transaction: all of it
-is stored or none (so a failed batch can be written again as a whole).
-`requests` pages one deployment's records newest first; `usage` sums them.
-`migrate` brings the schema to the latest version (`schema`) and says which.
-The keys made through the admin API live here too: `put_key` (KeyExists
-for an id already used, revoked or not), `list_keys` (all, the revoked with their time),
-`revoke_key` (False when there is no such key not yet revoked). So do the
-deployments made through it (`put_deployment`, `list_deployments`,
-`delete_deployment`), with `deployments_version`, a counter each change of
-them bumps in its own transaction, which gateways poll (gateway/deploysync.py).
-And what each gateway process holds against keys' budgets (`put_holds`,
-`other_holds`: its requests running and its records not yet written, per
-key), so that every process sharing the store counts them (gateway/keyring.py).
-Implementations: `memory.MemoryStore` (the fake), `sqlite.SqliteStore`,
-`postgres.PostgresStore`; tests/contract/test_ledger_store.py holds all three
-to one contract.
-
-URLs: `sqlite:///abs/path.db` (or `sqlite:relative.db`), `postgresql://...`
-(or `postgres://`), `memory:` (the fake, for tests), `off`.
+`write` stores a batch in one transaction (all or none); `requests` pages a deployment's records newest
+first, `usage` sums them; `migrate` brings the schema up. Admin-made keys (`put_key`, `list_keys`,
+`revoke_key`), deployments (`put_deployment`, ..., with `deployments_version` that gateways poll) and
+each process's budget holds (`put_holds`, `other_holds`) live here too. Implementations: memory,
+sqlite, postgres, one contract (tests/contract/test_ledger_store.py). URLs: `sqlite:///abs/path.db`
+(or `sqlite:relative.db`), `postgresql://...` (or `postgres://`), `memory:`, `off`.
 """
 
 from __future__ import annotations
@@ -27,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
+from streamproxy.ledger.deployments import StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow
 

@@ -1,23 +1,11 @@
 """`Ledger`: records queued by the event loop, written to the store in batches by one task.
 
-`add` is the request path's whole cost: one deque append (and, at a full
-batch, setting an event); it never awaits the store. The writer task wakes
-every `interval` seconds, or as soon as `batch_size` records wait, and
-writes them a batch at a time. A batch leaves the buffer only once the store
-has it: a store that is down or slow keeps the records buffered (a warning
-when the outage starts and when it ends, `..._write_failures_total`), and the
-task tries again with a backoff up to `MAX_BACKOFF` (new records do not
-hurry it: a store that is down is not hammered), so they are written
-when the store returns. A batch the store committed but whose answer was
-lost (the connection dropped after COMMIT) is written again too: the store
-keeps each `record_id` once, so nothing is stored twice. The buffer is bounded (`max_buffered`): past it a
-new record is dropped and counted (`streamproxy_ledger_records_dropped_total`),
-so an outage never costs unbounded memory. `close` (SIGTERM, after the
-gateway's drain) writes everything left, trying until `close_timeout`.
-
-The loss bound of a `kill -9`: the records of the last `interval` (0.5 s by
-default) plus the batch being written at that moment. Everything committed
-before is in the store.
+`add` is the request path's whole cost: one deque append. The writer task wakes every `interval` s or
+at `batch_size` records and writes a batch; it leaves the buffer only once the store has it, so an
+outage keeps records buffered (retries with backoff up to `MAX_BACKOFF`, a warning at its start and
+end) and a batch whose commit answer was lost is written again (`record_id` is stored once). Past
+`max_buffered` new records are dropped and counted. `close` writes what is left, until `close_timeout`.
+A `kill -9` loses at most the last `interval` plus the batch in flight.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import base64
 import importlib
 import re
 from collections.abc import AsyncIterator, Iterator
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 
@@ -84,7 +84,7 @@ class Exchange:
         return f"<Exchange {self.method} {self.path} {self.status} {len(self.body)} bytes>"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _transports(httpx: Any) -> tuple[type, type]:
     """(sync, async) recording transport classes built on `httpx` (or httpx2)."""
 

@@ -52,8 +52,9 @@ from typing import Any, NoReturn
 
 import pytest
 
-from tests.support.fake_kube import ThreadedFakeKube
-from tests.support.server import FAKE_ARGS, ServerProcess, start_gateway, start_server
+from harness.fake_kube import ThreadedFakeKube
+from harness.process import ServerProcess
+from harness.server import FAKE_ARGS, start_gateway, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPAT = Path(__file__).resolve().parent
@@ -202,7 +203,7 @@ def gateway_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def kubernetes_gateway_server(tmp_path_factory: pytest.TempPathFactory):
     """The gateway in front of a replica like fake_server's, found as a pod through a fake Kubernetes API
-    server (tests/support/fake_kube.py, in a thread) by a `kubernetes:` deployment `support-bot`."""
+    server (harness/fake_kube.py, in a thread) by a `kubernetes:` deployment `support-bot`."""
     replica = _start_fake(tmp_path_factory, "k8s-replica", ["--fake-token-delay", str(TOKEN_DELAY), "--fake-text", FAKE_TEXT])
     threaded = ThreadedFakeKube()
     kube = threaded.start()

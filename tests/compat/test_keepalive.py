@@ -32,7 +32,7 @@ TEXT = "Hello! This is"
 BUG_200_ERROR = (
     "KNOWN LIMITATION of the contract issue 4 asks for: a non-stream request that fails after the keepalive's "
     "early 200 gets HTTP 200 with the body "
-    '{"error": {...}} (streamproxy/http/nonstream.py respond_nonstream); the OpenAI SDKs do not look for `error` in '
+    '{"error": {...}} (streamproxy/http/nonstream.py answer_nonstream); the OpenAI SDKs do not look for `error` in '
     "a 200 body, so they return a completion whose required `choices` (and id, created, model) are missing "
     "instead of raising: openai-python gives ChatCompletion(choices=None), openai-node an object without "
     "`choices`. Ending the chunked body without its terminating chunk (a truncated response) would make every "

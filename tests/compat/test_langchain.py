@@ -153,7 +153,7 @@ def test_with_structured_output_json_schema_fake(fake_json_server, wire):
 
 @pytest.mark.engine
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
-def test_with_structured_output_real_engine(engine_target: Target, wire, method):
+def test_with_structured_outputreal_engine(engine_target: Target, wire, method):
     llm = chat(engine_target, wire, max_tokens=60)
     result = llm.with_structured_output(Weather, method=method, include_raw=True).invoke(
         [HumanMessage("Give the weather in Paris: city and temperature in Celsius.")]

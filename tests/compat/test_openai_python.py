@@ -251,7 +251,7 @@ def test_parse_response_format_pydantic_fake(fake_json_server, wire):
 
 
 @pytest.mark.engine
-def test_named_tool_choice_real_engine(engine_target: Target, wire):
+def test_named_tool_choicereal_engine(engine_target: Target, wire):
     client = sync_client(engine_target, wire)
     kw: dict[str, Any] = dict(
         model=engine_target.model, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
@@ -269,7 +269,7 @@ def test_named_tool_choice_real_engine(engine_target: Target, wire):
 
 
 @pytest.mark.engine
-def test_parse_json_schema_real_engine(engine_target: Target, wire):
+def test_parse_json_schemareal_engine(engine_target: Target, wire):
     client = sync_client(engine_target, wire)
     r = client.chat.completions.parse(
         model=engine_target.model, messages=[{"role": "user", "content": "Give the weather in Paris as JSON."}],

@@ -26,7 +26,7 @@ import pytest
 
 from engine_adapter.base import Adapter, Delta, EngineFailure, EngineRejected, GenerationParams, ModelInfo, OutputStream, TokenLogprob
 from engine_adapter.fake import FakeEngine, FakeScript
-from tests.support.waiting import wait_until
+from harness.waiting import wait_until
 
 T = TypeVar("T")
 

@@ -21,8 +21,8 @@ import pytest
 import requests
 
 from engine_adapter.default_model import build_tiny_model
+from harness.server import serve_process
 from tests.support import wait_until_sync
-from tests.support.server import serve_process
 from tests.support.workers import api_servers
 
 pytestmark = pytest.mark.engine

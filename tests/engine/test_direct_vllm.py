@@ -13,6 +13,7 @@ check-vllm` runs it over each supported release's sources too (`vllm_sources`).
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -150,7 +151,8 @@ def test_mixed_batch_other_requests_reach_vllm(tokenizer):
     result = route.process_outputs([_output("d-1", ids)])
     assert vllm_side.seen == [["x-1", "y-1"]] and result.request_outputs == [] and result.reqs_to_abort == []
     route.uninstall()
-    assert getattr(vllm_side.process_outputs, "__self__") is vllm_side  # its own bound method again
+    method = vllm_side.process_outputs
+    assert isinstance(method, types.MethodType) and method.__self__ is vllm_side  # its own bound method again
 
 
 def _drain_pending(stream) -> list[Delta]:

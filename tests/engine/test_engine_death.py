@@ -21,9 +21,9 @@ import psutil
 import pytest
 import requests
 
+from harness.server import start_server
 from tests.conftest import START_TIMEOUT
 from tests.support.engine_death import engine_dies_under_load
-from tests.support.server import start_server
 
 pytestmark = pytest.mark.engine
 

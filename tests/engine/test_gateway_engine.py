@@ -14,8 +14,9 @@ import orjson
 import pytest
 import requests
 
+from harness.process import ServerProcess
+from harness.server import start_gateway
 from tests.support import sse, wait_until_sync
-from tests.support.server import ServerProcess, start_gateway
 
 pytestmark = pytest.mark.engine
 

@@ -21,13 +21,14 @@ import psutil
 import pytest
 import requests
 
+from harness.kv_publisher import loopback_endpoints
+from harness.process import ServerProcess
+from harness.server import start_server
+from harness.waiting import wait_until
 from streamproxy.gateway.kv_feed import Feed, FeedPolicy
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 from streamproxy.gateway.kv_subscriber import KVSubscriber
 from tests.conftest import ENGINE_ARGS, START_TIMEOUT
-from tests.support.kv_publisher import free_port
-from tests.support.server import ServerProcess, start_server
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +38,7 @@ SYSTEM = list(range(1000, 1000 + 150))  # a shared prefix of token ids, several 
 
 @pytest.fixture
 def endpoints() -> Iterator[tuple[str, str]]:
-    yield f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    yield loopback_endpoints()
 
 
 def start_replica(pub: str, replay: str, log_dir: Path) -> ServerProcess:

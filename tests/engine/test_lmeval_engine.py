@@ -6,7 +6,7 @@ and a generate_until task: batched string prompts with `stop`) with a small samp
 first against the session's `streamproxy serve`, then against `vllm_server` (vLLM's
 `api_server`, same model, name and engine flags). Nothing here is a number frozen from one
 machine: the loglikelihood task must give each choice the same loglikelihood on both servers
-(within TOLERANCE nats) and the same accuracy (see `tests.support.lmeval.compare`); the
+(within TOLERANCE nats) and the same accuracy (see `harness.lmeval.compare`); the
 generate_until task must run and give a score on both. `make lmeval-compare` runs the same
 comparison by hand on the whole data set.
 """
@@ -17,12 +17,12 @@ import math
 
 import pytest
 
-from tests.support.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
+from harness.lmeval import GEN, GEN_METRIC, MC, Run, compare, max_difference, run_lm_eval
 
 pytestmark = pytest.mark.engine
 
 LIMIT = 8  # documents per task: 8 x 4 loglikelihood requests (batches of 8) and 8 generations
-TOLERANCE = 0.05  # nats per choice, plus tests.support.lmeval.RELATIVE of its size: two engine processes differ by rounding
+TOLERANCE = 0.05  # nats per choice, plus harness.lmeval.RELATIVE of its size: two engine processes differ by rounding
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.waiting import wait_until_sync
+from harness.waiting import wait_until_sync
 
 pytestmark = pytest.mark.engine
 
@@ -51,7 +51,7 @@ def servers(tmp_path_factory):
     """streamproxy and vLLM's api_server, both on the tiny model with adapter `rand`, started side by
     side; (streamproxy's URL, vLLM's URL, the second adapter's folder)."""
     from engine_adapter.default_model import build_tiny_model
-    from tests.support.server import VLLM_SERVER, ServerProcess
+    from harness.server import VLLM_SERVER, launch
 
     base = build_tiny_model(progress=False)
     folder = tmp_path_factory.mktemp("adapters")
@@ -59,8 +59,8 @@ def servers(tmp_path_factory):
     args = [*ENGINE_ARGS, "--lora-modules", f"rand={first}"]
     logs = tmp_path_factory.mktemp("lora")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-    ours = ServerProcess([str(base), *args], logs, "lora", env)
-    theirs = ServerProcess(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)
+    ours = launch([str(base), *args], logs, "lora", env)
+    theirs = launch(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)
     try:
         ours.wait_ready(600, 0.5)
         theirs.wait_ready(600, 0.5)

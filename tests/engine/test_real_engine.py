@@ -284,7 +284,7 @@ def _uncached(usage: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def vllm_path_server(launch_server):
-    from tests.support.server import ENGINE_ARGS
+    from harness.server import ENGINE_ARGS
 
     with launch_server("vllm-path", [*ENGINE_ARGS, "--no-direct-outputs"]) as base:
         yield base

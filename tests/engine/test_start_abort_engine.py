@@ -5,7 +5,7 @@ SIGTERM as soon as its engine core process (`VLLM::EngineCore`) exists, while
 that one is still loading. It must exit 128 + 15 within `GRACE` s (the start
 is aborted: engine_adapter/spawned.py), and no process it started may be left:
 neither one seen in its tree while it ran, nor any in the session it leads
-(an orphan leaves the tree, not the session: tests/support/procs.py).
+(an orphan leaves the tree, not the session: harness/procs.py).
 
 A server still there after `GRACE` s gets SIGKILL, as a supervisor sends
 once its grace is over (docker stop's is 10 s): before the fix, SIGTERM
@@ -23,9 +23,9 @@ import time
 import pytest
 
 from engine_adapter.default_model import build_tiny_model
+from harness.procs import Descendants, describe, end_session, in_session
+from harness.server import launch
 from tests.support import wait_until_sync
-from tests.support.procs import Descendants, describe, end_session, in_session
-from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.engine
 
@@ -38,7 +38,7 @@ START = 600.0
 
 
 def _sigterm_while_starting(tmp_path, *flags: str) -> None:
-    server = ServerProcess(["--model", str(build_tiny_model(progress=False)), *TINY, *flags], tmp_path, new_session=True)
+    server = launch(["--model", str(build_tiny_model(progress=False)), *TINY, *flags], tmp_path, new_session=True)
     session = server.proc.pid
     seen = Descendants(server.proc.pid)
     try:

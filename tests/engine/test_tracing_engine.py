@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import requests
 
+from harness.server import ENGINE_ARGS
+from harness.waiting import wait_until_sync
 from tests.gateway.test_tracing import CLIENT_SPAN, CLIENT_TRACE, OTLP_HTTP, Receiver
-from tests.support.server import ENGINE_ARGS
-from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.engine
 

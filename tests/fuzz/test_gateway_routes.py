@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from urllib.parse import quote
-
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given

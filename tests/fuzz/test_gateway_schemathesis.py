@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.core.parameters import ParameterLocation
 
+from harness.server import fake_server, start_gateway
 from streamproxy.gateway.openapi import GATEWAY_OPERATIONS
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES
 from tests.fuzz.fuzz_support import budget
 from tests.fuzz.schemathesis_support import FLAGS, Document, ErrorLog
-from tests.support.server import fake_server, start_gateway
 
 NAME, ID = "fuzz-chat", "dep-chat"
 OPERATIONS = [(op.method.upper(), op.path, op.request is not None) for op in GATEWAY_OPERATIONS]

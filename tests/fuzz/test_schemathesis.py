@@ -21,10 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from harness.server import fake_server
 from streamproxy.http import openapi
 from tests.fuzz.fuzz_support import budget
 from tests.fuzz.schemathesis_support import FLAGS, Document, ErrorLog
-from tests.support.server import fake_server
 
 # The operations, known at collection from the same document the server builds.
 OPERATIONS = [(op.method.upper(), op.path) for op in openapi.OPERATIONS]

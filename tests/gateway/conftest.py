@@ -27,10 +27,9 @@ The loop is uvloop's and every test is bounded, as in tests/production
 from __future__ import annotations
 
 import asyncio
-import socket
-from ssl import SSLContext
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any
 
 import msgspec
@@ -38,20 +37,21 @@ import pytest
 from aiohttp import web
 
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.process import free_port
+from harness.waiting import wait_until
 from streamproxy.config import Settings
 from streamproxy.gateway import probes
 from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import GatewayConfig, check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
-from streamproxy.http.context import CONTEXT
 from streamproxy.http.app import create_app
+from streamproxy.http.context import CONTEXT
 from streamproxy.http.server import Runner, make_runner
 from streamproxy.http.tls import server_context
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
 from tests.production.conftest import _bounded, access_log, event_loop_policy, session  # noqa: F401  (fixtures)
-from tests.support.waiting import wait_until
 
 DEFAULT_SCRIPT = FakeScript(tokens=["Hel", "lo", " world"])
 # How long a runner's cleanup waits for a connection's handler (the server's is DRAIN_GRACE): a
@@ -202,10 +202,7 @@ async def gateway(replica: StartReplica) -> AsyncIterator[StartGateway]:
 
 def refused_url() -> str:
     """A loopback URL nothing listens on: connecting is refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 class Stub:

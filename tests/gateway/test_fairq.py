@@ -112,7 +112,7 @@ def test_the_waiting_bound_expires_with_a_queue_timeout() -> None:
 
 def test_a_refusal_for_a_full_queue_is_a_rate_limit_with_retry_after_from_the_dispatch_rate() -> None:
     q = FairQueue(max_queued=20, max_wait=60.0)
-    for i in range(20):
+    for _ in range(20):
         q.push(Waiter("t"), 0.0)
     for i in range(10):  # 10 dispatches a second
         q.pop(i / 10)

@@ -10,14 +10,15 @@ flight and what waits is the test's to say; nothing is timed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
 import aiohttp
 
-from tests.gateway.conftest import Gateway, Stub, StartGateway
+from harness.waiting import wait_until
+from tests.gateway.conftest import Gateway, StartGateway, Stub
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, error_body, fits, post
-from tests.support.waiting import wait_until
 
 ANSWER = (b'{"id":"c","object":"chat.completion","created":0,"model":"' + SERVED.encode() + b'","choices":[],'
           b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
@@ -91,14 +92,14 @@ async def queue_up(session: aiohttp.ClientSession, gw: Gateway, s: Stub, sends: 
         if i == 0:
             assert await wait_until(lambda: len(posts(s)) == 1, 10.0)
         else:
-            assert await wait_until(lambda: waiting(gw) == i, 10.0), (i, waiting(gw))
+            assert await wait_until(functools.partial(lambda n: waiting(gw) == n, i), 10.0), (i, waiting(gw))
     return tasks
 
 
 async def drain(gw: Gateway, s: Stub, gates: Gates, n: int) -> None:
     """Answer the requests one at a time: each answer lets the next one in."""
     for i in range(n):
-        assert await wait_until(lambda: len(gates.gates) == i + 1, 10.0), said(s)
+        assert await wait_until(functools.partial(lambda n: len(gates.gates) == n, i + 1), 10.0), said(s)
         gates.gates[i].set()
 
 

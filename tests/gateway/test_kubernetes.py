@@ -1,4 +1,4 @@
-"""`kubernetes:` deployments against a fake API server (tests/support/fake_kube.py) driven by
+"""`kubernetes:` deployments against a fake API server (harness/fake_kube.py) driven by
 kubernetes_asyncio: pods found by label, Ready / unready / deleted with a stream running, a watch
 cut and resumed from its resourceVersion, a 410 re-list that keeps every replica once, wake and
 park through the scale subresource, the API server down at start and gone for a while, 403s and a
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
+from harness.fake_kube import FakeKube
 from streamproxy.gateway.kubernetes import KubernetesSource
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, error_body, post, sample
 from tests.support import wait_until
-from tests.support.fake_kube import FakeKube
 
 BOUND = 30.0  # generous: a passing test never waits it out (tests/README: wait for events, not time)
 LABELS = {"app": "qwen3-8b"}

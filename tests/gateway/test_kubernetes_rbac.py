@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.fake_kube import FakeKube
 from streamproxy.gateway.config import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, post
 from tests.gateway.test_kubernetes import BOUND, CHAT, LABELS, source, urls
 from tests.support import wait_until
-from tests.support.fake_kube import FakeKube
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 

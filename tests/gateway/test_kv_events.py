@@ -1,6 +1,6 @@
 """gateway/kv_events.py: decoding KV-event batches; the legacy layout, unknown events, malformed input.
 
-The bytes come from tests/support/kv_publisher.py's encoder; test_kv_vllm.py holds that encoder,
+The bytes come from harness/kv_publisher.py's encoder; test_kv_vllm.py holds that encoder,
 and this decoder, against vLLM's own structs and encoder for every event type and field.
 """
 
@@ -11,6 +11,7 @@ import random
 import msgspec
 import pytest
 
+from harness.kv_publisher import CLEARED, encode_batch, removed_event, stored_event
 from streamproxy.gateway.kv_events import (
     END_SEQ,
     AllBlocksCleared,
@@ -20,7 +21,6 @@ from streamproxy.gateway.kv_events import (
     decode_batch,
     split_message,
 )
-from tests.support.kv_publisher import CLEARED, encode_batch, removed_event, stored_event
 
 
 class _OldStored(msgspec.Struct, array_like=True, tag="BlockStored"):

@@ -1,6 +1,6 @@
 """gateway/kv_feed.py: one replica's KV-event stream, sans-IO: order, gaps and replay, resets, loss.
 
-A fake replica (tests/support/kv_publisher.py) caches prompts and publishes vLLM's batches
+A fake replica (harness/kv_publisher.py) caches prompts and publishes vLLM's batches
 with a replay buffer; the tests hand its batches to a Feed (some lost, late or replayed) and
 check that the index ends holding what the replica's cache holds.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 
+from harness.kv_publisher import Publisher
 from streamproxy.gateway.kv_feed import Feed, FeedPolicy
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
-from tests.support.kv_publisher import Publisher
 
 R = "http://replica:8000"
 BS = 4

@@ -10,19 +10,20 @@ block in the index; /v1/deployments and /metrics show each replica's stream.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
+from harness.kv_publisher import Publisher, ZmqPublisher, loopback_endpoints
+from harness.waiting import wait_until
 from streamproxy.gateway.balance import rendezvous_score
 from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.prefix import prefix_keys
 from tests.gateway.conftest import Gateway, Replica, StartGateway, StartReplica
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, fits, post, sample
-from tests.support.kv_publisher import Publisher, ZmqPublisher, loopback_endpoints
-from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -53,7 +54,7 @@ async def publishing(gateway: StartGateway, replicas: list[Replica], publishers:
         subs = gw.state.schedulers[DEPLOYMENT].subscribers
         for url in ends:
             # Connected, and its first replay (from 0) answered: what it publishes now is heard.
-            assert await wait_until(lambda: subs[url].connected and subs[url].feed.replays and not subs[url].feed.replaying, 10.0)
+            assert await wait_until(functools.partial(lambda u: subs[u].connected and subs[u].feed.replays and not subs[u].feed.replaying, url), 10.0)
         yield gw, pubs
 
 

@@ -1,6 +1,6 @@
 """gateway/kv_subscriber.py: a replica's KV events over ZMQ on 127.0.0.1, into the index.
 
-Against a fake publisher that frames exactly as vLLM's (tests/support/kv_publisher.py; its bytes
+Against a fake publisher that frames exactly as vLLM's (harness/kv_publisher.py; its bytes
 are held against vLLM's encoder, and the subscriber against vLLM's own ZmqEventPublisher, in
 test_kv_vllm.py): normal flow, a batch dropped on the way and replayed, malformed messages, a
 restarted publisher, a publisher gone (with and without replay).
@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import random
 
+from harness.kv_publisher import Publisher, ZmqPublisher, heard, loopback_endpoints, subscribed
+from harness.waiting import wait_until
 from streamproxy.gateway.kv_index import KVIndex
 from streamproxy.gateway.kv_subscriber import KVSubscriber
-from tests.support.kv_publisher import Publisher, ZmqPublisher, heard, loopback_endpoints, subscribed
-from tests.support.waiting import wait_until
 
 R = "http://replica:8000"
 BS = 4

@@ -3,7 +3,7 @@ so this module is `slow` in tests/conftest.py and `make test-fast` leaves it out
 
 - kv_events: batches encoded by vLLM's structs and msgspec encoder (its ZmqEventPublisher's), every
   event type and optional field, decoded by ours field for field; and the fake publisher's bytes
-  (tests/support/kv_publisher.py) equal to vLLM's;
+  (harness/kv_publisher.py) equal to vLLM's;
 - kv_index: vLLM's own KV-cache manager (tests/support/vllm_cache.py) driven by chat-like prompts:
   the index, fed its events, predicts each next request's prefix-cache hit exactly and holds the
   blocks its cache holds, LoRA and cache salts included;
@@ -22,12 +22,12 @@ import msgspec
 import pytest
 import zmq
 
+from harness.kv_publisher import CLEARED, encode_batch, heard, loopback_endpoints, removed_event, stored_event, subscribed
+from harness.waiting import wait_until
 from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 from streamproxy.gateway.kv_subscriber import KVSubscriber
-from tests.support.kv_publisher import CLEARED, encode_batch, heard, loopback_endpoints, removed_event, stored_event, subscribed
 from tests.support.vllm_cache import VllmCache
-from tests.support.waiting import wait_until
 
 A = "http://a:8000"
 BS = 4

@@ -12,23 +12,21 @@ records do, behind the admin key, with 400s for bad parameters.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import asyncio
 import json
 import sqlite3
+from typing import Literal
 
 import pytest
 
 from engine_adapter.fake import FakeScript
+from streamproxy.ledger.memory import MemoryStore as MemoryStoreForTests
 from streamproxy.ledger.records import LedgerRecord, RequestQuery, UsageQuery
 from streamproxy.ledger.store import LedgerStore, open_store
-from streamproxy.ledger.memory import MemoryStore as MemoryStoreForTests
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, post
 from tests.support import sse, wait_until
-from tests.support.ledger_store import store  # noqa: F401  (the fixture: every kind of store)
 
 KEY, ADMIN = "sk-ledger-team-a", "sk-ledger-admin"
 SLOW = FakeScript(text=" word", token_delay=0.05)
@@ -269,8 +267,8 @@ async def test_paging_through_the_api_returns_every_record_once_newest_first(rep
 
 
 async def test_usage_sums_equal_the_sums_of_the_records(replica, gateway, session, store, monkeypatch):
-    from tests.gateway.gateway_support import fits
     from streamproxy.ledger.records import period_of
+    from tests.gateway.gateway_support import fits
 
     gw = await booked(replica, gateway, store, monkeypatch)
     start, end = T0, T0 + 10 * 86400

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from harness.process import ROOT
 from streamproxy.ledger.records import LedgerRecord
 from streamproxy.ledger.store import open_store
 from streamproxy.ledger.usage_cli import main
-from tests.support.server import ROOT
 
 NOW = time.time()
 

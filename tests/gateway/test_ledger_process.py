@@ -15,9 +15,10 @@ from pathlib import Path
 
 import requests
 
+from harness.process import ROOT
+from harness.server import FAKE_ARGS, serve_process, start_gateway
 from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
-from tests.support.server import FAKE_ARGS, ROOT, serve_process, start_gateway
 
 
 def _config(upstream: str, **extra: object) -> dict:

@@ -18,9 +18,9 @@ from typing import Any
 import openai
 import requests
 
+from harness.waiting import wait_until_sync
 from tests.gateway.gateway_support import fits
 from tests.support.gateway import alive, gateway_process
-from tests.support.waiting import wait_until_sync
 
 CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 FAKE = '["--fake-boot-delay", "0.3"'

@@ -14,13 +14,13 @@ from typing import Any
 import jsonschema
 import pytest
 
+from harness.waiting import wait_until
 from streamproxy.gateway import openapi
 from streamproxy.gateway.routes import ROUTES, relayed_paths
 from streamproxy.http import openapi as serve_openapi
 from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, chat, fits
 from tests.support.openapi_doc import app_routes, assert_refs_closed, assert_valid_3_1
-from tests.support.waiting import wait_until
 
 
 @cache

@@ -16,12 +16,13 @@ import pytest
 import requests
 import yaml
 
+from harness.process import ROOT
+from harness.server import FAKE_ARGS, serve_process, start_gateway
 from streamproxy.cli import build_gateway
 from streamproxy.gateway.config import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
 from tests.support.fake import USER_HI
-from tests.support.server import FAKE_ARGS, ROOT, serve_process, start_gateway
 from tests.support.tls import make_certs
 
 

@@ -24,19 +24,19 @@ import pytest
 import yaml
 
 from engine_adapter.fake import FakeScript
+from harness.waiting import wait_until
 from streamproxy.cli import load_gateway
 from streamproxy.gateway.reload import Reloader, reload
 from streamproxy.gateway.state import STATE_KEY
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, error_body, post, sample
 from tests.support import sse
-from tests.support.waiting import wait_until
 
 OTHER = {"name": "other-bot", "id": "dep-0b", "served_model": SERVED}
 TOKENS = 20
 SLOW = FakeScript(tokens=[f"t{i} " for i in range(TOKENS)], token_delay=0.05)  # a stream lasts about 1 s
 ANSWER = "".join(f"t{i} " for i in range(TOKENS))
 # 2 s a stream: room for all of them to start and the reload to land while every one still runs.
-LONG = FakeScript(tokens=[f"t{i} " for i in range(2 * TOKENS)], token_delay=0.05)
+LONG = FakeScript(tokens=[f"t{i} " for i in range(2 * TOKENS)], token_delay=0.2)  # about 8 s: 200 streams start well within it, even on a loaded machine
 
 
 def write(path: Path, deployments: list[dict[str, Any]], **rest: Any) -> Path:

@@ -32,9 +32,8 @@ async def test_integers_past_64_bits_reach_the_replica_exactly(replica, gateway,
     # orjson read them as floats: the replica got 1.2345678901234568e+29 for 123456789012345678901234567890.
     r = await replica()
     gw = await gateway(r)
-    body = ('{"messages":%s,"max_tokens":3,"tool_choice":"none","tools":[{"type":"function","function":{"name":"f","parameters":'
-            '{"type":"object","properties":{"n":{"type":"integer","maximum":123456789012345678901234567890}}}}}]}'
-            % json.dumps(USER_HI))
+    body = ('{"messages":' + json.dumps(USER_HI) + ',"max_tokens":3,"tool_choice":"none","tools":[{"type":"function","function":'
+            '{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer","maximum":123456789012345678901234567890}}}}}]}')
     sent: list[bytes] = []
     original = gw.state.upstreams.send
 

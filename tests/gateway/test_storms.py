@@ -20,9 +20,10 @@ import aiohttp
 import psutil
 import pytest
 
+from harness.process import ServerProcess
+from harness.server import FAKE_ARGS, launch, start_server
 from tests.gateway.gateway_support import SERVED, chat, gateway_lines
 from tests.support import sse, wait_until
-from tests.support.server import FAKE_ARGS, ServerProcess, start_server
 
 pytestmark = pytest.mark.storm
 
@@ -35,7 +36,7 @@ LONG = 160  # tokens of the streams a replica's death cuts: 8 s at 50 ms a token
 @pytest.fixture(scope="module")
 def replica_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     log_dir = tmp_path_factory.mktemp("storm-replicas")
-    procs = [ServerProcess(REPLICA_ARGS, log_dir, f"replica-{i}") for i in range(3)]  # started together
+    procs = [launch(REPLICA_ARGS, log_dir, f"replica-{i}") for i in range(3)]  # started together
     try:
         for proc in procs:
             proc.wait_ready()
@@ -104,7 +105,7 @@ async def test_kill_9_one_replica_of_three_during_200_streams(replica_procs, gat
     # Restarted on its port, it is in rotation again within two probe rounds of being ready.
     routable: list[bool] = []
     probe_rounds.after.append(lambda: routable.append(gw.pool().replicas[0].health.routable(time.monotonic())))
-    restarted = await asyncio.to_thread(start_server, victim.args, victim.stdout_path.parent, name="replica-0-again", port=victim.port)
+    restarted = await asyncio.to_thread(start_server, REPLICA_ARGS, victim.stdout_path.parent, name="replica-0-again", port=victim.port)
     replica_procs[0] = restarted
     ready_at = len(routable)
     assert await wait_until(lambda: len(routable) >= ready_at + 2, BOUND)

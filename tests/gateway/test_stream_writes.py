@@ -8,10 +8,11 @@ written are the bytes the client read."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
-from tests.gateway.gateway_support import SSE_HEAD, chat, chunked, raw_request, renamed
+from tests.gateway.gateway_support import SSE_HEAD, chunked, raw_request, renamed
 from tests.support import wait_until
 from tests.support.served import WriteRecorder, recorded_answer
 
@@ -27,10 +28,13 @@ async def _relay(stub, gateway, pieces: list[bytes], *, close: bool = False) -> 
     and what the client read."""
     recorder: WriteRecorder | None = None
 
+    def written(n: int) -> Callable[[], bool]:
+        return lambda: recorder is not None and len(recorder.writes) >= n
+
     async def replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for i, piece in enumerate(pieces):
             if i:
-                assert await wait_until(lambda: recorder is not None and len(recorder.writes) >= i, timeout=10.0)
+                assert await wait_until(written(i), timeout=10.0)
             writer.write(piece)
             await writer.drain()
         if not close:

@@ -26,7 +26,6 @@ from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, cha
 from tests.support.fake import USER_HI
 from tests.support.tls import make_certs
 
-
 UNAVAILABLE = f"no replica of deployment `{DEPLOYMENT}` can take the request now; retry shortly"
 
 

@@ -23,10 +23,11 @@ import requests
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from harness.process import ROOT, ServerProcess, free_port
+from harness.server import FAKE_ARGS, serve_process, start_gateway, start_server
+from harness.waiting import wait_until_sync
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
-from tests.support.server import FAKE_ARGS, ROOT, ServerProcess, free_port, serve_process, start_gateway, start_server
-from tests.support.waiting import wait_until_sync
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.waiting import wait_until
 from streamproxy.config import Settings
 from streamproxy.http.app import create_app
-from tests.support.waiting import wait_until
 
 Serve = Callable[..., Awaitable[tuple[Any, FakeEngine]]]
 

@@ -19,10 +19,10 @@ from anthropic.types import Message, MessageParam, TextBlock, ToolParam, ToolUse
 from anthropic.types.message_create_params import MessageCreateParamsBase
 
 from engine_adapter.fake import FakeScript
+from harness.server import fake_server
 from tests.support.api_events import anthropic_order, anthropic_text, check_anthropic
 from tests.support.fake import USER_HI_PROMPT_TOKENS
 from tests.support.sdk import error_body, text_of
-from tests.support.server import fake_server
 from tests.support.sse import named_events
 
 HI: list[MessageParam] = [{"role": "user", "content": "hi"}]

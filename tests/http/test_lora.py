@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from engine_adapter.base import Adapter
 from engine_adapter.fake import FakeEngine
+from harness.process import free_port
 from streamproxy.config import Settings
 from streamproxy.http.server import serve as run_server
 from streamproxy.http.state import STATE_KEY
@@ -154,12 +154,6 @@ async def test_load_refusals(serve, folders, tmp_path, monkeypatch):
     assert [c["id"] for c in (await (await client.get("/v1/models")).json())["data"]] == ["base"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_a_static_adapter_that_cannot_load_stops_the_server(tmp_path):
-    settings = Settings(engine="fake", host="127.0.0.1", port=_port(), lora_modules=[f"x={tmp_path / 'missing'}"])
+    settings = Settings(engine="fake", host="127.0.0.1", port=free_port(), lora_modules=[f"x={tmp_path / 'missing'}"])
     assert await asyncio.wait_for(run_server(settings, FakeEngine()), timeout=20) == 1

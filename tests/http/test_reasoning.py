@@ -20,10 +20,10 @@ from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.responses import ResponseOutputMessage, ResponseReasoningItem
 
 from engine_adapter.fake import FakeScript
+from harness.server import fake_server
 from tests.http.http_support import assert_openai_error
 from tests.support import USER_HI, sse, validate
 from tests.support.api_events import anthropic_order, check_anthropic, check_responses, responses_order
-from tests.support.server import fake_server
 from tests.support.sse import named_events
 
 QWEN = ["<think>", "\nThe user", " says hi", ".\n", "</think>", "\n\n", "Hello", " there!"]
@@ -158,7 +158,7 @@ async def test_openai_sdk_reads_reasoning(serve):
         chunks = [c async for c in stream]
     message = done.choices[0].message
     # `reasoning` and `reasoning_content` are vendor fields: the SDK keeps them as extras (untyped).
-    assert message.content == ANSWER and getattr(message, "reasoning") == THOUGHT and getattr(message, "reasoning_content") == THOUGHT
+    assert message.content == ANSWER and message.model_extra == {"reasoning": THOUGHT, "reasoning_content": THOUGHT}
     assert done.usage and done.usage.completion_tokens_details and done.usage.completion_tokens_details.reasoning_tokens == 3
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == THOUGHT

@@ -16,10 +16,10 @@ import pytest
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
 
 from engine_adapter.fake import FakeScript
+from harness.server import fake_server
 from tests.http.http_support import assert_openai_error
 from tests.support.api_events import check_responses, responses_order, responses_text
 from tests.support.fake import USER_HI_PROMPT_TOKENS
-from tests.support.server import fake_server
 from tests.support.sse import named_events
 
 WEATHER = {

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
+from harness.waiting import wait_until
 from streamproxy.http.routes import background
 from streamproxy.http.routes.background import NO_STORE
 from streamproxy.http.state import STATE_KEY
 from tests.http.http_support import assert_openai_error
 from tests.support import sse
-from tests.support.waiting import wait_until
 
 REQUEST = {"input": "hi", "max_output_tokens": 3}
 SLOW = FakeScript(tokens=["a"] * 200, token_delay=0.02)  # 200 tokens: seconds, so a cancel lands mid-generation

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from engine_adapter.fake import FakeScript
+from harness.waiting import wait_until
 from streamproxy.core.prepare import UNTRUSTED_TEMPLATE
 from streamproxy.http import accesslog
 from tests.support import sse
 from tests.support.fake import USER_HI, USER_HI_PROMPT_TOKENS
-from tests.support.waiting import wait_until
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}>"
 PARTS_TEMPLATE = "{% for m in messages %}{% for p in m.content %}<{{ p.text }}>{% endfor %}{% endfor %}"

@@ -22,12 +22,12 @@ import uvloop
 from aiohttp import web
 
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.waiting import wait_until
 from streamproxy.config import Settings
 from streamproxy.http import accesslog
 from streamproxy.http.app import create_app
 from streamproxy.http.server import Runner, make_runner
 from streamproxy.http.state import STATE_KEY, AppState
-from tests.support.waiting import wait_until
 
 HARD_LIMIT = 120.0
 

@@ -10,12 +10,11 @@ ends them all with exit 1. The split of the limits is checked sans-IO too.
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import os
 import signal
 import socket
+from typing import Any
 
 import psutil
 import pytest

@@ -23,9 +23,9 @@ import psutil
 from prometheus_client import REGISTRY
 
 from engine_adapter.fake import FakeScript
+from harness.server import FAKE_ARGS, serve_process
 from tests.production.raw_http import chat_body, http_request
 from tests.support import wait_until
-from tests.support.server import FAKE_ARGS, serve_process
 
 SHORT = 0.3
 EARLIEST = SHORT - 0.01  # uvloop's (libuv's) timers count whole milliseconds

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 
 from engine_adapter.fake import FakeScript
+from harness.server import start_server
 from streamproxy.http.server import drain
 from tests.support import USER_HI, sse, wait_until
-from tests.support.server import start_server
 
 
 async def test_drain_finishes_short_requests_and_ends_long_ones(server, session):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import aiohttp
 
+from harness.server import FAKE_ARGS, start_server
 from tests.support.engine_death import engine_dies_under_load
-from tests.support.server import FAKE_ARGS, start_server
 
 CRASH = "poison-CRASH-prompt"
 GRACE = 2.0

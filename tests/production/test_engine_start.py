@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,18 +24,13 @@ import requests
 from engine_adapter.fake import FakeEngine
 from engine_adapter.vllm_engine import VllmEngine
 from engine_adapter.vllm_shared import SharedCores
+from harness.process import free_port
+from harness.procs import Descendants, describe, running
+from harness.server import FAKE_ARGS, launch
 from streamproxy.config import Settings
 from streamproxy.http.server import serve
 from streamproxy.workers import Parent
 from tests.support import wait_until, wait_until_sync
-from tests.support.procs import Descendants, describe, running
-from tests.support.server import FAKE_ARGS, ServerProcess
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokenEngine(FakeEngine):
@@ -45,12 +39,12 @@ class BrokenEngine(FakeEngine):
 
 
 async def test_engine_start_failure_exits_1():
-    settings = Settings(engine="fake", host="127.0.0.1", port=_port())
+    settings = Settings(engine="fake", host="127.0.0.1", port=free_port())
     assert await asyncio.wait_for(serve(settings, BrokenEngine()), timeout=20) == 1
 
 
 async def test_engine_start_timeout_exits_1():
-    settings = Settings(engine="fake", host="127.0.0.1", port=_port(), engine_start_timeout=0.2)
+    settings = Settings(engine="fake", host="127.0.0.1", port=free_port(), engine_start_timeout=0.2)
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await asyncio.wait_for(serve(settings, FakeEngine(load_delay=30)), timeout=20) == 1
@@ -107,7 +101,7 @@ def _health(base: str) -> int:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_the_engine_loads_exits_at_once_with_128_plus_it(sig: signal.Signals, tmp_path: Path) -> None:
-    server = ServerProcess([*FAKE_ARGS, "--fake-boot-delay", "600"], tmp_path)
+    server = launch([*FAKE_ARGS, "--fake-boot-delay", "600"], tmp_path)
     try:
         assert wait_until_sync(lambda: _health(server.base) == 503, 30), server.log()  # listening, engine loading
         sent = time.monotonic()

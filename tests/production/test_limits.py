@@ -123,7 +123,7 @@ async def test_over_capacity_is_429_at_once_never_5xx(server, session):
     rejected = [r for r in results if r[0] == 429]
     assert len(rejected) >= 40 - 5 - 5  # at most 2 running + 3 waiting at any moment, a few finish meanwhile
     first_done = min(done for status, _, _, done, _ in results if status == 200)
-    for status, retry_after, answered, _, raw in rejected:
+    for _status, retry_after, answered, _, raw in rejected:
         assert retry_after is not None and int(retry_after) >= 1
         assert answered < first_done  # answered at once, not after waiting for a slot
         err = _err(raw)

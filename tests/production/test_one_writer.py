@@ -20,6 +20,7 @@ from tests.production.raw_http import chat_body, http_request
 from tests.support import USER_HI, wait_until
 from tests.support.served import StackRecorder, through
 
+
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bytes:
     """One request on the connection, its chunked answer read to the terminating chunk."""
     writer.write(request)

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import requests
 
+from harness.process import ROOT, free_port
+from harness.server import FAKE_ARGS, start_server
 from streamproxy.ledger.usage_cli import main as usage_main
-from tests.support.server import FAKE_ARGS, ROOT, free_port, start_server
 from tests.support.workers import api_servers
 
 MODEL = "books-model"

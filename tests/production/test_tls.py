@@ -15,14 +15,14 @@ import pytest
 import requests
 
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.server import FAKE_ARGS, serve_process
+from harness.waiting import wait_until
 from streamproxy.config import Settings
 from streamproxy.http import tls
 from streamproxy.http.app import create_app
 from streamproxy.http.server import run_app
 from tests.support.fake import USER_HI
-from tests.support.server import FAKE_ARGS, serve_process
 from tests.support.tls import make_certs
-from tests.support.waiting import wait_until
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}>"
 

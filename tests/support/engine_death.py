@@ -2,7 +2,7 @@
 
     outcome = await engine_dies_under_load(server, fault, model=..., max_tokens=...)
 
-`server` is a `streamproxy serve` process (tests/support/server.py) this test
+`server` is a `streamproxy serve` process (harness/server.py) this test
 owns: it is about to die. N streams and M non-streaming chat requests start
 and are all in the engine (every stream has its first content, and the
 server's `streamproxy_engine_requests` gauge counts them all); then
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from harness.process import ServerProcess
 from tests.support import sse
-from tests.support.server import ServerProcess
 
 STREAMS, NONSTREAMS = 50, 10
 _ENGINE_REQUESTS = re.compile(rb"^streamproxy_engine_requests (\S+)$", re.M)

@@ -4,10 +4,9 @@ fake makes of it, and a start held back until the test lets it finish."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-
-from typing import Any
 
 from engine_adapter.fake import FakeEngine
 

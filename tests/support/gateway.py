@@ -1,4 +1,4 @@
-"""A gateway process with managed replicas: `server.ServerProcess` (command "gateway") plus its children.
+"""A gateway process with managed replicas: `harness.process.ServerProcess` (command "gateway") plus its children.
 
     with gateway_process(tmp_path, CONFIG_YAML, "--admin-key", "adm") as gw:   # gw.base, gw.url(path)
         gw.deployment("dep-smol")        # GET /v1/deployments/dep-smol, as JSON
@@ -22,7 +22,8 @@ from typing import Any
 
 import requests
 
-from tests.support.server import ServerFailed, ServerProcess
+from harness.process import ServerProcess, free_port
+from harness.server import child_env, command_line
 
 
 def alive(pid: int) -> bool:
@@ -53,17 +54,13 @@ class GatewayProcess(ServerProcess):
     """`streamproxy gateway --config FILE`, and the replicas it was ever seen to have."""
 
     def __init__(self, config: Path, flags: list[str], log_dir: Path, name: str) -> None:
-        super().__init__(["--config", str(config), *flags], log_dir, name, command="gateway")
-        self.seen: set[int] = set()
-
-    def _healthy(self) -> bool:
         # Up, not /health: that says 503 while a managed deployment is parked.
-        if self.proc.poll() is not None:
-            raise ServerFailed(f"the gateway exited with {self.proc.returncode}", self.log())
-        try:
-            return requests.get(self.url("/version"), timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+        port = free_port()
+        super().__init__(command_line("streamproxy", "gateway", port, ["--config", str(config), *flags]), port,
+                         log_dir / f"{name}.out", log_dir / f"{name}.err", env=child_env(), label=name,
+                         health_path="/version")
+        self.seen: set[int] = set()
+        self.start()
 
     def deployment(self, dep: str) -> dict[str, Any]:
         return requests.get(self.url(f"/v1/deployments/{dep}"), timeout=10).json()

@@ -1,6 +1,6 @@
 """Every kind of `LedgerStore` (streamproxy/ledger/store.py) for a test, open and closed after it.
 
-    from tests.support.ledger_store import store  # noqa: F401  (the fixture)
+    async def test_x(store: LedgerStore) -> None: ...   # the fixture, a plugin of tests/conftest.py
 
 `store` is parametrized over the kinds: "memory" (the fake), "sqlite" (a file
 under the test's tmp_path), "postgresql" (a fresh database on the session's

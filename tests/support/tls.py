@@ -44,7 +44,7 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
 
 def _issue(subject: str, key: ec.EllipticCurvePrivateKey, ca_key: ec.EllipticCurvePrivateKey, issuer: str, *,
            ca: bool = False, sans: list[x509.GeneralName] | None = None) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(subject))

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from tests.support.server import ServerFailed, ServerProcess
-from tests.support.waiting import wait_until_sync
+from harness.process import ServerFailed, ServerProcess
+from harness.server import launch, wait_workers
 
 
 class ApiServers:
@@ -36,11 +36,6 @@ class ApiServers:
 
     def url(self, path: str) -> str:
         return self.server.url(path)
-
-    def listening(self) -> int:
-        if self.server.proc.poll() is not None:
-            raise ServerFailed(f"server exited with {self.server.proc.returncode}", self.server.log())
-        return self.server.log().count("streamproxy.server: listening on")
 
     def pids(self) -> set[int]:
         try:
@@ -85,23 +80,24 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
         folder = log_dir or Path(tmp)
         access = folder / "access.log"
         for attempt in range(2 if retry_unanswered_start else 1):
-            server = ServerProcess([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
-                                   name=f"api-servers-{attempt}" if attempt else "api-servers")
+            server = launch([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
+                            name=f"api-servers-{attempt}" if attempt else "api-servers")
             srv = ApiServers(server, count, access)
             try:
-                if not wait_until_sync(lambda: srv.listening() >= count, timeout, 0.05):
-                    raise ServerFailed(f"{srv.listening()} of {count} API servers listening after {timeout} s", server.log())
+                wait_workers(server, count, timeout)
                 server.wait_ready(timeout)
             except ServerFailed as exc:
                 server.stop(30)
                 if not retry_unanswered_start or attempt or "did not answer its first call" not in exc.log:
                     raise
                 said = [line for line in exc.log.splitlines() if not line.lstrip().startswith(("nanobind:", "- leaked", "See https://nanobind"))]
-                warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]))
+                warnings.warn("the shared engine core did not answer the first call; starting again:\n" + "\n".join(said[-80:]),
+                              stacklevel=3)  # (the test's `with`)
                 continue
             reasked = [line for line in server.log().splitlines() if "the engine core has not answered" in line or "the engine core answered" in line]
             if reasked:  # a first call answered only when asked again (engine_adapter/first_call.py): say so in the run's output
-                warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked))
+                warnings.warn("the shared engine core answered the first call only when asked again:\n" + "\n".join(reasked),
+                              stacklevel=3)
             try:
                 yield srv
             finally:

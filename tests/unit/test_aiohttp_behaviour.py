@@ -4,8 +4,8 @@ somewhere else with a puzzle (or, worse, passes: a push path quietly off).
 
 `test_no_private_aiohttp_names_in_the_product` keeps streamproxy/ off aiohttp's private
 insides (no `_name` imported from aiohttp, no `x._name` that is one of aiohttp's private
-attributes, no `self._name` in a class built on one of aiohttp's). pyproject.toml pins aiohttp
-to the range this file and the suite have passed on. Who relies on what:
+attributes, no `self._name` in a class built on one of aiohttp's). pyproject.toml admits
+aiohttp's 3.14 patch releases, which this file checks. Who relies on what:
 
 - http/server.py `Runner`: a `web.ServerRunner` over `connection.Connections`; the app's
   start-up through a `web.AppRunner` whose server's public `request_handler` and
@@ -43,11 +43,11 @@ import pytest
 from aiohttp import web
 
 from streamproxy.config import Settings
+from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from streamproxy.http.connection import Connections, Protocol
 from streamproxy.http.server import Runner, make_runner
-from tests.support.served import WriteRecorder, serve_app
-from streamproxy.http.body import SSE_HEADERS, can_write_direct, sse_response
 from tests.support import wait_until
+from tests.support.served import WriteRecorder, serve_app
 
 VERSION = aiohttp.__version__
 PRODUCT = Path(__file__).resolve().parents[2] / "streamproxy"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_check
-from tests.support.server import _real_engine
+from harness.server import real_engine
 
 
 def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,8 +32,8 @@ def test_the_table(tmp_path: Path) -> None:
     assert "vLLM 0.33.0" in text
 
 
-def test_every_real_engine_a_test_starts_gets_the_extra_engine_args() -> None:
-    assert _real_engine("streamproxy", "serve", ["--model", "m"])
-    assert _real_engine("vllm.entrypoints.openai.api_server", None, ["--model", "m"])
-    assert not _real_engine("streamproxy", "serve", ["--engine", "fake"])
-    assert not _real_engine("streamproxy", "gateway", ["--config", "g.yaml"])
+def test_everyreal_engine_a_test_starts_gets_the_extra_engine_args() -> None:
+    assert real_engine("streamproxy", "serve", ["--model", "m"])
+    assert real_engine("vllm.entrypoints.openai.api_server", None, ["--model", "m"])
+    assert not real_engine("streamproxy", "serve", ["--engine", "fake"])
+    assert not real_engine("streamproxy", "gateway", ["--config", "g.yaml"])

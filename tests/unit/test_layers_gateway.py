@@ -15,7 +15,9 @@ from tests.unit.test_layers import ENGINES, ROOT, modules, offending
 
 GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds",
                    # issue 35: KV-cache-aware routing and tenant fairness
-                   "kv_events", "kv_index", "kv_feed", "kv_score", "fairq")
+                   "kv_events", "kv_index", "kv_feed", "kv_score", "fairq",
+                   # issue 36: stream migration
+                   "resume")
 
 
 @pytest.mark.parametrize("name", GATEWAY_SANS_IO)

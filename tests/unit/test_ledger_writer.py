@@ -8,10 +8,10 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
+from harness.waiting import wait_until
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.records import LedgerRecord
 from streamproxy.ledger.writer import Ledger
-from tests.support.waiting import wait_until
 
 
 def rec(i: int) -> LedgerRecord:

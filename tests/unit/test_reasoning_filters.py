@@ -193,7 +193,11 @@ def test_stop_sequence_filter_goes_before_the_splitter():
     spec = reasoning_spec("qwen3", tokenizer=None, template_kwargs={})
     for pieces in [[text], *every_split(text)]:
         stops = StopSequenceFilter(["STOP"])
-        parts, _ = run(lambda: [stops, spec()], pieces)
+
+        def stop_first(stops: StopSequenceFilter = stops) -> list:
+            return [stops, spec()]
+
+        parts, _ = run(stop_first, pieces)
         assert split(parts) == ("I will say ", "") and stops.matched == "STOP"
     stops = StopSequenceFilter(["STOP"])
     parts, _ = run(lambda: [spec(), stops], [text])

@@ -1,28 +1,11 @@
 """An Anthropic Messages request -> the equivalent chat request (then the chat path does the rest).
 
-Pure functions, no I/O. `to_chat(req)` turns `system` + `messages` into chat
-messages and the request's settings into a `ChatCompletionRequest`, so
-prompts, tools, structured output and sampling go through exactly the code
-chat uses. Blocks map like this:
-
-    system (string or text blocks)     a system message, first (blocks joined by newlines)
-    user text                          a user message
-    user tool_result                   a tool message answering `tool_use_id`, in block order
-                                       (text after the results becomes a user message)
-    assistant text / tool_use          one assistant message: its text and its tool calls
-                                       (`input` object -> JSON `arguments`)
-    assistant thinking                 that message's `reasoning_content`
-                                       (redacted_thinking carries nothing readable: dropped)
-
-`tools` (client tools; server tools such as web_search are refused by name)
-and `tool_choice` (auto, any -> required, tool -> a named function, none;
-`disable_parallel_tool_use`) become chat tools; `output_config.format`
-becomes a JSON Schema response_format; `stop_sequences` become stop strings
-that stay in the engine's output so the stream can say which one matched
-(see `stopseq.py`). `thinking` and `output_config.effort` ride on the chat
-request's reasoning fields: thinking disabled -> `enable_thinking: false`
-for the template; thinking enabled/adaptive or an effort -> `reasoning_effort`
-(the effort, else "medium"), which turns thinking on (`params.template_kwargs`).
+Pure functions. `to_chat(req)`: `system` -> a first system message; user text -> user messages,
+`tool_result` -> tool messages in block order; assistant text/`tool_use` -> one assistant message with
+tool calls; `thinking` -> its `reasoning_content` (redacted_thinking dropped). Client `tools` and
+`tool_choice` become chat tools (server tools refused by name), `output_config.format` a JSON Schema
+response_format, `stop_sequences` stop strings kept in the output (stopseq.py), and `thinking` /
+`output_config.effort` the template's `enable_thinking` or `reasoning_effort`.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Deltas -> Anthropic Messages stream events, and the final `Message`.
 
-A `BlockEncoder` (see `blockstream.py`): the choice's parts become content
-blocks, each event a named SSE frame (`event: X` + `data: {"type": X, ...}`):
-
-    start     message_start          (the message with content [], stop_reason null, input usage)
-    text      content_block_start {"type":"text","text":""}, content_block_delta text_delta ...,
-              content_block_stop
-    thinking  content_block_start {"type":"thinking","thinking":"","signature":""},
-              content_block_delta thinking_delta ..., content_block_stop
-    tool call content_block_start {"type":"tool_use","id","name","input":{}},
-              content_block_delta input_json_delta ..., content_block_stop
-    finish    message_delta (stop_reason, stop_sequence, cumulative usage), message_stop
-    error     error {"type":"error","error":{"type","message"}}, and the stream ends
-    silence   ping (`keepalive`: the writer sends it instead of an SSE comment)
-
-The error and the ping are `spec.ANTHROPIC`'s, which the gateway reads too.
-
-Stop reasons: "stop" -> end_turn, or stop_sequence when the request's
-`StopSequenceFilter` saw the text end on one of its stop sequences; "length"
--> max_tokens (model_context_window_exceeded when the route had to lower
-max_tokens to what the context leaves); "tool_calls", or "stop" after a
-tool call (a forced call: tool_choice "tool" or "any") -> tool_use.
-
-Usage follows Anthropic: `input_tokens` are the prompt tokens not read from
-the prefix cache, `cache_read_input_tokens` the ones that were (known only
-at the end, so message_start counts the whole prompt as input and
-message_delta carries the final split; the SDKs take the later values).
+A `BlockEncoder`: `message_start`; per block `content_block_start` (text, thinking or tool_use),
+`content_block_delta` (text_delta, thinking_delta, input_json_delta), `content_block_stop`; then
+`message_delta` (stop_reason, stop_sequence, usage) and `message_stop`. The in-band error and the ping
+sent on silence are `spec.ANTHROPIC`'s. Stop reasons: "stop" -> end_turn (stop_sequence when the
+`StopSequenceFilter` saw one), "length" -> max_tokens (model_context_window_exceeded when the route
+lowered max_tokens), tool calls -> tool_use. `input_tokens` excludes `cache_read_input_tokens`, known
+only at the end: message_start counts the whole prompt and message_delta carries the final split.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """A Responses API request -> the equivalent chat request (then the chat path does the rest).
 
-Pure functions, no I/O. `to_chat(req)` turns `instructions` + `input` (a
-string or items) into chat messages and the request's settings into a
-`ChatCompletionRequest`, so prompts, tools, structured output and sampling
-go through exactly the code chat uses (`params`, `structured`, the filter
-chain). Items map like this:
-
-    instructions                     a system message, first
-    message (user/system/developer)  a message of that role; input_text parts joined by newlines
-    message (assistant)              an assistant message (output_text / refusal parts)
-    function_call                    a tool call on the assistant message it follows
-                                     (consecutive calls are one message's parallel calls)
-    function_call_output             a tool message answering `call_id`
-    reasoning                        its text rides on the next assistant message
-                                     (`reasoning_content`, as chat templates read it)
-
-What needs stored state (`previous_response_id`, `conversation`,
-`item_reference`, stored `prompt`s) is a 400 that says to send
-the conversation in `input`; `store` is the route's (it keeps the response
-for GET), and `background` needs it (vLLM's 400 otherwise). Errors name
-the Responses field (`input[2].content[0].type`); `CHAT_NAMES` renames the
-chat path's own parameter names the same way (see `core/prepare.py`).
+Pure functions. `to_chat(req)`: `instructions` -> a first system message; message items -> messages of
+their role; `function_call` -> tool calls on the assistant message they follow; `function_call_output`
+-> tool messages; `reasoning` -> the next assistant message's `reasoning_content`. What needs stored
+state (`previous_response_id`, `conversation`, `item_reference`, stored `prompt`s) is a 400 asking for
+the conversation in `input`. Errors name the Responses field; `CHAT_NAMES` renames the chat path's.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Wire schema of OpenAI's Responses API (`POST /v1/responses`): request and response.
 
-Only shapes live here. The request is decoded once into these Structs
-(unknown fields ignored, as the SDKs' `extra_body` expects); what it means
-for generation is `convert_responses.py`'s job, and the stream events are
-built from templates in `responses_stream.py`, which also renders the final
-`Response` object below for both the non-stream answer and the
-`response.completed` event, so the two always agree.
-
-Input items share one Struct (`InputItem`) because a message item may omit
-its `type` ("easy input message"), which a tagged union cannot express; the
-converter checks each item's fields by its type.
+Only shapes (unknown fields ignored, as `extra_body` expects); meaning is convert.py's, events and the
+final `Response` are stream.py's. Input items share one Struct (`InputItem`): a message item may omit
+its `type`, which a tagged union cannot express; the converter checks each item by its type.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Responses kept for `GET /v1/responses/{id}` (vLLM's response store), bounded in memory.
 
-vLLM keeps a response made with `store` (its default: true) only when
-VLLM_ENABLE_RESPONSES_API_STORE=1, in a dict that grows without bound. Here
-the store is on with `--responses-store N` (or that variable: 1000 then),
-and keeps the last N responses, the oldest finished one dropped first.
-A finished response (completed, incomplete, failed, cancelled) is kept as
-its final JSON bytes; one whose client left mid-stream is not. A background
-response (`background: true`) is kept from its create on as a `Live` entry
-that says its current state; it is never dropped while it runs, and at most
-N run at once (the N+1st create is a 429). When it ends (`end`) its final
-bytes replace it, or (a streamed one, whose events a GET may replay) the
-entry stays and answers its final state. Cancelling a finished response (a
-synchronous one, or a background one that ended) is vLLM's 400. Sans-IO:
-the route does the awaiting.
+On with `--responses-store N` (or VLLM_ENABLE_RESPONSES_API_STORE=1: 1000), keeping the last N, oldest
+finished first out. A finished response is kept as its final JSON bytes (not one whose client left
+mid-stream). A background response is a `Live` entry from its create on, never dropped while it runs,
+at most N at once (then 429); at its `end` its bytes replace it, or a streamed one's entry stays for
+replays. Cancelling a finished response is vLLM's 400. Sans-IO.
 """
 
 from __future__ import annotations

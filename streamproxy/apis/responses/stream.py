@@ -1,25 +1,11 @@
 """Deltas -> OpenAI Responses API stream events, and the final `Response` object.
 
-A `BlockEncoder` (see `blockstream.py`): the choice's parts become output
-items, each framed as a named SSE event (`event: X` + `data: {...}`) whose
-payload carries its `type` and a `sequence_number` counting every event of
-the stream from 0:
-
-    start     response.created, response.in_progress      (status in_progress, output [])
-    text      response.output_item.added (message), response.content_part.added (output_text),
-              response.output_text.delta ..., response.output_text.done,
-              response.content_part.done, response.output_item.done
-    reasoning the same shape with a reasoning item, reasoning_text part and
-              response.reasoning_text.delta / .done
-    call      response.output_item.added (function_call), response.function_call_arguments.delta ...,
-              response.function_call_arguments.done, response.output_item.done
-    finish    response.completed, or response.incomplete (max_output_tokens) with usage
-    error     error (our code, message, param), then response.failed (OpenAI's code): spec.py's, the gateway's too
-
-Per text delta the only encoding work is the delta string: the JSON around
-it is pre-encoded when the item opens. The `Response` in created/completed
-and the non-stream answer come from one function (`response()`), so the
-stream and the non-stream answer agree field for field.
+A `BlockEncoder`: named SSE events with `type` and a `sequence_number` counting from 0.
+`response.created`, `.in_progress`; per item `output_item.added`, (`content_part.added`,
+`output_text.delta`/`reasoning_text.delta`..., `.done`, `content_part.done` | `function_call_arguments`
+`.delta`..., `.done`), `output_item.done`; then `response.completed` or `.incomplete`; on error `error`
+then `response.failed` (spec.py's, the gateway's too). The JSON around a delta is pre-encoded when its
+item opens. One `response()` builds the stream's and the non-stream answer's `Response`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API.
 
-`convert_anthropic.to_chat` translates the request, `core.prepare`
-builds prompt, params and filter chain exactly as chat does (a `max_tokens`
-larger than the context leaves is lowered to fit, since Anthropic clients
-send it as a cap), and `generation.run` runs the shared life cycle with an
-`AnthropicEncoder` (stream events, or with `emit=False` the non-stream sink
-whose final `Message` is the body).
-
-Errors are in Anthropic's shape everywhere on these routes: `add_routes`
-registers `apis.anthropic.errors.error_json` as their shape
-(`http.error_shapes`), used for anything raised on the route (bad JSON,
-auth, model, engine state) before the first byte and in a non-stream body
-after an early 200; in a stream, the encoder's `error()` sends an
-`event: error` frame.
-count_tokens renders the messages (and tools) through the same chat template
-and counts the ids, so it equals the prompt a create call is billed for.
+`convert_anthropic.to_chat` translates, `core.prepare` builds as for chat (a `max_tokens` over what the
+context leaves is lowered: Anthropic clients send a cap), and an `AnthropicEncoder` renders (with
+`emit=False`, the non-stream sink). Errors are in Anthropic's shape on these routes
+(`http.error_shapes`; in a stream, `event: error`). count_tokens renders through the same chat template,
+so it equals what a create is billed for.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Responses' background mode (`background: true`): a response the server generates on its own.
 
-vLLM's model, bounded. The create (`start`) checks vLLM's rules (the
-server's store on, else vLLM's 400; `store: false` is convert's 400), enters
-admission (its 429s apply) and the store (at most N running: 429), and
-starts a task of the server that runs `generation.detach`: not the
-connection's, so a client that leaves does not end it. Without `stream` the
-create answers the response `queued` at once; with `stream` it answers the
-response's SSE events as they come (`follow`), and `GET /v1/responses/{id}
-?stream=true&starting_after=N` replays them from sequence number N+1 and
-follows until the end, as vLLM does (each event is one frame: its index is
-its `sequence_number`). A streamed response keeps its events as long as the
-store keeps it.
-
-GET shows it `queued`, then `in_progress` with the output so far, then its
-final state. `cancel` cancels its task (which aborts the engine request),
-waits for it, and the response is `cancelled` with the output so far (a
-follower's stream then just ends: there is no cancelled event). A drain
-lets background responses run until the drain deadline and ends the rest
-then (`failed` with server_shutting_down's message; engine requests
-aborted); shutdown (`stop`) cancels any left.
+vLLM's model, bounded. `start` checks vLLM's rules, enters admission and the store (at most N running:
+429) and runs `generation.detach` in a server task, so a client that leaves does not end it. Without
+`stream` the create answers the `queued` response; with it the events as they come (`follow`), and
+`GET /v1/responses/{id}?stream=true&starting_after=N` replays from N+1 and follows. `cancel` cancels
+the task and the response is `cancelled` with its output so far; a drain ends the rest at its deadline
+(`failed`), `stop` cancels any left.
 """
 
 from __future__ import annotations
@@ -37,10 +24,10 @@ from streamproxy.apis.responses.stream import ResponsesEncoder
 from streamproxy.core.prepare import Prepared
 from streamproxy.errors import APIError, InternalError, InvalidRequest
 from streamproxy.http.admission import Ticket
+from streamproxy.http.body import SSE_HEADERS, Body, WriteStalled
 from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation
 from streamproxy.http.state import STATE_KEY, AppState, app_state
-from streamproxy.http.body import SSE_HEADERS, Body, WriteStalled
 from streamproxy.http.writer import client_gone
 
 log = logging.getLogger("streamproxy.responses")

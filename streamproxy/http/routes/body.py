@@ -1,16 +1,9 @@
 """Read and decode a JSON request body into a typed Struct, with OpenAI errors.
 
-Body size is capped by the application (`client_max_size`, a 413 rendered by
-the middleware). Malformed JSON is a 400 `invalid_json`; a wrong or missing
-field is a 400 whose `param` is the field's path (`messages[0].role`). JSON
-nested deeper than MAX_DEPTH levels is a 400 `json_too_deep`, whichever way
-it is found (msgspec's own RecursionError, or `nesting` after a decode):
-what a request carries on into JSON Schema validators, orjson (254 levels),
-chat templates and the engine's grammar compiler is bounded once, here,
-instead of failing in any of them as a 500. The body is read without
-aiohttp's `request.read()` cache, so the request object (alive as long as
-its stream) does not keep it: only the decoded Struct holds it, for as long
-as the route needs it.
+Size is capped by `client_max_size` (413). Malformed JSON is 400 `invalid_json`; a wrong field a 400
+whose `param` is its path (`messages[0].role`); nesting deeper than MAX_DEPTH a 400 `json_too_deep`
+(msgspec's RecursionError or `nesting`), so schema validators, orjson, templates and grammar compilers
+never see it. The body is read without aiohttp's `request.read()` cache: only the Struct holds it.
 """
 
 from __future__ import annotations

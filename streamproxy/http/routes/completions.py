@@ -1,16 +1,9 @@
 """POST /v1/completions: the legacy text endpoint (`vllm bench serve`'s default).
 
-`core.completion.plan` turns the request into prompts and params: a
-`generation.Work` of one engine request per prompt (ids suffixed `-<i>` in a
-batch, as vLLM does). A batch of prompts, or echo, is merged into one stream
-(each prompt's choices numbered from prompt × n) that the usual encoder,
-writer and accumulator take as if it were one request with prompts × n
-choices. Usage is summed over the prompts.
-
-`logprobs: N` gives the legacy logprobs shape (see `logprobs.py`);
-`response_format` and vLLM's structured-output fields constrain the text
-as on chat (`structured.constraint`). vLLM's `prompt_logprobs` (non-stream)
-ride on each choice in vLLM's shape.
+`core.completion.plan` makes a `generation.Work` of one engine request per prompt (ids `-<i>` in a
+batch); a batch or echo is merged into one stream of prompts x n choices, usage summed. `logprobs: N`
+gives the legacy shape (logprobs.py); `response_format` and vLLM's structured fields constrain as on
+chat; vLLM's `prompt_logprobs` (non-stream) ride on each choice.
 """
 
 from __future__ import annotations
@@ -22,11 +15,11 @@ import msgspec
 from aiohttp import web
 
 from engine_adapter.base import TokenLogprob
+from streamproxy.config import Settings
 from streamproxy.core import completion as C
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
-from streamproxy.config import Settings
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import generation

@@ -1,38 +1,14 @@
 """serve's one generation runner: a route decodes its request, plans it, and `run`s the plan.
 
-A plan is a `Work` (the engine requests to make) and an `Answer` (the stream
-encoder, or the accumulator and the JSON body rendered from it). From there
-every generating route has the same life cycle:
-
-    ticket = admission.enter()              429 at once when over capacity
-    work.claim()                            the engine ids: the request's id, unique among those
-                                            in flight (`-<i>` per prompt of a batch)
-    stream:   headers out (submitting first when a slot is free, so engine
-              rejections are still HTTP 400s), the encoder's keepalives while
-              queued (at most --request-timeout), pump_sse(out, encoder)
-    else:     wait for a slot + submit + collect in one background task, and
-              respond_nonstream (keepalive newlines if slow, request timeout;
-              an error after the early 200 in the route's error shape)
-    finally:  the usage and outcome into the request's context; the slot
-              released; work.end(): the engine requests not done (disconnect,
-              error, timeout, write stall, drain) aborted, their ids released
-
-so there is exactly one place where an engine request is made and one where
-it can be left behind. A `Work` is one engine request, or several answered
-as one (a completions request with several prompts, or with echo: one engine
-request per prompt, merged into one stream by `merge.py`; its ticket counts
-one slot per prompt, and an abort reaches every one of them). Each request
-runs inside a `Lifetime` (drain.py): a drain deadline ends a stream with an
-in-band `server_shutting_down` event, a request timeout ends a non-streaming
-request with `generation_timeout`. `detach` runs a work from a task of the
-server instead (Responses' `background: true`).
-
-With --otlp-traces-endpoint each engine request carries the request's span as
-its parent (vLLM's `trace_headers`, so the engine's spans join the trace), and
-the span gets `queued` and `engine.submit` events. With --enable-log-outputs
-each part's raw engine text (as vLLM logs it: before reasoning or tool-call
-parsing) is kept on the way by a transform of its Deltas, for the access log;
-the stream path pays nothing for either otherwise.
+A plan is a `Work` (the engine requests to make: one, or one per prompt merged by merge.py) and an
+`Answer` (the stream encoder, or the accumulator and the JSON body). `run`: `admission.enter()` (429
+over capacity); `work.claim()` the engine ids; streaming: headers out (submitting first when a slot is
+free, so engine rejections are still 400s), keep-alives while queued, `pump_sse`; otherwise a background
+task waits, submits and collects while `answer_nonstream` keeps the client; finally the usage and
+outcome into the request's context, the slot released and `work.end()` aborts whatever is not done.
+One place makes an engine request and one can leave it behind. Each request runs inside a `Lifetime`
+(drain.py); `detach` runs a work from a server task (Responses' `background: true`). Tracing and
+--enable-log-outputs cost the stream path nothing when off.
 """
 
 from __future__ import annotations
@@ -55,12 +31,12 @@ from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http import tracing
 from streamproxy.http.admission import Ticket
+from streamproxy.http.body import SSE_HEADERS, StreamBody, WriteStalled, sse_response
 from streamproxy.http.context import CONTEXT, RequestContext
 from streamproxy.http.merge import MergedStream, Part, Transform
 from streamproxy.http.metrics import ACTIVE_STREAMS, ENGINE_ABORTS
 from streamproxy.http.nonstream import answer_nonstream, collect
 from streamproxy.http.state import STATE_KEY, AppState, engine_dead
-from streamproxy.http.body import SSE_HEADERS, StreamBody, WriteStalled, sse_response
 from streamproxy.http.writer import StreamOutcome, client_gone, pump_sse
 
 log = logging.getLogger("streamproxy.generation")

@@ -1,17 +1,10 @@
 """vLLM's hosting routes: `/ping` (GET and POST), `POST /invocations`, `GET /load`.
 
-`/ping` answers as vLLM's (its `/health` under SageMaker's name): 200 with an
-empty body while the engine serves, else 503 (also while it loads: vLLM does
-not listen before then). `/invocations` (SageMaker's one inference route)
-dispatches by the body's shape as vLLM's does, trying its request types in
-order: an object with `messages` is a chat completion, any other object a
-completion (whose own checks answer, as vLLM's CompletionRequest takes any
-object: `{}` is its 400 for a missing prompt); on an embedding model an
-object with `input` is an embedding. Anything else (not an object, or no
-`input` for an embedding model) is vLLM's 400 "Cannot find suitable handler". The body is read once and handed to the chosen route
-(`body.PRELOADED`). `/load` is vLLM's `{"server_load": N}`: the generation
-requests in flight with `--enable-server-load-tracking`, else 0 (as vLLM,
-which only counts with the flag).
+`/ping` is `/health` under SageMaker's name: 200 with an empty body while serving, else 503.
+`/invocations` dispatches by the body's shape as vLLM does: `messages` -> chat, any other object ->
+completion (`{}` is its 400), on an embedding model `input` -> embedding; anything else is vLLM's 400
+"Cannot find suitable handler". The body is read once (`body.PRELOADED`). `/load` is
+`{"server_load": N}`: generation requests in flight with `--enable-server-load-tracking`, else 0.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """LoRA adapters: the static ones at start, and vLLM's run-time routes.
 
-`load_static` loads every `--lora-modules` adapter once the engine is up
-(vLLM's `init_static_loras`: one that fails stops the server). With
-`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` (vLLM's switch, which it calls a
-development feature) `add_routes` adds `POST /v1/load_lora_adapter` and
-`POST /v1/unload_lora_adapter`. A load asks the engine to load the weights
-before the name is served, so a bad path is a 400 at once rather than on the
-first request; an unload only stops serving the name, as vLLM 0.32 does (the
-engine keeps the weights in its adapter cache until they are evicted, and a
-request already running with them finishes). Both answer in vLLM's plain-text
-"Success: ..." form; loads and unloads take one lock, one at a time.
+`load_static` loads every `--lora-modules` adapter once the engine is up (one that fails stops the
+server). With `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, `POST /v1/load_lora_adapter` loads the weights before
+serving the name (a bad path is a 400 at once) and `/v1/unload_lora_adapter` stops serving it (the
+engine keeps the weights cached), both in vLLM's "Success: ..." text, one at a time under a lock.
 """
 
 from __future__ import annotations

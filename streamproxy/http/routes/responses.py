@@ -1,21 +1,9 @@
 """POST /v1/responses: decode -> plan (chat request -> prepare) -> generation.run with Responses events.
 
-`convert_responses.to_chat` translates the request, `core.prepare`
-builds prompt, params and filter chain exactly as chat does, and
-`generation.run` runs the shared life cycle. What differs from chat is only
-the rendering: a `ResponsesEncoder` streams the Responses events, and the
-same class (with `emit=False`) is the non-stream sink whose final `Response`
-is the body. Errors keep the OpenAI shape (the default).
-
-With the server's response store on (`--responses-store`), a finished
-response made with `store` (OpenAI's default: true) is kept as its final JSON,
-and `GET /v1/responses/{id}` answers it.
-
-`background: true` is background.py's: the response is kept from its create
-on and a task of the server generates it; `POST /v1/responses/{id}/cancel`
-ends it (cancelled), is vLLM's 400 for a finished response and its 404 for
-an id not kept. `GET ...?stream=true&starting_after=N` replays a streamed
-background response's events and follows it.
+`convert_responses.to_chat` translates, `core.prepare` builds as for chat, and a `ResponsesEncoder`
+renders (with `emit=False`, the non-stream sink whose `Response` is the body). With `--responses-store`
+a finished response made with `store` (default true) is kept and `GET /v1/responses/{id}` answers it.
+`background: true`, cancel and `?stream=true&starting_after=N` replays are background.py's.
 """
 
 from __future__ import annotations
@@ -41,6 +29,7 @@ from streamproxy.http.context import CONTEXT
 from streamproxy.http.routes import background, generation
 from streamproxy.http.routes.body import decode_body
 from streamproxy.http.state import app_state
+
 
 def _shell(req: ResponsesRequest, response_id: str, model: str) -> Response:
     """Everything of the Response the request decides, echoed as OpenAI echoes it."""

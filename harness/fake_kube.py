@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import socket
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -51,14 +50,10 @@ import orjson
 import yaml
 from aiohttp import web
 
+from harness.process import free_port
+
 TOKEN = "fake-token"
 StartReplica = Callable[[], Awaitable[tuple[int, Callable[[], Awaitable[None]]]]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TASKS_DIR = ROOT / "evals" / "lmeval"
 MC, GEN = "streamproxy_mc", "streamproxy_gen"
 GEN_METRIC = "exact_match,first_word"

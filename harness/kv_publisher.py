@@ -43,10 +43,11 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from harness.process import free_port
+from harness.waiting import wait_until
 from streamproxy.gateway.kv_feed import Feed, FeedPolicy
 from streamproxy.gateway.kv_index import KVIndex
 from streamproxy.gateway.kv_subscriber import KVSubscriber
-from tests.support.waiting import wait_until
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _encode = msgspec.msgpack.Encoder().encode
@@ -215,14 +216,6 @@ def _bind(socket: zmq.asyncio.Socket, endpoint: str) -> None:
             if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def loopback_endpoints() -> tuple[str, str]:

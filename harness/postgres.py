@@ -21,14 +21,14 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from itertools import count
 from pathlib import Path
 
-from tests.support.procs import listens
+from harness.process import free_port
+from harness.procs import listens
 
 USER = "pgserver"
 _databases = count(1)
@@ -40,12 +40,6 @@ def binaries() -> Path | None:
         return None
     folder = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
     return folder if (folder / "postgres").exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -74,7 +68,7 @@ class PostgresServer:
         )
         self.proc: subprocess.Popen[bytes] | None = None
         for attempt in range(3):  # a port picked free may be taken before postgres binds it: another one
-            self.port = _free_port()
+            self.port = free_port()
             try:
                 self.start()
                 break

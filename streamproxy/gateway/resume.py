@@ -1,0 +1,397 @@
+"""Stream migration's core: one running stream's record, its continuation request, its rewriting. Sans-IO.
+
+A chat or completions stream is continued on another replica when the one serving it breaks
+off after its first byte (docs/gateway.md, "Stream migration"). `refusal(path, body)` says at
+request time why a request cannot be continued exactly (None: it can; the gateway then asks
+the replica for token ids, vLLM's `return_token_ids`). A `Stream` sits after the relay's
+`SSERelay.feed` and sees every block of whole events the client gets:
+
+  - relaying (the first attempt, or a resend when the client has had no event yet): it keeps
+    the prompt's ids (a stream's first chunk carries `prompt_token_ids`) and every chunk's
+    `token_ids`, and gives the client the bytes it would have had without asking for them
+    (the lists made `null`, as vLLM sends them unasked; chat's empty-delta chunks, which vLLM
+    sends only for the ids, dropped). A replica's in-band server error is not passed on: it
+    is the break (`failed`), and what follows it is dropped.
+  - continuing: `continuation()` is a `/v1/completions` request whose `prompt` is the prompt's
+    ids and the generated ones, `max_tokens` (and `min_tokens`) less what was generated, the
+    same sampling parameters, `return_token_ids` and usage. Its chunks are rewritten into the
+    client's stream: the stream's own id, created and model, chat chunks made of completion
+    chunks (no second role chunk), ids stripped unless asked, and the usage chunk the whole
+    generation's (prompt tokens once, completion tokens all the client got).
+
+Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
+stream stops being tracked. Per block, relaying costs a few byte searches (the ids, the markers).
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from typing import Any
+
+import orjson
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+_IDS = re.compile(rb'"(prompt_)?token_ids":\[([0-9, ]*)\]')
+_TOKEN_IDS = b'"token_ids":['
+_TOKEN_IDS_LEN = len(_TOKEN_IDS)
+_PROMPT_IDS = b'"prompt_token_ids":['
+_EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
+# Keys a tool-call or reasoning parser puts in a delta (its text is not plain content: not continued).
+_PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
+_ERROR = b'data: {"error"'
+_DONE = b"data: [DONE]\n\n"
+_FINISHED = b'"finish_reason":"'
+RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
+
+# Chat-only request fields: what the prompt's ids already are, or what a completions request has not.
+_CHAT_ONLY = frozenset((
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "response_format",
+    "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "documents", "mm_processor_kwargs", "reasoning_effort", "include_reasoning", "logprobs", "top_logprobs",
+    "max_completion_tokens", "metadata", "store", "modalities", "audio", "prediction", "web_search_options",
+    "service_tier", "return_prompt_text",
+))
+# Fields the continuation sets itself.
+_SET = frozenset(("prompt", "max_tokens", "min_tokens", "stream", "stream_options", "echo", "return_token_ids"))
+_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
+               "guided_decoding_backend", "grammar", "json_schema", "regex", "choice")
+
+
+def refusal(path: str, body: dict[str, Any]) -> str | None:
+    """Why this request's stream cannot be continued exactly on another replica; None: it can."""
+    chat = path == CHAT
+    if not chat and path != COMPLETIONS:
+        return "only chat and completions streams are continued"
+    if _number(body.get("n"), 1) != 1 or _number(body.get("best_of"), 1) != 1 or body.get("use_beam_search"):
+        return "n > 1, best_of and beam search (several sequences)"
+    if any(body.get(k) is not None for k in _STRUCTURED):
+        return "structured outputs (the grammar's state is the replica's)"
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return "structured outputs (the grammar's state is the replica's)"
+    if (chat and (body.get("logprobs") or body.get("top_logprobs"))) or (not chat and body.get("logprobs") is not None) \
+            or body.get("prompt_logprobs") is not None:
+        return "logprobs"
+    if chat and (body.get("tools") or body.get("functions")) and body.get("tool_choice") != "none":
+        return "tool calls (the replica's parser state)"
+    if body.get("stop"):
+        return "stop strings (the replica holds back text that may begin one)"
+    if body.get("presence_penalty") or body.get("frequency_penalty"):
+        return "presence and frequency penalties (counted over generated tokens only)"
+    if body.get("bad_words") or body.get("truncate_prompt_tokens") is not None or body.get("kv_transfer_params") is not None:
+        return "bad_words, truncate_prompt_tokens and kv_transfer_params"
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("continuous_usage_stats"):
+        return "continuous usage stats"
+    if chat:
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+                return "multimodal input (the prompt's ids alone are not the input)"
+    else:
+        prompt = body.get("prompt")
+        if body.get("echo") or body.get("suffix") or body.get("prompt_embeds") is not None:
+            return "echo, suffix and prompt embeddings"
+        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+            return "several prompts in one request"
+    return None
+
+
+def _number(value: Any, default: int) -> Any:
+    return default if value is None else value
+
+
+class Stream:
+    """One running stream: what it asked, the ids so far, what the client has had (see the module's comment)."""
+
+    __slots__ = (
+        "chat", "request", "limit", "left", "client_ids", "strip", "usage_chunk", "tracking", "prompt", "generated",
+        "sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
+    )
+
+    def __init__(self, path: str, request: dict[str, Any], *, limit: int, migrations: int, client_ids: bool,
+                 usage_chunk: bool, why: str | None = None) -> None:
+        self.chat = path == CHAT
+        self.request = request  # the client's request as sent upstream (the served model's name)
+        self.limit = limit  # ids kept at most (prompt and generated)
+        self.left = migrations  # migrations this request may still make
+        self.client_ids = client_ids  # the client asked for `return_token_ids` itself
+        self.usage_chunk = usage_chunk  # the client asked for the usage chunk
+        self.why = why  # why it cannot be continued (refusal's), or None
+        self.tracking = why is None
+        self.strip = why is None and not client_ids  # the gateway asked for the ids: the client does not get them
+        self.prompt: array[int] | None = None
+        self.generated: array[int] = array("i")
+        self.sent = False  # a data event went to the client
+        self.finished = False  # the finish chunk went to the client
+        self.usage_sent = False  # and the usage chunk
+        self.parsed = False  # the replica's parser shaped the deltas (tool calls, reasoning)
+        self.failed: dict[str, Any] | None = None  # the replica's in-band server error (the break)
+        self.continuing = False  # the blocks are a continuation's
+        self.head: dict[str, Any] | None = None  # the client's stream: id, object, created, model (its first chunk's)
+        self.cached = 0
+        self.replica_usage = False  # the last attempt's replica reported usage
+
+    # -- the blocks the client gets ---------------------------------------------------------
+    def feed(self, block: bytes) -> bytes:
+        if self.failed is not None or not block:
+            return b""
+        if self.continuing:
+            return self._continued(block)
+        if _ERROR in block:
+            return self._until_error(block)
+        return self._relayed(block)
+
+    def _relayed(self, block: bytes) -> bytes:
+        if b"data:" not in block:
+            return block
+        if self.head is None:
+            self._head(block)
+        self.sent = True
+        if not self.finished and _FINISHED in block:
+            self.finished = True
+        if self.finished and b'"usage":{' in block:
+            self.usage_sent = True
+        for marker in _PARSED:
+            if marker in block:
+                self.parsed = True
+                if marker == b'"delta":{}' and self.strip:
+                    block = b"".join(e for e in _EVENT.findall(block) if not _empty_delta(e))
+                break
+        if (self.tracking or self.strip) and b"token_ids" in block:
+            if self.prompt is None and self.tracking or _PROMPT_IDS in block:
+                return _IDS.sub(self._ids, block)  # the first chunk's prompt ids (once per stream)
+            return self._generated_ids(block)
+        return block
+
+    def _generated_ids(self, block: bytes) -> bytes:
+        """Each chunk's `"token_ids":[...]` kept (tracking) and made null (strip): found, not matched (per read)."""
+        out: list[bytes] = []
+        find, start = block.find, 0
+        at = find(_TOKEN_IDS)
+        while at >= 0:
+            end = find(b"]", at)
+            if end < 0:
+                break
+            if self.tracking:
+                ids = block[at + _TOKEN_IDS_LEN : end]
+                if b"," in ids:
+                    self.generated.extend(orjson.loads(b"[" + ids + b"]"))
+                elif ids:
+                    self.generated.append(int(ids))
+            if self.strip:
+                out.append(block[start:at])
+                out.append(b'"token_ids":null')
+                start = end + 1
+            at = find(_TOKEN_IDS, end)
+        if self.tracking and len(self.generated) + len(self.prompt or ()) > self.limit:
+            self._untracked()
+        if not out:
+            return block
+        out.append(block[start:])
+        return b"".join(out)
+
+    def _untracked(self) -> None:
+        self.tracking, self.why = False, "longer than max_tracked_tokens"
+        self.prompt, self.generated = None, array("i")
+
+    def _ids(self, match: re.Match[bytes]) -> bytes:
+        if self.tracking:
+            ids = orjson.loads(b"[" + match[2] + b"]")
+            if match[1]:
+                if self.prompt is None:
+                    self.prompt = array("i", ids)
+            else:
+                self.generated.extend(ids)
+            if len(self.generated) + len(self.prompt or ()) > self.limit:
+                self._untracked()
+        if not self.strip:
+            return match[0]
+        return b'"prompt_token_ids":null' if match[1] else b'"token_ids":null'
+
+    def _until_error(self, block: bytes) -> bytes:
+        """The events before the replica's error; the error is the break (what follows it is dropped) unless
+        it is the client's own (4xx) or the stream cannot go on: then it goes on as the replica sent it."""
+        events = _EVENT.findall(block)
+        at = next(i for i, e in enumerate(events) if e.startswith(_ERROR))
+        before = self._relayed(b"".join(events[:at]))
+        error = _payload(events[at]).get("error")
+        error = error if isinstance(error, dict) else {}
+        if not _client_error(error) and self.plan()[0] != REFUSED:
+            self.failed = error
+            return before
+        return before + b"".join(events[at:])
+
+    def _head(self, block: bytes) -> None:
+        for event in _EVENT.findall(block):
+            if event.startswith(b"data: {"):
+                data = _payload(event)
+                if "choices" in data:
+                    self.head = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
+                    return
+
+    # -- whether and how it goes on -----------------------------------------------------------
+    def plan(self) -> tuple[str, str | None]:
+        """What to do now that the replica broke off: RESEND the request (the client has had no event:
+        whatever it asked, it can be sent again), CONTINUE it, end it (FINISHED: its finish chunk went
+        out), or not (REFUSED, and why)."""
+        if self.finished:
+            return FINISHED, None
+        if self.left < 1:
+            return REFUSED, "max_migrations reached"
+        if not self.sent:
+            return RESEND, None
+        why = self.refusal()
+        return (REFUSED, why) if why is not None else (CONTINUE, None)
+
+    def refusal(self) -> str | None:
+        """Why the stream cannot be continued now (it broke off after events went out); None: it can."""
+        if self.why is not None:
+            return self.why
+        if self.parsed:
+            return "the replica's parser shaped the deltas (tool calls or reasoning)"
+        if self.prompt is None or self.head is None:
+            return "the replica sent no token ids (`return_token_ids`)"
+        cap = self._cap()
+        if cap is not None and cap - len(self.generated) < 1:
+            return "nothing is left to generate but the replica sent no finish"
+        return None
+
+    def _cap(self) -> int | None:
+        cap = self.request.get("max_completion_tokens") if self.chat else None
+        cap = cap if cap is not None else self.request.get("max_tokens")
+        return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+
+    def continuation(self) -> bytes:
+        """The body of the `/v1/completions` request that continues the stream (after `refusal()` said None)."""
+        assert self.prompt is not None
+        drop = _SET | _CHAT_ONLY if self.chat else _SET
+        body = {k: v for k, v in self.request.items() if k not in drop}
+        body["prompt"] = [*self.prompt, *self.generated]
+        done = len(self.generated)
+        cap = self._cap()
+        if cap is not None:
+            body["max_tokens"] = cap - done
+        least = self.request.get("min_tokens")
+        if isinstance(least, int) and least - done > 0:
+            body["min_tokens"] = least - done
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        body["return_token_ids"] = True
+        return orjson.dumps(body)
+
+    def migrating(self, action: str) -> None:
+        """The next blocks are a new attempt's: the continuation's (CONTINUE), or the request's own from
+        its start (RESEND: nothing went to the client; the broken attempt's ids are forgotten)."""
+        self.left -= 1
+        self.failed = None
+        self.replica_usage = False
+        if action == CONTINUE:
+            self.continuing = True
+        else:
+            self.prompt, self.generated, self.head, self.parsed = None, array("i"), None, False
+            self.tracking = self.why is None
+
+    def ending(self) -> bytes:
+        """The end of a stream whose finish chunk went out before the replica broke off: the usage chunk if
+        asked, and [DONE]."""
+        if not self.usage_chunk or self.usage_sent or self.head is None:
+            return _DONE
+        usage = {"prompt_tokens": len(self.prompt or ()), "total_tokens": 0, "completion_tokens": len(self.generated)}
+        chunk = {**self.head, "choices": [], "usage": self._usage(usage)}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n" + _DONE
+
+    def totals(self) -> tuple[int, int, int]:
+        """The whole generation's prompt, completion and cached tokens, as the client was told."""
+        prompt = len(self.prompt or ())
+        return prompt, len(self.generated), min(self.cached, prompt)
+
+    # -- a continuation's chunks -----------------------------------------------------------------
+    def _continued(self, block: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in _EVENT.findall(block):
+            if not event.startswith(b"data:"):
+                out.append(event)  # a keep-alive comment
+                continue
+            if event.startswith(_DONE.rstrip()):
+                out.append(_DONE)
+                continue
+            data = _payload(event)
+            if "error" in data:
+                error = data["error"] if isinstance(data["error"], dict) else {}
+                if _client_error(error):
+                    out.append(event)
+                    continue
+                self.failed = error
+                break
+            chunk = self._rewrite(data)
+            if chunk is not None:
+                out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        return b"".join(out)
+
+    def _rewrite(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        head = self.head
+        assert head is not None
+        choices = data.get("choices")
+        if not choices:
+            usage = data.get("usage")
+            if not isinstance(usage, dict):
+                return None
+            self.replica_usage = self.usage_sent = True
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.cached = details["cached_tokens"]
+            return {**data, **head, "usage": self._usage(usage)}
+        choice = choices[0]
+        ids = choice.get("token_ids") or []
+        if self.tracking:
+            self.generated.extend(ids)
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            self.finished = True
+        if not self.chat:
+            if "prompt_token_ids" in choice:
+                choice["prompt_token_ids"] = None
+            if "token_ids" in choice and not self.client_ids:
+                choice["token_ids"] = None
+            return {**data, **head}
+        delta: dict[str, Any] = {"content": choice.get("text") or ""}
+        out: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            out["stop_reason"] = choice.get("stop_reason")
+        out["token_ids"] = ids if self.client_ids else None
+        return {**head, "choices": [out]}
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt, completion, cached = self.totals()
+        out = {**usage, "prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+        details = out.get("prompt_tokens_details")
+        if isinstance(details, dict) and "cached_tokens" in details:
+            out["prompt_tokens_details"] = {**details, "cached_tokens": cached}
+        return out
+
+
+def _payload(event: bytes) -> dict[str, Any]:
+    start = event.find(b"data:")
+    line_end = event.find(b"\n", start)
+    try:
+        data = orjson.loads(event[start + 5 : line_end if line_end >= 0 else len(event)])
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _empty_delta(event: bytes) -> bool:
+    """A chat chunk that carries only ids (vLLM sends it only when asked for them)."""
+    return b'"delta":{}' in event and b'"finish_reason":null' in event and b'"usage":{' not in event
+
+
+def _client_error(error: dict[str, Any]) -> bool:
+    """An in-band error about the request itself (4xx), passed on as it came."""
+    code, kind = error.get("code"), error.get("type")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return 400 <= code < 500
+    return kind in ("invalid_request_error", "BadRequestError", "NotFoundError")
