@@ -126,6 +126,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run the prefix-affinity benchmark instead (python -m bench.affinity --help)")
     ap.add_argument("--ledger", action="store_true",
                     help="run the request ledger's benchmark instead (python -m bench.ledger --help)")
+    ap.add_argument("--kv-pressure", action="store_true",
+                    help="run KV-event routing's benchmark instead (python -m bench.scheduling --help)")
+    ap.add_argument("--fairness", action="store_true",
+                    help="run flow control's benchmark instead (python -m bench.scheduling --help)")
     ap.add_argument("--levels", default="64,256", help="concurrent streams (default 64,256)")
     ap.add_argument("--rounds", type=int, default=20,
                     help="rounds per relay and level (default 20: this machine's rounds swing by several x, so "
@@ -158,7 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"the interpreter '{BASELINE}' runs on (default this one; e.g. another Python version)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 3 s per relay and level")
     args, rest = ap.parse_known_args(argv)
-    if rest and not (args.affinity or args.ledger):
+    if rest and not (args.affinity or args.ledger or args.kv_pressure or args.fairness):
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -179,6 +183,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kv_pressure or args.fairness:
+        from . import scheduling as issue35
+
+        return issue35.main(args.argv)
     if args.affinity:
         from . import affinity
 

@@ -11,9 +11,10 @@ and prefix index right; `observed_cache` corrects the index. Sans-IO; the random
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from streamproxy.gateway.config import Deployment, UpstreamPolicy
+from streamproxy.gateway.config import Deployment, KVEventsEndpoint, UpstreamPolicy
 from streamproxy.gateway.health import Health
 from streamproxy.gateway.metrics import DeploymentSeries, ReplicaSeries
 from streamproxy.gateway.prefix import PrefixIndex, stable_hash
@@ -52,20 +53,29 @@ class Pool:
         self.upstream_headers = deployment.upstream_headers()  # the replicas' key, read once
         self.series = DeploymentSeries(deployment.name)
         self.replicas: list[Replica] = []
+        self.kv_endpoints: dict[str, KVEventsEndpoint] = {}  # the replicas that publish KV-cache events
+        self.listeners: list[Callable[[], None]] = []  # told when the replicas change (kv_routing)
         self.set_replicas(deployment.upstreams)
         self._rng = rng or random.Random()
         self._turn = 0  # round robin's next replica
         self.active = 0  # requests on this deployment now (from the choice of deployment to the end)
 
-    def set_replicas(self, urls: list[str]) -> None:
+    def set_replicas(self, urls: list[str], events: Mapping[str, KVEventsEndpoint | None] | None = None) -> None:
         """The replicas are now these (a managed deployment's come and go): the ones kept keep
-        their health, load and index; requests on a removed one finish on it."""
+        their health, load and index; requests on a removed one finish on it. `events`: where each
+        publishes KV-cache events (None: as the deployment's `kv_events` says)."""
         kept = {r.url: r for r in self.replicas}
         policy = self.policy
         self.replicas = [
             kept.get(url) or Replica(url, self.deployment.name, Health(policy), PrefixIndex(policy.prefix_index_blocks))
             for url in (u.rstrip("/") for u in urls)
         ]
+        config = self.deployment.kv_events
+        found = {r.url: events.get(r.url) if events is not None else config.for_replica(r.url) if config is not None else None
+                 for r in self.replicas}
+        self.kv_endpoints = {url: kv for url, kv in found.items() if kv is not None}
+        for listener in self.listeners:
+            listener()
 
     def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
         """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""

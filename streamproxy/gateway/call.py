@@ -26,6 +26,8 @@ from streamproxy.apis.spec import ApiSpec, Usage
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
+from streamproxy.gateway.flowcontrol import Ticket
+from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.resume import Stream
 from streamproxy.gateway.state import GatewayState
@@ -65,6 +67,16 @@ class Call:
     resume: Stream | None = None  # a stream that may migrate: its record (resume.py)
     attempts: list[Attempt] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)  # the replicas its attempts went to
+    # Issue 35 (scheduler.py): what turns the prompt into token ids, if KV events route it; its ids once known.
+    tokenize: bytes | list[int] | None = None
+    cache_salt: str | None = None
+    prompt: PromptKeys | None = None
+    # Flow control: the request's tenant (its key), priority band, weight and estimated cost; its place once admitted.
+    tenant: str = "-"
+    band: int = 0
+    weight: float = 1.0
+    cost: float = 1.0
+    ticket: Ticket | None = None
 
     def renamed(self, raw: bytes) -> bytes:
         served, public = self.pool.deployment.upstream_model, self.public_model
@@ -86,6 +98,10 @@ class Call:
         state.retries.active -= 1
         state.sources[pool.deployment.name].end(time.monotonic())
         self._meter()
+        if self.ticket is not None:
+            usage = self.usage
+            spent = usage.prompt_tokens + usage.completion_tokens
+            state.schedulers[pool.deployment.name].release(self.ticket, float(spent) if spent else None)
         pool.active -= 1
         state.request_ended(pool)  # a deployment a reload removed stops after its last request
 
@@ -107,6 +123,12 @@ class Call:
         if self.limiter is not None:
             self.limiter.charge(time.monotonic(), usage.prompt_tokens + usage.completion_tokens)
 
+    async def admit(self) -> None:
+        """A place on a saturated deployment (flow control), waited for in the request's tenant and band; 429 if refused."""
+        if self.route.generates:
+            scheduler = self.state.schedulers[self.pool.deployment.name]
+            self.ticket = await scheduler.admit(self.tenant, self.band, self.cost, self.weight)
+
     # -- its attempts -----------------------------------------------------------------------
     async def open(self, path: str | None = None, body: bytes | None = None) -> Attempt:
         """The first answer not retried, open (see the module's comment); `path` and `body`: a stream's
@@ -118,6 +140,9 @@ class Call:
         upstreams, budget = state.upstreams, state.retries
         assert upstreams is not None
         tls = state.tls.get(pool.deployment.name)
+        scheduler = state.schedulers[pool.deployment.name]
+        if self.tokenize is not None and self.prompt is None and scheduler.publishing:
+            self.prompt = await scheduler.prompt(upstreams, self.tokenize, self.cache_salt, pool.upstream_headers, tls)
         tried = self.tried
         path = path or self.route.upstream_path
         body = self.body if body is None else body
@@ -125,7 +150,8 @@ class Call:
         retrying = False
         try:
             for retry in range(state.policy.num_retries + 1):
-                replica, matched = pool.choose(self.keys, tried, time.monotonic())
+                now = time.monotonic()
+                replica, matched = scheduler.choose(self.prompt, self.keys, tried, now)
                 if replica is None:
                     break
                 if retry:
@@ -137,6 +163,7 @@ class Call:
                 tried.add(replica.url)
                 attempt = Attempt(self, replica, matched, retry)
                 self.attempts.append(attempt)
+                scheduler.dispatched(replica, self.prompt, now)
                 try:
                     exchange = await ask(upstreams, replica.url, path, body, attempt.headers, tls)
                 except CONNECT_ERRORS as exc:

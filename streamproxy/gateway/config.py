@@ -1,7 +1,7 @@
 """The gateway's YAML: deployments, API keys, and the upstream policy (nginx/Envoy knobs).
 
 Top-level sections: `deployments` (each with `upstreams`, `launch` or `kubernetes`, and an optional
-`tls` and `migration`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
+`tls`, `migration`, `kv_events` and `flow_control`), `keys`, `upstream`, `admin_key_env`, `max_resident`, `ledger`, `ledger_writer`, `budgets`;
 every other key is one of the server's flags, as in `streamproxy serve --config`. The fields are
 documented in docs/gateway.md (configs/gateway.yaml is a commented example). Sans-IO: `load(text)`
 only parses and checks.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -106,6 +107,63 @@ class UpstreamTLS(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     key_file: str | None = None
 
 
+class KVEventsEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Where one replica publishes its KV-cache events: vLLM's `--kv-events-config` names."""
+
+    endpoint: str  # its PUB socket (the gateway's SUB connects to it)
+    replay_endpoint: str | None = None  # its replay ROUTER; None: gaps reset the replica's blocks
+    topic: str = ""
+    # The gateway binds `endpoint` and the replica's PUB connects to it (vLLM connects when its
+    # endpoint has no `*`: llm-d's layout, and the gateway's own `launch:` replicas').
+    bind: bool = False
+
+
+class KVEvents(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A deployment's KV-cache events (`kv_events:`; vLLM's `--kv-events-config` field names). For
+    `upstreams:` and `kubernetes:`, `endpoint` and `replay_endpoint` are patterns: `{host}` (or vLLM's
+    `*`) is each replica's host, `{port}` its HTTP port; `replicas` names them per replica URL instead.
+    `launch:` replicas of a vLLM model publish by default, on free loopback ports the gateway picks."""
+
+    enable_kv_cache_events: bool = True  # false: no subscription (and no flag for `launch:` replicas)
+    endpoint: str | None = None  # e.g. tcp://{host}:5557
+    replay_endpoint: str | None = None  # e.g. tcp://{host}:5558
+    topic: str = ""
+    replicas: dict[str, KVEventsEndpoint] = {}  # by replica URL
+    buffer_steps: int = 10_000  # `launch:`: the replay buffer (vLLM's default)
+
+    def for_replica(self, url: str) -> KVEventsEndpoint | None:
+        """The endpoints of the replica at `url` (None: it publishes none known here)."""
+        if not self.enable_kv_cache_events:
+            return None
+        given = self.replicas.get(url.rstrip("/"))
+        if given is not None:
+            return given
+        if self.endpoint is None:
+            return None
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", str(parts.port or (443 if parts.scheme == "https" else 80))
+        if ":" in host:
+            host = f"[{host}]"
+
+        def fill(pattern: str) -> str:
+            return pattern.replace("{host}", host).replace("{port}", port).replace("*", host)
+
+        return KVEventsEndpoint(endpoint=fill(self.endpoint),
+                                replay_endpoint=fill(self.replay_endpoint) if self.replay_endpoint else None, topic=self.topic)
+
+
+class FlowControl(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A deployment's admission when its replicas are saturated (`flow_control:`; llm-d's flow control):
+    requests queue per tenant (the API key) and priority band, fair within a band, strict across bands."""
+
+    max_concurrency: int = 0  # requests in flight per replica before requests queue; 0: no queueing
+    queue_depth_threshold: int = 5  # a replica reporting this many `vllm:num_requests_waiting` is saturated
+    max_queued: int = 1024  # waiting requests, over every tenant and band; past it: 429 (lowest band first)
+    max_wait: float = 30.0  # seconds a request may wait for a place; past it: 429
+    priority: int = 0  # the band of a request whose key and body name none (vLLM's numbers: lower first)
+    # The replicas schedule by priority (`--scheduling-policy priority`): a request's band goes on as
+    # its body's `priority`; false: the gateway queues by it and sends nothing.
+    scheduling_priority: bool = False
 class Migration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """Stream migration (`resume.py`): a chat or completions stream a replica broke off goes on on another."""
 
@@ -127,6 +185,8 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The replicas' own API key (`vllm serve --api-key`), from this environment variable.
     upstream_key_env: str | None = None
     tls: UpstreamTLS | None = None  # for its https:// upstreams; None: `upstream.tls`
+    kv_events: KVEvents | None = None  # where its replicas publish KV-cache events (None: `launch:` vLLM ones do)
+    flow_control: FlowControl = msgspec.field(default_factory=FlowControl)
     migration: Migration = msgspec.field(default_factory=Migration)
 
     @property
@@ -149,6 +209,8 @@ class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     deployments: list[str] = msgspec.field(default_factory=lambda: ["*"])
     rpm: int = 0
     tpm: int = 0
+    priority: int | None = None  # its requests' priority band when they name none (None: the deployment's)
+    weight: float = 1.0  # its share against other keys in a band of a saturated deployment
 
     def secret(self) -> str:
         value = self.key if self.key is not None else os.environ.get(self.key_env or "", "")
@@ -306,6 +368,7 @@ def check(config: GatewayConfig) -> None:
             if not any(url.startswith("https://") for url in d.upstreams):
                 raise ConfigError(f"deployment {d.name!r}: `tls` is given but no upstream is an https:// URL")
             check_tls(f"deployment {d.name!r}: `tls", d.tls)
+        check_scheduling(d)
         m = d.migration
         if m.max_migrations < 0 or m.max_tracked_tokens < 1 or m.stream_idle_timeout < 0:
             raise ConfigError(f"deployment {d.name!r}: `migration`: max_migrations >= 0, max_tracked_tokens >= 1, "
@@ -336,6 +399,30 @@ def check(config: GatewayConfig) -> None:
         unknown = [n for n in key.deployments if n != "*" and n not in names]
         if unknown:
             raise ConfigError(f"key {key.id!r}: no deployment named {', '.join(unknown)}")
+
+
+_ZMQ_SCHEMES = ("tcp://", "ipc://")
+
+
+def check_scheduling(d: Deployment) -> None:
+    """`kv_events` and `flow_control`: each mistake named by its field."""
+    where = f"deployment {d.name!r}: "
+    kv = d.kv_events
+    if kv is not None:
+        given = [kv.endpoint, kv.replay_endpoint] + [e for r in kv.replicas.values() for e in (r.endpoint, r.replay_endpoint)]
+        for endpoint in given:
+            if endpoint is not None and not endpoint.startswith(_ZMQ_SCHEMES):
+                raise ConfigError(f"{where}`kv_events` endpoint {endpoint!r} is not a ZMQ endpoint (tcp://host:port or ipc://path)")
+        if kv.replay_endpoint is not None and kv.endpoint is None:
+            raise ConfigError(f"{where}`kv_events.replay_endpoint` needs `kv_events.endpoint`")
+        unknown = [url for url in kv.replicas if url.rstrip("/") not in {u.rstrip("/") for u in d.upstreams}]
+        if unknown:
+            raise ConfigError(f"{where}`kv_events.replicas` names {', '.join(unknown)}, not among its `upstreams`")
+        if kv.buffer_steps < 1:
+            raise ConfigError(f"{where}`kv_events.buffer_steps` must be at least 1")
+    fc = d.flow_control
+    if fc.max_concurrency < 0 or fc.queue_depth_threshold < 1 or fc.max_queued < 0 or fc.max_wait <= 0:
+        raise ConfigError(f"{where}`flow_control`: max_concurrency >= 0, queue_depth_threshold >= 1, max_queued >= 0, max_wait > 0")
 
 
 def check_tls(where: str, tls: UpstreamTLS) -> None:

@@ -23,11 +23,12 @@ from streamproxy.gateway.fairq import FairQueue, Outcome, Waiter
 
 
 class Ticket:
-    __slots__ = ("band", "cost", "released", "tenant", "weight")
+    __slots__ = ("band", "charged", "cost", "released", "tenant", "weight")
 
     def __init__(self, tenant: str, band: int, cost: float, weight: float) -> None:
         self.tenant, self.band, self.cost, self.weight = tenant, band, cost, weight
         self.released = False
+        self.charged = False  # dispatched from the queue: its cost is on its tenant's counter
 
 
 class FlowControl:
@@ -60,6 +61,7 @@ class FlowControl:
         except asyncio.CancelledError:
             self._left(w, future)
             raise
+        ticket.charged = True
         return ticket
 
     def release(self, ticket: Ticket, cost: float | None = None) -> None:
@@ -68,7 +70,7 @@ class FlowControl:
             return
         ticket.released = True
         self.inflight -= 1
-        if cost is not None:
+        if cost is not None and ticket.charged:  # (one admitted at once was never charged: nothing to correct)
             self.queue.charge(ticket.tenant, ticket.band, (cost - ticket.cost) / ticket.weight)
         self._dispatch()
 

@@ -58,6 +58,11 @@ class KVSubscriber:
         self._replay_done = True  # the last replay asked for ended with its end marker
         self._poller: zmq.asyncio.Poller | None = None
 
+    @property
+    def started(self) -> bool:
+        """`start` ran and `stop` did not since."""
+        return self._task is not None
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.run(), name=f"kv-events-{self.feed.owner}")

@@ -249,7 +249,8 @@ class ManagedDeployment:
 
     # -- state ------------------------------------------------------------------------
     def _publish(self) -> None:
-        self.pool.set_replicas([rp.url for rp in sorted(self.processes.values(), key=lambda r: r.slot) if rp.up])
+        up = [rp for rp in sorted(self.processes.values(), key=lambda r: r.slot) if rp.up]
+        self.pool.set_replicas([rp.url for rp in up], events={rp.url: rp.kv_events for rp in up})
 
     def _sync(self) -> None:
         self._publish()

@@ -105,6 +105,16 @@ class DeploymentSeries:
             child = self._retries[reason] = RETRIES.labels(self._name, reason)
         return child
 
+# Issue 35: routing by the replicas' KV-cache events (scheduler.py; its collector adds the subscribers'
+# state, blocks indexed and the flow-control queues at scrape time).
+KV_DECISIONS = Counter("streamproxy_gateway_kv_routing_decisions",
+                       "Replica choices, by what decided: kv_events (the replica's published cache) or affinity (today's index)",
+                       ["deployment", "by"])
+KV_PREDICTED = Counter("streamproxy_gateway_kv_predicted_cached_tokens",
+                       "Prompt tokens the chosen replicas were predicted to hold cached when chosen", ["deployment"])
+KV_TOKENIZE = Histogram("streamproxy_gateway_kv_tokenize_seconds", "A replica's /tokenize of a prompt, for KV-event routing",
+                        ["deployment"], buckets=_LATENCY)
+
 # Reloads of the config (SIGHUP): `applied`, or `refused` (the file did not load or validate; the old one serves).
 RELOADS = Counter("streamproxy_gateway_config_reloads", "Config reloads (SIGHUP), by outcome: applied or refused", ["outcome"])
 

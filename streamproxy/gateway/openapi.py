@@ -17,7 +17,7 @@ import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
-from streamproxy.gateway.config import Deployment, Kubernetes, Launch
+from streamproxy.gateway.config import Deployment, FlowControl, Kubernetes, KVEvents, Launch
 from streamproxy.gateway.deployadmin import DeploymentDeleted
 from streamproxy.gateway.routes import DEPLOYMENT_PREFIXES, MODELS_PATHS, ROUTES, relayed_paths
 from streamproxy.http.openapi import METRICS, OPERATIONS, ErrorStatus, Operation, QueryParam, build_document
@@ -27,6 +27,34 @@ from streamproxy.ledger.records import RequestPage, UsageReport
 from streamproxy.protocol.common import ModelCard, ModelList, VersionInfo
 
 # -- what the gateway's own routes answer -------------------------------------------------
+
+
+class KVEventsState(msgspec.Struct):
+    """A replica's KV-cache event stream, as the gateway follows it (scheduler.py)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    state: Literal["connected", "disconnected", "replaying"]
+    blocks: int  # of its prefix cache, indexed
+    block_size: int  # 0: not known yet (no event heard)
+    last_seq: int | None  # the last batch applied
+    batches: int
+    gaps: int
+    replays: int
+    resets: int
+    lost: int
+    decode_errors: int
+    last_error: str | None
+
+
+class FlowState(msgspec.Struct):
+    """A deployment's flow control: what is in flight, what waits, by band (vLLM's priority) and tenant (key)."""
+
+    max_concurrency: int
+    limit: float
+    in_flight: int
+    waiting: int
+    queued: dict[str, dict[str, int]]
 
 
 class DeploymentReplica(msgspec.Struct):
@@ -43,6 +71,7 @@ class DeploymentReplica(msgspec.Struct):
     pid: int | UnsetType = UNSET
     booting: bool | UnsetType = UNSET
     pod: str | UnsetType = UNSET  # `kubernetes:` replicas: the pod's name
+    kv_events: KVEventsState | UnsetType = UNSET  # a replica that publishes KV-cache events
 
 
 class DeploymentInfo(msgspec.Struct):
@@ -62,6 +91,7 @@ class DeploymentInfo(msgspec.Struct):
     restarts: int | UnsetType = UNSET
     problem: str | None | UnsetType = UNSET  # `kubernetes:`: what keeps the API from telling its pods, or a pod from serving
     source: Literal["config", "api"] = "config"  # the config file, or POST /v1/deployments
+    flow_control: FlowState | UnsetType = UNSET  # with `flow_control.max_concurrency`
 
 
 class DeploymentList(msgspec.Struct):
@@ -85,6 +115,8 @@ class DeploymentPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kubernetes: Kubernetes | None | UnsetType = UNSET
     served_model: str | None | UnsetType = UNSET
     upstream_key_env: str | None | UnsetType = UNSET
+    kv_events: KVEvents | None | UnsetType = UNSET
+    flow_control: FlowControl | None | UnsetType = UNSET
 
 
 # -- the operations -----------------------------------------------------------------------

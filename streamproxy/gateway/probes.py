@@ -6,7 +6,9 @@ status, a refused connection, a timeout) is not. Never an inference request:
 a probe costs the replica nothing but an HTTP round trip. An https:// replica
 is probed with its deployment's `tls` (upstream_tls.py), as requests reach it:
 the probe is `wire.Upstreams.get`, on the connections and pool the relayed
-requests use; any failure it reports (`UpstreamClosed`) is unhealthy.
+requests use; any failure it reports (`UpstreamClosed`) is unhealthy. A healthy
+replica of a deployment with flow control is then asked its /metrics (its
+requests waiting: `Scheduler.look`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ async def _probe(state: GatewayState, pool: Pool, replica: Replica) -> None:
             log.warning("deployment %s: upstream %s is down: TLS handshake failed: %s", pool.deployment.name, replica.url, why)
         else:
             log.info("deployment %s: upstream %s is %s", pool.deployment.name, replica.url, "up" if now[0] else "down")
+    if ok:
+        scheduler = state.schedulers.get(pool.deployment.name)
+        if scheduler is not None and scheduler.pool is pool:
+            await scheduler.look(upstreams, replica, pool.upstream_headers, tls, state.policy.health_check_timeout)
     M.PROBE_HEALTHY.labels(pool.deployment.name, replica.url).set(1 if now[0] else 0)
     M.BREAKER.labels(pool.deployment.name, replica.url).set(int(now[1]))
 

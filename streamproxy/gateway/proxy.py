@@ -2,10 +2,16 @@
 
 The key (401) -> the body (413 over the cap; decoded by serve's rules: 400) -> the deployment (404) ->
 the key may use it (401/429) -> its budget holds the worst case (429 insufficient_quota) -> model
-renamed, usage asked for -> `Call.open` (failover before the first byte) -> stream
+renamed, usage asked for, priority read -> `Call.admit` (flow control: wait, or 429) -> `Call.open` (failover before the first byte) -> stream
 (`streaming.stream`) or body (`answer_nonstream`). The body is re-encoded by msgspec (integers as they
 were), with the client's `_FORWARD` headers. However it ends, the upstream response is closed (the
 replica aborts) and the tokens are metered and charged (the end of `with call:`).
+
+A request's priority band (vLLM's numbers, lower first) is its `X-Vllm-Priority` header, else its
+body's `priority`, else its key's, else the deployment's `flow_control.priority` (400 when not an
+integer); its tenant is its key (without keys: llm-d's `X-Gateway-Inference-Fairness-Id` header).
+The body's `priority` goes to the replica only under `flow_control.scheduling_priority` (the band's
+number); otherwise it is taken out (a replica not scheduling by priority refuses one).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 from time import perf_counter
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -20,9 +27,11 @@ from aiohttp import web
 from streamproxy.apis.spec import OPENAI, Usage
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, ServiceUnavailable
 from streamproxy.gateway.call import BROKEN, Call, Route
+from streamproxy.gateway.config import ApiKey, Deployment
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
 from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, refusal
+from streamproxy.gateway.scheduler import tokenize_request
 from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError
@@ -38,6 +47,7 @@ _FORWARD = {name.lower(): name for name in ("anthropic-version", "anthropic-beta
 
 async def relay(request: web.Request, route: Route) -> web.StreamResponse:
     with await _prepare(request, route) as call:
+        await call.admit()
         if call.stream:
             return await stream(request, call)
         return await _nonstream(request, call)
@@ -81,6 +91,15 @@ async def _prepare(request: web.Request, route: Route) -> Call:
         if (options is None or isinstance(options, dict)) and (include is None or include is False):
             data["stream_options"] = {**(options or {}), "include_usage": True}
             strip = True
+    band = _priority(request, data, key[0] if key is not None else None, deployment) if route.generates else 0
+    if route.generates:
+        if deployment.flow_control.scheduling_priority and route.api is OPENAI:
+            data["priority"] = band
+        else:
+            data.pop("priority", None)
+    scheduler = state.schedulers[deployment.name]
+    tokenize = tokenize_request(route.upstream_path, data) if route.generates and scheduler.subscribers else None
+    salt = data.get("cache_salt")
     resume = None
     migration = deployment.migration
     if stream and migration.enabled and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
@@ -98,7 +117,32 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": ctx.request_id, **pool.upstream_headers}
     if any(name in request.headers for name in _FORWARD.values()):  # three lookups, not a walk over every header
         _forward(request, headers)
-    return Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage(), resume=resume)
+    call = Call(state, pool, route, ctx, limiter, _encode_json(data), headers, keys, public, stream, strip, Usage(),
+                resume=resume, tokenize=tokenize, cache_salt=salt if isinstance(salt, str) else None, band=band)
+    if key is not None:
+        call.tenant, call.weight = key[0].id, key[0].weight
+    else:
+        call.tenant = request.headers.get("X-Gateway-Inference-Fairness-Id", "-")
+    call.cost = len(raw) / state.config.budgets.prompt_bytes_per_token
+    return call
+
+
+def _priority(request: web.Request, data: dict[str, Any], key: ApiKey | None, deployment: Deployment) -> int:
+    """The request's priority band (see the module's comment); 400 when it is not an integer."""
+    header = request.headers.get("X-Vllm-Priority")
+    if header is not None:
+        try:
+            return int(header.strip())
+        except ValueError:
+            raise InvalidRequest(f"X-Vllm-Priority must be an integer, not {header!r}", param="priority") from None
+    given = data.get("priority")
+    if given is not None:
+        if type(given) is not int:
+            raise InvalidRequest("'priority' must be an integer", param="priority")
+        return given
+    if key is not None and key.priority is not None:
+        return key.priority
+    return deployment.flow_control.priority
 
 
 def _forward(request: web.Request, headers: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ there is none), after reaping it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamproxy.gateway.config import Deployment, Launch
+from streamproxy.gateway.config import Deployment, KVEventsEndpoint, Launch
 from streamproxy.oscalls import die_with_parent
 
 _LOG_TAIL_LINES = 30
@@ -56,6 +57,7 @@ class ReplicaProcess:
     up: bool = False  # answered /health and is in the pool
     expected: bool = False  # the gateway asked it to stop
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    kv_events: KVEventsEndpoint | None = None  # where it publishes its KV-cache events
 
     @property
     def url(self) -> str:
@@ -80,30 +82,73 @@ class ReplicaProcess:
             return "(no log)"
 
 
-def replica_command(deployment: Deployment, launch: Launch, port: int) -> list[str]:
+def kv_events_for(deployment: Deployment, launch: Launch) -> KVEventsEndpoint | None:
+    """Where a new replica will publish its KV-cache events: a vLLM replica on free loopback ports,
+    unless the deployment's `kv_events` turns them off or its args give their own `--kv-events-config`
+    (then read from it; `*` is this host)."""
+    config = deployment.kv_events
+    if launch.model == "fake" or (config is not None and not config.enable_kv_cache_events):
+        return None
+    own = _flag(launch.args, "--kv-events-config")
+    if own is not None:
+        try:
+            given = json.loads(own)
+        except ValueError:
+            return None
+        if not isinstance(given, dict) or not given.get("enable_kv_cache_events") or given.get("publisher", "null") != "zmq":
+            return None
+        endpoint = str(given.get("endpoint", "tcp://*:5557"))
+        replay = given.get("replay_endpoint")
+        return KVEventsEndpoint(endpoint=endpoint.replace("*", "127.0.0.1"), bind="*" not in endpoint,
+                                replay_endpoint=str(replay).replace("*", "127.0.0.1") if replay else None,
+                                topic=str(given.get("topic", "")))
+    return KVEventsEndpoint(endpoint=f"tcp://127.0.0.1:{free_port()}", replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+                            topic=config.topic if config is not None else "", bind=True)
+
+
+def kv_events_flag(kv: KVEventsEndpoint, buffer_steps: int) -> list[str]:
+    """vLLM's `--kv-events-config` for a replica publishing at `kv` (its PUB connects to the gateway's SUB)."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv.endpoint,
+              "replay_endpoint": kv.replay_endpoint, "buffer_steps": buffer_steps, "topic": kv.topic}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
+
+
+def replica_command(deployment: Deployment, launch: Launch, port: int, kv: KVEventsEndpoint | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "streamproxy", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--engine", "fake"] if launch.model == "fake" else ["--model", launch.model]
     if "--served-model-name" not in launch.args:
         cmd += ["--served-model-name", deployment.upstream_model]
     if "--access-log" not in launch.args:
         cmd += ["--access-log", "off"]  # the gateway logs each request; the replica's log keeps the rest
+    if kv is not None and _flag(launch.args, "--kv-events-config") is None:
+        cmd += kv_events_flag(kv, deployment.kv_events.buffer_steps if deployment.kv_events is not None else 10_000)
     return cmd + list(launch.args)
 
 
 def spawn(deployment: Deployment, launch: Launch, slot: int, log_dir: Path) -> ReplicaProcess:
     """Start one replica (raises OSError when it cannot be started at all)."""
     port = free_port()
+    kv = kv_events_for(deployment, launch)
     log_path = log_dir / f"{deployment.id}-{slot}-{port}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            replica_command(deployment, launch, port), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            replica_command(deployment, launch, port, kv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=env, start_new_session=True,
             # The parent-death signal has no other way in; the child runs nothing but prctl
             # and getppid before exec. Forked from the loop thread: the signal is tied to it.
             preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509
         )
-    return ReplicaProcess(slot, port, proc, log_path, time.monotonic())
+    return ReplicaProcess(slot, port, proc, log_path, time.monotonic(), kv_events=kv)
 
 
 def watch(rp: ReplicaProcess, on_exit: Callable[[ReplicaProcess], None]) -> None:

@@ -30,6 +30,7 @@ from streamproxy.gateway.holds import Hold, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.managed import ManagedDeployment, Supervisor
+from streamproxy.gateway.scheduler import Scheduler
 from streamproxy.gateway.source import FixedSource, ReplicaSource
 from streamproxy.gateway.upstream_tls import ClientTLS, contexts
 from streamproxy.gateway.wire import Upstreams
@@ -61,6 +62,7 @@ class GatewayState:
         self.policy = config.upstream
         self.pools: dict[str, Pool] = {}
         self.sources: dict[str, ReplicaSource] = {}  # by name and by id
+        self.schedulers: dict[str, Scheduler] = {}  # by name and by id: KV-event routing and flow control
         # Built for this state and not started yet (`take_over` starts them after a reload).
         self.fresh: list[ReplicaSource] = []
         self.fresh_managed: list[ManagedDeployment] = []
@@ -75,21 +77,26 @@ class GatewayState:
             self.keyring: Keyring | None = None  # keys made through POST /v1/keys (in the ledger's store)
             # Deployments a reload removed, still serving requests that began before it (shared by every state).
             self.retiring: dict[Pool, ReplicaSource] = {}
+            self.retired_schedulers: dict[Pool, Scheduler] = {}
             self.tasks: set[asyncio.Task[None]] = set()
         else:
             self.inflight, self.started, self.supervisor = previous.inflight, previous.started, previous.supervisor
             self.retries, self.upstreams = previous.retries, previous.upstreams
             self.ledger, self.keyring = previous.ledger, previous.keyring
             self.retiring, self.tasks = previous.retiring, previous.tasks
+            self.retired_schedulers = previous.retired_schedulers
         for d in config.deployments:
             kept = previous.unchanged(d, config) if previous is not None else None
-            if kept is not None:
+            if kept is not None and previous is not None:
                 pool, source = kept
+                scheduler = previous.schedulers[d.name]
             else:
                 pool = Pool(d, config.upstream)
+                scheduler = Scheduler(pool)  # (before the source: it follows the pool's replicas from the first)
                 source = self._source(d, pool, registered=previous is None)
             self.pools[d.name] = self.pools[d.id] = pool
             self.sources[d.name] = self.sources[d.id] = source
+            self.schedulers[d.name] = self.schedulers[d.id] = scheduler
         admin = os.environ.get(config.admin_key_env, "") if config.admin_key_env else (settings.admin_key or "")
         self.admin_key = admin.encode()
         self.keys: list[tuple[bytes, ApiKey, KeyLimiter]] = [
@@ -148,6 +155,9 @@ class GatewayState:
         for name, pool in previous.pools.items():
             if id(pool) not in kept:
                 gone[id(pool)] = (pool, previous.sources[name])
+                self.retired_schedulers[pool] = previous.schedulers[name]
+        for scheduler in self.schedulers.values():
+            scheduler.start()
         for _, source in gone.values():
             self.supervisor.forget(source)
         for managed in self.fresh_managed:
@@ -171,8 +181,12 @@ class GatewayState:
                 self._stop_retired(pool, source)
 
     def _stop_retired(self, pool: Pool, source: ReplicaSource) -> None:
+        scheduler = self.retired_schedulers.pop(pool, None)
+
         async def stop() -> None:
             try:
+                if scheduler is not None:
+                    await scheduler.stop()
                 await source.stop()
                 log.info("deployment %s (%s): stopped, as the reload removed or changed it", pool.deployment.name, pool.deployment.id)
             except Exception:
@@ -191,6 +205,8 @@ class GatewayState:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
     def start_sources(self, upstreams: Upstreams) -> None:
+        for d in self.deployments:
+            self.schedulers[d.name].start()
         self.supervisor.start(upstreams)
         for d in self.deployments:
             self.sources[d.name].start(upstreams)
@@ -201,14 +217,17 @@ class GatewayState:
         await self.supervisor.shutdown()
         for d in self.deployments:
             await self.sources[d.name].stop()
+            await self.schedulers[d.name].stop()
         await self.stop_retired()
 
     def describe(self, name: str) -> dict[str, object]:
         """`/v1/deployments`' view of one deployment: its replicas' health and load, its source's fields."""
         pool = self.pools[name]
+        scheduler = self.schedulers[name]
         now = time.monotonic()
-        replicas: list[dict[str, object]] = [
-            {
+        replicas: list[dict[str, object]] = []
+        for r in pool.replicas:
+            replica: dict[str, object] = {
                 "url": r.url,
                 "available": r.health.routable(now),
                 "healthy": r.health.probed_healthy,
@@ -217,11 +236,14 @@ class GatewayState:
                 "in_flight": r.outstanding,
                 "requests": r.requests,
             }
-            for r in pool.replicas
-        ]
+            kv = scheduler.describe_replica(r.url)
+            if kv is not None:
+                replica["kv_events"] = kv
+            replicas.append(replica)
         d = pool.deployment
         described: dict[str, object] = {"id": d.id, "name": d.name, "served_model": d.upstream_model, "replicas": replicas}
         described.update(self.sources[name].describe(replicas))
+        described.update(scheduler.describe())
         described["source"] = "api" if d.id in self.from_api else "config"
         return described
 
