@@ -1,7 +1,8 @@
 """Prompt text -> token ids on the event loop, without transformers' per-call Python.
 
 `fast_encoder(tokenizer)` gives a function that encodes with a private copy of a fast
-tokenizer's Rust `tokenizers.Tokenizer` (`encode_batch_fast`: ids only, no offsets), set up
+tokenizer's Rust `tokenizers.Tokenizer` (`encode`, in the calling thread: the batch calls
+hand even one text to rayon's pool and block the event loop until a worker ran it), set up
 as transformers' `encode` sets the shared one for every call (no truncation, no padding,
 its `split_special_tokens`): the same ids, a fraction of the CPU. The copy is ours alone, so
 vLLM's threads never share its state. None for any other tokenizer: the caller keeps
@@ -29,9 +30,9 @@ def fast_encoder(tokenizer: Any) -> Encode | None:
     own.no_truncation()
     own.no_padding()
     own.encode_special_tokens = split
-    batch = own.encode_batch_fast
+    one = own.encode
 
     def encode(text: str, add_special_tokens: bool) -> list[int]:
-        return batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return one(text, add_special_tokens=add_special_tokens).ids
 
     return encode
