@@ -271,17 +271,27 @@ class DeltaQueue:
         self._queue(deltas)
 
     def hold(self, deltas: list[Delta]) -> None:
-        """As `put`, but never through the sink: the step waits for the consumer, with what follows.
+        """As `put`, but never through the sink, and the consumer is not woken: `release()` does that.
 
         For a producer that knows more of this stream's output is already
-        waiting (the engine ran ahead of the front end): the consumer then
-        writes several steps at once, as a starved front end must to catch
-        up, instead of one write per step. The sink is disarmed, so later
-        `put`s queue behind this step; the consumer re-arms once it is current."""
+        waiting (the engine ran ahead of the front end): it holds each step
+        until it is current again, then releases, so the consumer writes
+        every step held meanwhile at once, as a starved front end must to
+        catch up, instead of being woken (and writing) once per step. The
+        sink is disarmed, so later `put`s queue behind this step (and wake
+        the consumer); the consumer re-arms once it is current."""
         self._sink = None
-        self._queue(deltas)
+        self._append(deltas)
+
+    def release(self) -> None:
+        """Wake the consumer for what `hold` queued (nothing if it is not waiting)."""
+        self._wake()
 
     def _queue(self, deltas: list[Delta]) -> None:
+        self._append(deltas)
+        self._wake()
+
+    def _append(self, deltas: list[Delta]) -> None:
         pending = self._pending
         if not pending:
             self._pending = deltas
@@ -291,7 +301,6 @@ class DeltaQueue:
                 self._pending = pending = list(pending)
                 self._owned = True
             pending.extend(deltas)
-        self._wake()
 
     def close(self, error: BaseException | None = None) -> None:
         """No more output. With `error`, the consumer sees it after what is pending."""

@@ -54,6 +54,7 @@ unfinished requests (`check_admission`).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Callable
@@ -184,6 +185,9 @@ class DirectRoute:
         # How many engine-core batches are already waiting behind the one being processed (see `process_outputs`).
         self._backlog = backlog or _no_backlog
         self._logprob_tokens: LogprobTokens | None = None
+        # Streams with held steps, and the callback that releases them once the route is current.
+        self._held: list[DeltaQueue] = []
+        self._release: asyncio.Handle | None = None
         self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id (a child's, when n > 1)
         self.internal_ids: dict[str, list[str]] = {}  # external (ours) -> internal (the children's, when n > 1)
         self._vllm_process_outputs = output_processor.process_outputs
@@ -255,6 +259,10 @@ class DirectRoute:
         return running
 
     def fail_all(self, error: BaseException) -> None:
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        self._held = []
         requests, self.requests = self.requests, {}
         self.internal_ids = {}
         for req in requests.values():
@@ -275,11 +283,14 @@ class DirectRoute:
         # vLLM's stats for this batch (the handler makes them only when vLLM logs stats), filled per output.
         stats = iteration_stats if self._log_stats else None
         timestamp = 0.0 if engine_core_timestamp is None else engine_core_timestamp
-        # The front end is behind the engine (later batches already received): hold this step for the
-        # stream's writer instead of writing it now, so one write carries every waiting step, as vLLM's
-        # collectors merge them. A front end kept off the CPU then catches up instead of paying one
-        # write per stream per step it missed. Current, it writes each step from here as before.
-        deliver = DeltaQueue.hold if self._backlog() else DeltaQueue.put
+        # The front end is behind the engine (later batches already received): hold this step, and wake
+        # the stream's writer only once the route is current again (`_release_when_current`), so one write
+        # carries every step that came meanwhile, as vLLM's collectors merge them. Woken at once, the
+        # writers ran between vLLM's 128-output chunks and wrote each step alone, through the pull path.
+        # Current, it writes each step from here as before.
+        holding = self._backlog() > 0
+        if holding and self._release is None:
+            self._schedule_release()
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
@@ -289,6 +300,8 @@ class DirectRoute:
                 self._reject(req, output.request_id, error, aborts)
                 continue
             try:
+                # A request's first output is never held: its time to first token does not wait for the backlog.
+                held = holding and not req.prefilling
                 if stats is not None:
                     self._count(req, output, timestamp, stats)
                 elif req.prefilling:
@@ -302,15 +315,24 @@ class DirectRoute:
                     assert self._logprob_tokens is not None
                     logprobs = sample_logprobs(ids, output.new_logprobs, req.top, self._logprob_tokens)
                 if reason is None:
-                    deliver(req.stream, [Delta(req.index, text, len(ids), None, ids, logprobs)])
+                    if held:
+                        req.stream.hold([Delta(req.index, text, len(ids), None, ids, logprobs)])
+                        self._held.append(req.stream)
+                    else:
+                        req.stream.put([Delta(req.index, text, len(ids), None, ids, logprobs)])
                     continue
                 last = self._forget(output.request_id, req)
                 if stats is not None:
                     self._count_finished(req, output.request_id, reason, stats)
                 req.stream.cached_tokens = req.cached  # the last choice's, as vLLM's last RequestOutput
-                deliver(req.stream, [Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                if held:
+                    req.stream.hold([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                else:
+                    req.stream.put([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
                 if last:
                     req.stream.close()
+                elif held:
+                    self._held.append(req.stream)
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
                 running = self.discard(req.external_id) or []  # the whole request ends, every choice
@@ -318,11 +340,33 @@ class DirectRoute:
                 aborts.extend(i for i in running if i != output.request_id)
                 if output.finish_reason is None and output.request_id not in aborts:
                     aborts.append(output.request_id)
+        if self._held and not holding and not self._backlog():
+            self._release_held()  # current again: the writers take what was held, with this step
         if rest:
             result = self._vllm_process_outputs(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
             result.reqs_to_abort.extend(aborts)
             return result
         return self._result(request_outputs=[], reqs_to_abort=aborts)
+
+    def _schedule_release(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside a loop (tests): released when a call finds the route current
+            return
+        self._release = loop.call_soon(self._release_when_current)
+
+    def _release_when_current(self) -> None:
+        """Once per loop iteration while steps are held: wake their writers when no batch waits any more."""
+        self._release = None
+        if self._backlog():
+            self._schedule_release()
+            return
+        self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for stream in held:
+            stream.release()
 
     def _reject(self, req: DirectRequest, internal_id: str, error: Exception, aborts: list[str]) -> None:
         """The engine core refused the request on arrival (its output's `error`; nothing ran): the

@@ -733,8 +733,8 @@ def test_lora_request_states_as_vllms_output_processor(tokenizer, end):
 
 def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     """While later engine-core batches already wait (vLLM's client received them, its output handler has
-    not taken them), steps are held for the stream's writer instead of pushed one write per step; once
-    current again, each step goes through the sink as it comes."""
+    not taken them), steps after the first are held for the stream's writer instead of pushed one write
+    per step; once current again, each step goes through the sink as it comes."""
     from vllm.v1.engine import FinishReason
 
     waiting = [2]
@@ -746,9 +746,37 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     for step in ids[:3]:  # a backlog of three batches, taken one after the other
         route.process_outputs([_output("b-1", [step])])
         waiting[0] = max(waiting[0] - 1, 0)
-    assert pushed == []  # none pushed: the writer takes them together
+    # The first output goes out at once even so (a time to first token never waits for the backlog);
+    # the next ones are held: the writer takes them together.
+    assert [[d.token_ids for d in step] for step in pushed] == [[[ids[0]]]]
     held = stream.get_nowait()
-    assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[:3]]
+    assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[1:3]]
     assert stream.arm(keep(pushed))  # the writer caught up
     route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
-    assert [d.token_ids for d in pushed[0]] == [[ids[3]]] and pushed[0][0].finish_reason == "length"
+    assert [d.token_ids for d in pushed[1]] == [[ids[3]]] and pushed[1][0].finish_reason == "length"
+
+
+def test_held_steps_wake_the_writer_once_the_route_is_current(tokenizer):
+    """Behind the engine, a waiting writer is not woken per held step (it would write each alone): it
+    sleeps while batches still wait, is woken on the first loop iteration that finds none, and takes
+    every held step in one go."""
+    import asyncio
+
+    async def main() -> None:
+        waiting = [2]
+        route = DirectRoute(StandInProcessor(), tokenizer, backlog=lambda: waiting[0])
+        stream = add(route, _request("h-1", [1, 2]), "h", GenerationParams(max_tokens=4))
+        first, *ids = tokenizer.encode(" one two three", add_special_tokens=False)[:3]
+        route.process_outputs([_output("h-1", [first])])  # a first output is never held
+        assert [d.token_ids for d in stream.get_nowait() or []] == [[first]]
+        writer = asyncio.ensure_future(stream.get())
+        await asyncio.sleep(0)
+        for step in ids:
+            route.process_outputs([_output("h-1", [step])])
+            await asyncio.sleep(0)  # vLLM's handler yields between chunks: the writer must not run
+        assert not writer.done()
+        waiting[0] = 0
+        held = await writer
+        assert [d.token_ids for d in held] == [[i] for i in ids]
+
+    asyncio.run(main())

@@ -124,12 +124,30 @@ def test_hold_bypasses_the_sink_and_later_puts_queue_behind_it():
     assert [texts(x) for x in pushed] == [["a"], ["e"]]
 
 
-def test_hold_wakes_a_waiting_consumer():
+def test_hold_leaves_the_consumer_asleep_until_release():
+    """Held steps wait for `release()` (the producer is current again): the consumer then takes
+    every step held meanwhile in one go."""
     async def main():
         s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.hold([d("a")])
-        assert texts(await task) == ["a"]
+        s.hold([d("b")])
+        await asyncio.sleep(0)
+        assert not task.done()
+        s.release()
+        assert texts(await task) == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_a_put_after_hold_wakes_the_consumer():
+    async def main():
+        s = DeltaQueue()
+        task = asyncio.create_task(s.get())
+        await asyncio.sleep(0)
+        s.hold([d("a")])
+        s.put([d("b")])
+        assert texts(await task) == ["a", "b"]
 
     asyncio.run(main())
