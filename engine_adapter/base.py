@@ -259,6 +259,10 @@ class DeltaQueue:
     def put(self, deltas: list[Delta]) -> None:
         sink = self._sink
         if sink is not None:
+            pending = self._pending
+            if pending:  # held steps (`hold`) go first, in the same piece
+                self._pending = []
+                deltas = pending + deltas
             try:
                 if sink(deltas):
                     return
@@ -271,21 +275,22 @@ class DeltaQueue:
         self._queue(deltas)
 
     def hold(self, deltas: list[Delta]) -> None:
-        """As `put`, but never through the sink, and the consumer is not woken: `release()` does that.
+        """Queue a step without handing it on: neither the sink nor the consumer sees it until
+        `release()` or the next `put`, which hands it on with that step.
 
         For a producer that knows more of this stream's output is already
         waiting (the engine ran ahead of the front end): it holds each step
-        until it is current again, then releases, so the consumer writes
-        every step held meanwhile at once, as a starved front end must to
-        catch up, instead of being woken (and writing) once per step. The
-        sink is disarmed, so later `put`s queue behind this step (and wake
-        the consumer); the consumer re-arms once it is current."""
-        self._sink = None
+        until it is current again, so every step held meanwhile goes out in
+        one piece (through the sink, when armed: one write, no wake-up), as a
+        starved front end must to catch up, instead of one write per step."""
         self._append(deltas)
 
     def release(self) -> None:
-        """Wake the consumer for what `hold` queued (nothing if it is not waiting)."""
-        self._wake()
+        """Hand on what `hold` queued: to the sink when armed, else wake the consumer."""
+        if self._sink is not None and self._pending:
+            self.put([])
+        else:
+            self._wake()
 
     def _queue(self, deltas: list[Delta]) -> None:
         self._append(deltas)

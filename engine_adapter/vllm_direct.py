@@ -58,6 +58,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from prometheus_client import Counter
@@ -74,6 +75,9 @@ DIRECT_REQUESTS = Counter(
     "streamproxy_direct_requests",
     "Requests whose outputs took the direct route from vLLM's engine core; the rest took vLLM's OutputProcessor",
 )
+
+# The longest a held step waits for the route to be current (a front end that never catches up still writes).
+HOLD_BOUND = 0.05
 
 # FinishReason (an IntEnum) -> its API string, by value.
 _FINISH = ("stop", "length", "abort", "error", "repetition")
@@ -188,6 +192,8 @@ class DirectRoute:
         # Streams with held steps, and the callback that releases them once the route is current.
         self._held: list[DeltaQueue] = []
         self._release: asyncio.Handle | None = None
+        self._held_since = 0.0
+        self._calls = self._calls_seen = 0  # process_outputs calls, and as many as the release last saw
         self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id (a child's, when n > 1)
         self.internal_ids: dict[str, list[str]] = {}  # external (ours) -> internal (the children's, when n > 1)
         self._vllm_process_outputs = output_processor.process_outputs
@@ -283,13 +289,15 @@ class DirectRoute:
         # vLLM's stats for this batch (the handler makes them only when vLLM logs stats), filled per output.
         stats = iteration_stats if self._log_stats else None
         timestamp = 0.0 if engine_core_timestamp is None else engine_core_timestamp
-        # The front end is behind the engine (later batches already received): hold this step, and wake
-        # the stream's writer only once the route is current again (`_release_when_current`), so one write
-        # carries every step that came meanwhile, as vLLM's collectors merge them. Woken at once, the
-        # writers ran between vLLM's 128-output chunks and wrote each step alone, through the pull path.
-        # Current, it writes each step from here as before.
+        # The front end is behind the engine (later batches already received): hold this step and hand
+        # it on only once the route is current again (the stream's next put, or `_release_when_current`),
+        # so one write carries every step that came meanwhile, as vLLM's collectors merge them, through
+        # the armed sink (no wake-up). Woken at once, the writers ran between vLLM's 128-output chunks and
+        # wrote each step alone, through the pull path. Current, it writes each step from here as before.
+        self._calls += 1
         holding = self._backlog() > 0
         if holding and self._release is None:
+            self._held_since = perf_counter()
             self._schedule_release()
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
@@ -340,8 +348,6 @@ class DirectRoute:
                 aborts.extend(i for i in running if i != output.request_id)
                 if output.finish_reason is None and output.request_id not in aborts:
                     aborts.append(output.request_id)
-        if self._held and not holding and not self._backlog():
-            self._release_held()  # current again: the writers take what was held, with this step
         if rest:
             result = self._vllm_process_outputs(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
             result.reqs_to_abort.extend(aborts)
@@ -356,9 +362,14 @@ class DirectRoute:
         self._release = loop.call_soon(self._release_when_current)
 
     def _release_when_current(self) -> None:
-        """Once per loop iteration while steps are held: wake their writers when no batch waits any more."""
+        """Once per loop iteration while steps are held: hand them on when vLLM's output handler is idle
+        (no batch waits, and no chunk was processed since the last look: a batch's chunks come one loop
+        iteration apart, and its next step for each stream takes the held ones with it), or once they
+        have waited HOLD_BOUND seconds."""
         self._release = None
-        if self._backlog():
+        calls = self._calls
+        if (self._backlog() or calls != self._calls_seen) and perf_counter() - self._held_since < HOLD_BOUND:
+            self._calls_seen = calls
             self._schedule_release()
             return
         self._release_held()

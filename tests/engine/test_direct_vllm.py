@@ -733,8 +733,8 @@ def test_lora_request_states_as_vllms_output_processor(tokenizer, end):
 
 def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     """While later engine-core batches already wait (vLLM's client received them, its output handler has
-    not taken them), steps after the first are held for the stream's writer instead of pushed one write
-    per step; once current again, each step goes through the sink as it comes."""
+    not taken them), steps after the first are held instead of pushed one write per step; the first step
+    taken once current again takes them with it, and after that each step goes through the sink as it comes."""
     from vllm.v1.engine import FinishReason
 
     waiting = [2]
@@ -743,17 +743,15 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     pushed: list[list[Delta]] = []
     assert stream.arm(keep(pushed))
     ids = tokenizer.encode(" one two three four", add_special_tokens=False)[:4]
-    for step in ids[:3]:  # a backlog of three batches, taken one after the other
+    for step in ids[:3]:  # batches taken one after the other while later ones wait: 2, 1, then none
         route.process_outputs([_output("b-1", [step])])
         waiting[0] = max(waiting[0] - 1, 0)
     # The first output goes out at once even so (a time to first token never waits for the backlog);
-    # the next ones are held: the writer takes them together.
-    assert [[d.token_ids for d in step] for step in pushed] == [[[ids[0]]]]
-    held = stream.get_nowait()
-    assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[1:3]]
-    assert stream.arm(keep(pushed))  # the writer caught up
+    # the second is held and goes out with the third, the first step taken once current: one piece.
+    assert [[d.token_ids for d in piece] for piece in pushed] == [[[ids[0]]], [[ids[1]], [ids[2]]]]
+    assert stream.get_nowait() is None
     route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
-    assert [d.token_ids for d in pushed[1]] == [[ids[3]]] and pushed[1][0].finish_reason == "length"
+    assert [d.token_ids for d in pushed[2]] == [[ids[3]]] and pushed[2][0].finish_reason == "length"
 
 
 def test_held_steps_wake_the_writer_once_the_route_is_current(tokenizer):
@@ -778,5 +776,17 @@ def test_held_steps_wake_the_writer_once_the_route_is_current(tokenizer):
         waiting[0] = 0
         held = await writer
         assert [d.token_ids for d in held] == [[i] for i in ids]
+        # With the writer's sink armed, the release pushes them in one piece, with no wake-up.
+        pushed: list[list[Delta]] = []
+        assert stream.arm(keep(pushed))
+        waiting[0] = 2
+        more = tokenizer.encode(" four five", add_special_tokens=False)[:2]
+        for step in more:
+            route.process_outputs([_output("h-1", [step])])
+        await asyncio.sleep(0)
+        assert pushed == []
+        waiting[0] = 0
+        await asyncio.sleep(0)
+        assert [[d.token_ids for d in piece] for piece in pushed] == [[[i] for i in more]]
 
     asyncio.run(main())
