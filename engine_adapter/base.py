@@ -206,6 +206,10 @@ class DeltaQueue:
     def put(self, deltas: list[Delta]) -> None:
         sink = self._sink
         if sink is not None:
+            pending = self._pending
+            if pending:  # held steps (`hold`) go first, in the same piece
+                self._pending = []
+                deltas = pending + deltas
             try:
                 if sink(deltas):
                     return
@@ -218,12 +222,23 @@ class DeltaQueue:
         self._queue(deltas)
 
     def hold(self, deltas: list[Delta]) -> None:
-        """As `put`, but never through the sink (disarmed): for a producer that knows more output is
-        already waiting, so a starved consumer writes several steps at once; it re-arms once current."""
-        self._sink = None
-        self._queue(deltas)
+        """Queue a step without handing it on: neither the sink nor the consumer sees it until
+        `release()` or the next `put`, which hands it on with that step (one piece: one write when
+        the sink is armed). For a producer that knows more of this stream's output is waiting."""
+        self._append(deltas)
+
+    def release(self) -> None:
+        """Hand on what `hold` queued: to the sink when armed, else wake the consumer."""
+        if self._sink is not None and self._pending:
+            self.put([])
+        else:
+            self._wake()
 
     def _queue(self, deltas: list[Delta]) -> None:
+        self._append(deltas)
+        self._wake()
+
+    def _append(self, deltas: list[Delta]) -> None:
         pending = self._pending
         if not pending:
             self._pending = deltas
@@ -233,7 +248,6 @@ class DeltaQueue:
                 self._pending = pending = list(pending)
                 self._owned = True
             pending.extend(deltas)
-        self._wake()
 
     def close(self, error: BaseException | None = None) -> None:
         """No more output. With `error`, the consumer sees it after what is pending."""

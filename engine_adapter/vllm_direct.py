@@ -16,9 +16,11 @@ mirrored: `--stream-interval`, tracing spans, `check_admission`.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from prometheus_client import Counter
@@ -35,6 +37,9 @@ DIRECT_REQUESTS = Counter(
     "streamproxy_direct_requests",
     "Requests whose outputs took the direct route from vLLM's engine core; the rest took vLLM's OutputProcessor",
 )
+
+# The longest a held step waits for the route to be current (a front end that never catches up still writes).
+HOLD_BOUND = 0.05
 
 # FinishReason (an IntEnum) -> its API string, by value.
 _FINISH = ("stop", "length", "abort", "error", "repetition")
@@ -146,6 +151,11 @@ class DirectRoute:
         # How many engine-core batches are already waiting behind the one being processed (see `process_outputs`).
         self._backlog = backlog or _no_backlog
         self._logprob_tokens: LogprobTokens | None = None
+        # Streams with held steps, and the callback that releases them once the route is current.
+        self._held: list[DeltaQueue] = []
+        self._release: asyncio.Handle | None = None
+        self._held_since = 0.0
+        self._calls = self._calls_seen = 0  # process_outputs calls, and as many as the release last saw
         self.requests: dict[str, DirectRequest] = {}  # by vLLM's internal request id (a child's, when n > 1)
         self.internal_ids: dict[str, list[str]] = {}  # external (ours) -> internal (the children's, when n > 1)
         self._vllm_process_outputs = output_processor.process_outputs
@@ -217,6 +227,10 @@ class DirectRoute:
         return running
 
     def fail_all(self, error: BaseException) -> None:
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        self._held = []
         requests, self.requests = self.requests, {}
         self.internal_ids = {}
         for req in requests.values():
@@ -237,11 +251,16 @@ class DirectRoute:
         # vLLM's stats for this batch (the handler makes them only when vLLM logs stats), filled per output.
         stats = iteration_stats if self._log_stats else None
         timestamp = 0.0 if engine_core_timestamp is None else engine_core_timestamp
-        # The front end is behind the engine (later batches already received): hold this step for the
-        # stream's writer instead of writing it now, so one write carries every waiting step, as vLLM's
-        # collectors merge them. A front end kept off the CPU then catches up instead of paying one
-        # write per stream per step it missed. Current, it writes each step from here as before.
-        deliver = DeltaQueue.hold if self._backlog() else DeltaQueue.put
+        # The front end is behind the engine (later batches already received): hold this step and hand
+        # it on only once the route is current again (the stream's next put, or `_release_when_current`),
+        # so one write carries every step that came meanwhile, as vLLM's collectors merge them, through
+        # the armed sink (no wake-up). Woken at once, the writers ran between vLLM's 128-output chunks and
+        # wrote each step alone, through the pull path. Current, it writes each step from here as before.
+        self._calls += 1
+        holding = self._backlog() > 0
+        if holding and self._release is None:
+            self._held_since = perf_counter()
+            self._schedule_release()
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
@@ -251,6 +270,8 @@ class DirectRoute:
                 self._reject(req, output.request_id, error, aborts)
                 continue
             try:
+                # A request's first output is never held: its time to first token does not wait for the backlog.
+                held = holding and not req.prefilling
                 if stats is not None:
                     self._count(req, output, timestamp, stats)
                 elif req.prefilling:
@@ -264,15 +285,24 @@ class DirectRoute:
                     assert self._logprob_tokens is not None
                     logprobs = sample_logprobs(ids, output.new_logprobs, req.top, self._logprob_tokens)
                 if reason is None:
-                    deliver(req.stream, [Delta(req.index, text, len(ids), None, ids, logprobs)])
+                    if held:
+                        req.stream.hold([Delta(req.index, text, len(ids), None, ids, logprobs)])
+                        self._held.append(req.stream)
+                    else:
+                        req.stream.put([Delta(req.index, text, len(ids), None, ids, logprobs)])
                     continue
                 last = self._forget(output.request_id, req)
                 if stats is not None:
                     self._count_finished(req, output.request_id, reason, stats)
                 req.stream.cached_tokens = req.cached  # the last choice's, as vLLM's last RequestOutput
-                deliver(req.stream, [Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                if held:
+                    req.stream.hold([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
+                else:
+                    req.stream.put([Delta(req.index, text, len(ids), _FINISH[reason], ids, logprobs)])
                 if last:
                     req.stream.close()
+                elif held:
+                    self._held.append(req.stream)
             except Exception as exc:  # never into vLLM's output handler
                 log.exception("direct output of request %s failed", req.external_id)
                 running = self.discard(req.external_id) or []  # the whole request ends, every choice
@@ -285,6 +315,31 @@ class DirectRoute:
             result.reqs_to_abort.extend(aborts)
             return result
         return self._result(request_outputs=[], reqs_to_abort=aborts)
+
+    def _schedule_release(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside a loop (tests): released when a call finds the route current
+            return
+        self._release = loop.call_soon(self._release_when_current)
+
+    def _release_when_current(self) -> None:
+        """Once per loop iteration while steps are held: hand them on when vLLM's output handler is idle
+        (no batch waits, and no chunk was processed since the last look: a batch's chunks come one loop
+        iteration apart, and its next step for each stream takes the held ones with it), or once they
+        have waited HOLD_BOUND seconds."""
+        self._release = None
+        calls = self._calls
+        if (self._backlog() or calls != self._calls_seen) and perf_counter() - self._held_since < HOLD_BOUND:
+            self._calls_seen = calls
+            self._schedule_release()
+            return
+        self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for stream in held:
+            stream.release()
 
     def _reject(self, req: DirectRequest, internal_id: str, error: Exception, aborts: list[str]) -> None:
         """The engine core refused the request on arrival (its output's `error`; nothing ran): the

@@ -32,6 +32,7 @@ from .base import (
     ModelInfo,
     OutputStream,
 )
+from .fast_encode import Encode, fast_encoder
 from .first_call import first_call
 from .token_bytes import TokenBytes
 from .vllm_compat import engine_exception
@@ -59,6 +60,7 @@ class VllmEngine:
         self._direct: DirectRoute | None = None
         self._supported_tasks: Any = None
         self._tokenizer: Any = None
+        self._encode: Encode | None = None  # the tokenizer's Rust fast path (fast_encode.py), when it has one
         self._token_bytes: TokenBytes | None = None
         self._state: EngineState = "loading"
         self._processes: list[Any] = []  # psutil handles of the processes the engine started
@@ -86,6 +88,7 @@ class VllmEngine:
         self._starting = None
         self._processes = processes.processes()
         self._tokenizer = self._llm.get_tokenizer()
+        self._encode = fast_encoder(self._tokenizer)
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
@@ -201,6 +204,8 @@ class VllmEngine:
         return self._token_bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._encode is not None and type(text) is str:
+            return self._encode(text, add_special_tokens)
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -225,7 +230,7 @@ class VllmEngine:
             tools=tools,
             **(chat_template_kwargs or {}),
         )
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self.encode(text, add_special_tokens=False)
 
     # -- generation -----------------------------------------------------
     async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:

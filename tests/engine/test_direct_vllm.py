@@ -735,8 +735,8 @@ def test_lora_request_states_as_vllms_output_processor(tokenizer, end):
 
 def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     """While later engine-core batches already wait (vLLM's client received them, its output handler has
-    not taken them), steps are held for the stream's writer instead of pushed one write per step; once
-    current again, each step goes through the sink as it comes."""
+    not taken them), steps after the first are held instead of pushed one write per step; the first step
+    taken once current again takes them with it, and after that each step goes through the sink as it comes."""
     from vllm.v1.engine import FinishReason
 
     waiting = [2]
@@ -745,12 +745,50 @@ def test_a_front_end_behind_the_engine_writes_waiting_steps_at_once(tokenizer):
     pushed: list[list[Delta]] = []
     assert stream.arm(keep(pushed))
     ids = tokenizer.encode(" one two three four", add_special_tokens=False)[:4]
-    for step in ids[:3]:  # a backlog of three batches, taken one after the other
+    for step in ids[:3]:  # batches taken one after the other while later ones wait: 2, 1, then none
         route.process_outputs([_output("b-1", [step])])
         waiting[0] = max(waiting[0] - 1, 0)
-    assert pushed == []  # none pushed: the writer takes them together
-    held = stream.get_nowait()
-    assert held is not None and [d.token_ids for d in held] == [[i] for i in ids[:3]]
-    assert stream.arm(keep(pushed))  # the writer caught up
+    # The first output goes out at once even so (a time to first token never waits for the backlog);
+    # the second is held and goes out with the third, the first step taken once current: one piece.
+    assert [[d.token_ids for d in piece] for piece in pushed] == [[[ids[0]]], [[ids[1]], [ids[2]]]]
+    assert stream.get_nowait() is None
     route.process_outputs([_output("b-1", [ids[3]], FinishReason.LENGTH)])
-    assert [d.token_ids for d in pushed[0]] == [[ids[3]]] and pushed[0][0].finish_reason == "length"
+    assert [d.token_ids for d in pushed[2]] == [[ids[3]]] and pushed[2][0].finish_reason == "length"
+
+
+def test_held_steps_wake_the_writer_once_the_route_is_current(tokenizer):
+    """Behind the engine, a waiting writer is not woken per held step (it would write each alone): it
+    sleeps while batches still wait, is woken on the first loop iteration that finds none, and takes
+    every held step in one go."""
+    import asyncio
+
+    async def main() -> None:
+        waiting = [2]
+        route = DirectRoute(StandInProcessor(), tokenizer, backlog=lambda: waiting[0])
+        stream = add(route, _request("h-1", [1, 2]), "h", GenerationParams(max_tokens=4))
+        first, *ids = tokenizer.encode(" one two three", add_special_tokens=False)[:3]
+        route.process_outputs([_output("h-1", [first])])  # a first output is never held
+        assert [d.token_ids for d in stream.get_nowait() or []] == [[first]]
+        writer = asyncio.ensure_future(stream.get())
+        await asyncio.sleep(0)
+        for step in ids:
+            route.process_outputs([_output("h-1", [step])])
+            await asyncio.sleep(0)  # vLLM's handler yields between chunks: the writer must not run
+        assert not writer.done()
+        waiting[0] = 0
+        held = await writer
+        assert [d.token_ids for d in held] == [[i] for i in ids]
+        # With the writer's sink armed, the release pushes them in one piece, with no wake-up.
+        pushed: list[list[Delta]] = []
+        assert stream.arm(keep(pushed))
+        waiting[0] = 2
+        more = tokenizer.encode(" four five", add_special_tokens=False)[:2]
+        for step in more:
+            route.process_outputs([_output("h-1", [step])])
+        await asyncio.sleep(0)
+        assert pushed == []
+        waiting[0] = 0
+        await asyncio.sleep(0)
+        assert [[d.token_ids for d in piece] for piece in pushed] == [[[i] for i in more]]
+
+    asyncio.run(main())

@@ -107,29 +107,77 @@ def test_close_disarms_and_wakes_the_consumer():
     asyncio.run(main())
 
 
-def test_hold_bypasses_the_sink_and_later_puts_queue_behind_it():
-    """A held step (the engine ran ahead of the front end) waits for the consumer with what
-    follows: the sink sees none of it, and the consumer takes every step in one go, in order."""
+def test_held_steps_go_through_the_sink_in_one_piece_with_the_next_put():
+    """A held step (the engine ran ahead of the front end) waits, with the sink still armed: the
+    next `put` hands it on first, in the same piece, so order is kept and one write carries both."""
     s = DeltaQueue()
     pushed: list[list[Delta]] = []
     assert s.arm(keep(pushed))
     s.put([d("a")])  # current: through the sink
     s.hold([d("b")])
-    s.put([d("c")])  # behind the held step, not through the sink
+    s.hold([d("c")])
     assert [texts(x) for x in pushed] == [["a"]]
-    assert texts(s.get_nowait() or []) == ["b", "c"]
-    assert s.get_nowait() is None
-    assert s.arm(keep(pushed))  # caught up: armed again
     s.put([d("e")])
-    assert [texts(x) for x in pushed] == [["a"], ["e"]]
+    assert [texts(x) for x in pushed] == [["a"], ["b", "c", "e"]]
+    assert s.get_nowait() is None
 
 
-def test_hold_wakes_a_waiting_consumer():
+def test_release_hands_held_steps_to_the_sink():
+    s = DeltaQueue()
+    pushed: list[list[Delta]] = []
+    assert s.arm(keep(pushed))
+    s.hold([d("a")])
+    s.hold([d("b")])
+    s.release()
+    assert [texts(x) for x in pushed] == [["a", "b"]]
+    s.release()  # nothing held: nothing handed on
+    assert [texts(x) for x in pushed] == [["a", "b"]]
+
+
+def test_held_steps_refused_by_the_sink_stay_for_the_consumer_in_order():
+    s = DeltaQueue()
+    assert s.arm(lambda deltas: False)  # the client is behind: the sink refuses
+    s.hold([d("a")])
+    s.put([d("b")])
+    assert texts(s.get_nowait() or []) == ["a", "b"]
+
+
+def test_close_after_hold_gives_the_consumer_the_held_steps_first():
+    s = DeltaQueue()
+    pushed: list[list[Delta]] = []
+    assert s.arm(keep(pushed))
+    s.hold([d("a")])
+    s.close()
+    assert pushed == [] and texts(s.get_nowait() or []) == ["a"]
+    assert s.finished
+    with pytest.raises(StopAsyncIteration):
+        s.get_nowait()
+
+
+def test_hold_leaves_the_consumer_asleep_until_release():
+    """Held steps wait for `release()` (the producer is current again): the consumer then takes
+    every step held meanwhile in one go."""
     async def main():
         s = DeltaQueue()
         task = asyncio.create_task(s.get())
         await asyncio.sleep(0)
         s.hold([d("a")])
-        assert texts(await task) == ["a"]
+        s.hold([d("b")])
+        await asyncio.sleep(0)
+        assert not task.done()
+        s.release()
+        assert texts(await task) == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_a_put_after_hold_wakes_the_consumer():
+    async def main():
+        s = DeltaQueue()
+        task = asyncio.create_task(s.get())
+        await asyncio.sleep(0)
+        s.hold([d("a")])
+        s.put([d("b")])
+        assert texts(await task) == ["a", "b"]
 
     asyncio.run(main())
