@@ -56,14 +56,14 @@ WORDS = ("account", "billing", "invoice", "order", "shipment", "refund", "policy
          "approval", "record", "privacy", "consent", "data", "retention", "audit")
 
 
-def system_prompts(tokenizer, tenants: int, tokens: int, salt: str, seed: int) -> list[str]:
+def system_prompts(tokenizer, tenants: int, tokens: int, salt: str, seed: int, vocabulary: tuple[str, ...] = WORDS) -> list[str]:
     """One system prompt per tenant, each about `tokens` tokens long, all different from the first token."""
     rng = random.Random(seed)
     prompts = []
     for t in range(tenants):
         words = [f"[{salt}] You are the assistant of tenant {t}. Rules:"]
         while len(tokenizer.encode(" ".join(words))) < tokens:
-            words += [rng.choice(WORDS) for _ in range(20)] + [f"rule-{t}-{len(words)}."]
+            words += [rng.choice(vocabulary) for _ in range(20)] + [f"rule-{t}-{len(words)}."]
         prompts.append(" ".join(words))
     return prompts
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from harness.process import free_port
 
+from . import affinity
 from .compare import _git_rev, model_path
 from .servers import RESULTS, SERVED_NAME, Server, stop_on_signals, streamproxy_server
 
@@ -120,14 +121,7 @@ def router(label: str, binary: str, reps: list[Replica], policy: str, tag: str, 
 
 
 def system_prompts(tokenizer: Any, tenants: int, tokens: int, salt: str, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    prompts = []
-    for t in range(tenants):
-        words = [f"[{salt}] You are the assistant of tenant {t}. Rules:"]
-        while len(tokenizer.encode(" ".join(words))) < tokens:
-            words += [rng.choice(WORDS) for _ in range(20)] + [f"rule-{t}-{len(words)}."]
-        prompts.append(" ".join(words))
-    return prompts
+    return affinity.system_prompts(tokenizer, tenants, tokens, salt, seed, WORDS)
 
 
 async def one(session: Any, url: str, tenant: str, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
