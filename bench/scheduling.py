@@ -139,8 +139,9 @@ async def one(session: Any, url: str, tenant: str, body: dict[str, Any], headers
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 chunk = json.loads(line[6:])
-                if out.ttft is None and chunk.get("choices"):
-                    out.ttft = time.perf_counter() - began
+                choices = chunk.get("choices")
+                if out.ttft is None and choices and (choices[0].get("delta") or {}).get("content"):
+                    out.ttft = time.perf_counter() - began  # the first content, not the role chunk serve sends first
                 usage = chunk.get("usage")
                 if usage:
                     out.prompt_tokens = usage.get("prompt_tokens") or 0
