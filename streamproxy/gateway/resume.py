@@ -20,7 +20,9 @@ the replica for token ids, vLLM's `return_token_ids`). A `Stream` sits after the
     generation's (prompt tokens once, completion tokens all the client got).
 
 Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
-stream stops being tracked. Per block, relaying costs a few byte searches (the ids, the markers).
+stream stops being tracked, and so does one whose replica sends no ids (its first chunk has no
+`prompt_token_ids`: a `streamproxy serve` replica). Once events went out and nothing is kept or
+stripped, a block costs one byte search (the finish marker) until the finish, then two.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class Stream:
     __slots__ = (
         "chat", "request", "limit", "left", "client_ids", "strip", "usage_chunk", "tracking", "prompt", "generated",
         "sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
+        "passive",
     )
 
     def __init__(self, path: str, request: dict[str, Any], *, limit: int, migrations: int, client_ids: bool,
@@ -134,11 +137,14 @@ class Stream:
         self.head: dict[str, Any] | None = None  # the client's stream: id, object, created, model (its first chunk's)
         self.cached = 0
         self.replica_usage = False  # the last attempt's replica reported usage
+        self.passive = False  # events went out and nothing is kept or stripped: only the finish is watched
 
     # -- the blocks the client gets ---------------------------------------------------------
     def feed(self, block: bytes) -> bytes:
         if self.failed is not None or not block:
             return b""
+        if self.passive:
+            return self._watched(block)
         if self.continuing:
             return self._continued(block)
         if _ERROR in block:
@@ -150,7 +156,11 @@ class Stream:
             return block
         if self.head is None:
             self._head(block)
+            if self.tracking and _PROMPT_IDS not in block:  # a replica that does not send ids (serve's)
+                self._untracked("the replica sent no token ids (`return_token_ids`)")
+                self.strip = False
         self.sent = True
+        self.passive = not (self.tracking or self.strip)
         if not self.finished and _FINISHED in block:
             self.finished = True
         if self.finished and b'"usage":{' in block:
@@ -194,8 +204,21 @@ class Stream:
         out.append(block[start:])
         return b"".join(out)
 
-    def _untracked(self) -> None:
-        self.tracking, self.why = False, "longer than max_tracked_tokens"
+    def _watched(self, block: bytes) -> bytes:
+        """A passive stream's block, as it came: the finish chunk and the usage after it noted; an in-band
+        error after the finish is the break (the client gets the usage chunk and [DONE] from `ending`)."""
+        if not self.finished:
+            if _FINISHED not in block:
+                return block
+            self.finished = True
+        if _ERROR in block:
+            return self._until_error(block)
+        if not self.usage_sent and b'"usage":{' in block:
+            self.usage_sent = True
+        return block
+
+    def _untracked(self, why: str = "longer than max_tracked_tokens") -> None:
+        self.tracking, self.why = False, why
         self.prompt, self.generated = None, array("i")
 
     def _ids(self, match: re.Match[bytes]) -> bytes:
@@ -288,7 +311,7 @@ class Stream:
         its start (RESEND: nothing went to the client; the broken attempt's ids are forgotten)."""
         self.left -= 1
         self.failed = None
-        self.replica_usage = False
+        self.replica_usage = self.passive = False
         if action == CONTINUE:
             self.continuing = True
         else:
