@@ -45,7 +45,7 @@ _EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
 _ERROR = b'data: {"error"'
 _DONE = b"data: [DONE]\n\n"
-_FINISHED = b'"finish_reason":"'
+FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
 
 # Chat-only request fields: what the prompt's ids already are, or what a completions request has not.
@@ -206,7 +206,8 @@ class Stream:
 
     def _watched(self, block: bytes) -> bytes:
         """A passive stream's block, as it came: the finish chunk and the usage after it noted; an in-band
-        error after the finish is the break (the client gets the usage chunk and [DONE] from `ending`)."""
+        error after the finish is the break (the client gets the usage chunk and [DONE] from `ending`).
+        (A passive, unfinished stream's block without FINISH_MARKER comes back as it is: callers may skip `feed`.)"""
         if not self.finished:
             if _FINISHED not in block:
                 return block

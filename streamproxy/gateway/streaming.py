@@ -25,7 +25,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISHED, REFUSED, Stream
+from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISH_MARKER, FINISHED, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
@@ -232,7 +232,11 @@ class _Feed:
         self.relay, self.resume, self.exchange, self.idle = relay_, resume, exchange, idle
 
     def __call__(self, data: bytes) -> bytes:
-        out = self.resume.feed(self.relay.feed(data))
+        out = self.relay.feed(data)
+        resume = self.resume
+        # Per read: a passive stream's block skips the record until its finish chunk (two calls fewer).
+        if not (resume.passive and not resume.finished and FINISH_MARKER not in out):
+            out = resume.feed(out)
         if self.idle and out:
             self.exchange.bound_silence(self.idle)
             self.idle = 0.0
