@@ -60,6 +60,12 @@ _CHAT_ONLY = frozenset((
 _SET = frozenset(("prompt", "max_tokens", "min_tokens", "stream", "stream_options", "echo", "return_token_ids"))
 _STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
                "guided_decoding_backend", "grammar", "json_schema", "regex", "choice")
+# Every field `refusal` looks at but the messages.
+_CHECKED = frozenset((
+    *_STRUCTURED, "n", "best_of", "use_beam_search", "response_format", "logprobs", "top_logprobs", "prompt_logprobs",
+    "tools", "functions", "stop", "presence_penalty", "frequency_penalty", "bad_words", "truncate_prompt_tokens",
+    "kv_transfer_params", "stream_options", "echo", "suffix", "prompt_embeds", "prompt",
+))
 
 
 def refusal(path: str, body: dict[str, Any]) -> str | None:
@@ -67,6 +73,8 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
     chat = path == CHAT
     if not chat and path != COMPLETIONS:
         return "only chat and completions streams are continued"
+    if body.keys().isdisjoint(_CHECKED):  # most requests: none of the fields below (one set operation)
+        return _multimodal(body) if chat else None
     if _number(body.get("n"), 1) != 1 or _number(body.get("best_of"), 1) != 1 or body.get("use_beam_search"):
         return "n > 1, best_of and beam search (several sequences)"
     if any(body.get(k) is not None for k in _STRUCTURED):
@@ -89,16 +97,21 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
     if isinstance(options, dict) and options.get("continuous_usage_stats"):
         return "continuous usage stats"
     if chat:
-        for message in body.get("messages") or ():
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
-                return "multimodal input (the prompt's ids alone are not the input)"
+        return _multimodal(body)
     else:
         prompt = body.get("prompt")
         if body.get("echo") or body.get("suffix") or body.get("prompt_embeds") is not None:
             return "echo, suffix and prompt embeddings"
         if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
             return "several prompts in one request"
+    return None
+
+
+def _multimodal(body: dict[str, Any]) -> str | None:
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+            return "multimodal input (the prompt's ids alone are not the input)"
     return None
 
 
