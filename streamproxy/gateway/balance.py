@@ -38,6 +38,7 @@ class Replica:
     index: PrefixIndex
     outstanding: int = 0
     requests: int = 0
+    token_ids: bool | None = None  # it sends token ids when asked (stream migration); None: not seen yet
     series: ReplicaSeries = field(init=False, repr=False)
     anchor: int = field(init=False, repr=False)  # its URL's stable hash, for rendezvous scores
 
@@ -74,8 +75,15 @@ class Pool:
         found = {r.url: events.get(r.url) if events is not None else config.for_replica(r.url) if config is not None else None
                  for r in self.replicas}
         self.kv_endpoints = {url: kv for url, kv in found.items() if kv is not None}
+        self.token_ids = any(r.token_ids is not False for r in self.replicas)  # a stream here may be tracked
         for listener in self.listeners:
             listener()
+
+    def without_token_ids(self, replica: Replica) -> None:
+        """`replica` answered a stream without the token ids it was asked for (a `streamproxy serve`
+        replica): when none of the replicas sends them, streams here are not tracked for migration."""
+        replica.token_ids = False
+        self.token_ids = any(r.token_ids is not False for r in self.replicas)
 
     def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
         """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""

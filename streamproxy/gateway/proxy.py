@@ -102,7 +102,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     salt = data.get("cache_salt")
     resume = None
     migration = deployment.migration
-    if stream and migration.enabled and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
+    if stream and migration.enabled and pool.token_ids and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
         # Stream migration (resume.py): the replica is asked for token ids, stripped unless the client asked.
         asked = data.get("return_token_ids")
         why = refusal(route.upstream_path, data)

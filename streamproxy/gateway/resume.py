@@ -47,6 +47,7 @@ _ERROR = b'data: {"error"'
 _DONE = b"data: [DONE]\n\n"
 FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
+NO_IDS = "the replica sent no token ids (`return_token_ids`)"
 
 # Chat-only request fields: what the prompt's ids already are, or what a completions request has not.
 _CHAT_ONLY = frozenset((
@@ -170,7 +171,7 @@ class Stream:
         if self.head is None:
             self._head(block)
             if self.tracking and _PROMPT_IDS not in block:  # a replica that does not send ids (serve's)
-                self._untracked("the replica sent no token ids (`return_token_ids`)")
+                self._untracked(NO_IDS)
                 self.strip = False
         self.sent = True
         self.passive = not (self.tracking or self.strip)
@@ -291,7 +292,7 @@ class Stream:
         if self.parsed:
             return "the replica's parser shaped the deltas (tool calls or reasoning)"
         if self.prompt is None or self.head is None:
-            return "the replica sent no token ids (`return_token_ids`)"
+            return NO_IDS
         cap = self._cap()
         if cap is not None and cap - len(self.generated) < 1:
             return "nothing is left to generate but the replica sent no finish"

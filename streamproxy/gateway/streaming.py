@@ -25,7 +25,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISH_MARKER, FINISHED, REFUSED, Stream
+from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
@@ -113,6 +113,8 @@ async def _pump(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes]:
         await body.open()
         while True:
             ended, tail, reason = await _follow(call, run, body)
+            if resume is not None and resume.why is NO_IDS and run.attempt is not None:
+                call.pool.without_token_ids(run.attempt.replica)
             if ended:
                 return True, tail
             if resume is None:

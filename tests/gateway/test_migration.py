@@ -243,3 +243,24 @@ async def test_a_replica_killed_under_load_loses_no_stream(pair, gateway, sessio
     got = await asyncio.gather(*streams)
     assert got == expected
     assert sample("streamproxy_gateway_migrations_total", deployment=DEPLOYMENT, outcome="continued") == continued + victim.held
+
+
+async def test_replicas_that_send_no_ids_are_not_asked_for_them_again(pair, gateway, session):
+    (a, b), breaks = await pair(sends_ids=False)
+    gw = await gateway(deployments=deployment([a]), upstream=NO_EJECTION)
+    body = chat(stream=True, max_tokens=6)
+    first = await read(session, gw.url(CHAT), body)
+    assert await read(session, gw.url(CHAT), body) == first
+    assert [seen.get("return_token_ids") for _, seen in a.seen] == [True, None]
+    # While one replica is not known to send none, the gateway asks (b may send them).
+    both = await gateway(deployments=deployment([a, b]), upstream=NO_EJECTION)
+    for _ in range(20):
+        if b.seen:
+            break
+        assert await read(session, both.url(CHAT), body) == first
+    assert b.seen and b.seen[0][1].get("return_token_ids") is True
+    # A break after events went out is not migrated: the client gets the in-band error.
+    breaks.append(("close", 3))
+    got = await read(session, gw.url(CHAT), body)
+    assert events(got)[:3] == events(first)[:3] and payloads(got)[-1]["error"]["code"] == "upstream_unavailable"
+    assert [seen.get("return_token_ids") for _, seen in a.seen][-1] is None

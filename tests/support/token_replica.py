@@ -48,8 +48,10 @@ def dump(obj: Any) -> bytes:
 
 
 class TokenReplica:
-    def __init__(self, name: str, breaks: list[tuple[str, int]], *, eos_len: int | None = None, per_chunk: int = 1) -> None:
+    def __init__(self, name: str, breaks: list[tuple[str, int]], *, eos_len: int | None = None, per_chunk: int = 1,
+                 sends_ids: bool = True) -> None:
         self.name = name
+        self.sends_ids = sends_ids  # False: `return_token_ids` ignored (as a `streamproxy serve` replica)
         self.breaks = breaks  # shared by the replicas of a test: the next stream's break, if any
         self.eos_len = eos_len  # the sequence's length (prompt and generated) at which the model says EOS
         self.per_chunk = per_chunk  # tokens per chunk (a scheduler's step may emit several)
@@ -123,7 +125,7 @@ class TokenReplica:
         return out
 
     def _chat_events(self, body: dict[str, Any], prompt: list[int], cap: int | None) -> list[bytes]:
-        ids = body.get("return_token_ids") is True
+        ids = body.get("return_token_ids") is True and self.sends_ids
         head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": CREATED, "model": body["model"]}
         first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
                  "prompt_token_ids": prompt if ids else None, "prompt_text": None}
@@ -138,7 +140,7 @@ class TokenReplica:
         return self._ending(body, head, events, len(prompt), len(generated))
 
     def _completion_events(self, body: dict[str, Any], prompt: list[int], cap: int | None) -> list[bytes]:
-        ids = body.get("return_token_ids") is True
+        ids = body.get("return_token_ids") is True and self.sends_ids
         head = {"id": "cmpl-fake", "object": "text_completion", "created": CREATED, "model": body["model"]}
         events = []
         generated = self._generate(prompt, cap)
