@@ -138,19 +138,19 @@ class Load:
         return rec
 
 
-def break_at(rec: dict[str, Any], fault_at: float, window: float = 2.0) -> tuple[int, float] | None:
-    """(ids read before the break, the gap): the longest gap between two chunks, the later at or after the
+def break_at(rec: dict[str, Any], fault_at: float, window: float = 2.0) -> tuple[int, float, float] | None:
+    """(ids read before the break, the gap, when the first chunk after it came): the longest gap between two chunks, the later at or after the
     fault and the earlier at most `window` s after it (bytes already under way arrive just after the fault)."""
     t0 = fault_at - rec["start"]
-    best: tuple[int, float] | None = None
+    best: tuple[int, float, float] | None = None
     before = 0
     arrivals = rec["arrivals"]
     for (t_prev, n_prev), (t_next, _) in zip(arrivals, arrivals[1:]):
         before += n_prev
         if t_next >= t0 and t_prev <= t0 + window and (best is None or t_next - t_prev > best[1]):
-            best = (before, t_next - t_prev)
+            best = (before, t_next - t_prev, t_next)
     if best is None and arrivals and arrivals[0][0] >= t0:  # nothing had come before the fault: resent
-        best = (0, arrivals[0][0] - t0)
+        best = (0, arrivals[0][0] - t0, arrivals[0][0])
     return best
 
 
@@ -215,6 +215,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         return r["ids"] == ref[r["i"]]["ids"] and r["text"] == ref[r["i"]]["text"]
 
     stalls: list[float] = []
+    recover: list[float] = []  # from the fault to the first token after the break
     differ: list[dict[str, Any]] = []
     resent = 0
     for r in migrated:
@@ -222,9 +223,10 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         r["break"] = at
         if at is None:
             continue
-        b, gap = at
+        b, gap, _ = at
         resent += b == 0
         stalls.append(gap)
+        recover.append(at[2] - (fault_at - r["start"]))
         if not same(r):
             d = first_difference(r["ids"], ref[r["i"]]["ids"])
             differ.append({"i": r["i"], "break_index": b, "first_difference": d,
@@ -242,6 +244,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         "reference_ok": sum(r["finish"] == "length" and not r["errors"] and len(r["ids"]) == max_tokens for r in ref),
         "stall_ms": {"p50": pct(stalls, 50) * 1e3, "p99": pct(stalls, 99) * 1e3, "max": max(stalls, default=float("nan")) * 1e3,
                      "n": len(stalls)},
+        "fault_to_next_token_ms": {"p50": pct(recover, 50) * 1e3, "p99": pct(recover, 99) * 1e3},
         "reference_itl_ms": {"p50": pct(itl, 50) * 1e3, "p99": pct(itl, 99) * 1e3},
     }
 
@@ -259,6 +262,8 @@ def markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
               f"| streams that did not migrate, equal to the unbroken run (control) | {s['others_equal_reference']} of {s['others']} |",
               f"| stall at the break p50 / p99 / max (ms, n={s['stall_ms']['n']}) | {s['stall_ms']['p50']:.0f} / "
               f"{s['stall_ms']['p99']:.0f} / {s['stall_ms']['max']:.0f} |",
+              f"| from the fault to the first token after the break p50 / p99 (ms) | "
+              f"{s['fault_to_next_token_ms']['p50']:.0f} / {s['fault_to_next_token_ms']['p99']:.0f} |",
               f"| the unbroken run's inter-chunk gap p50 / p99 (ms) | {s['reference_itl_ms']['p50']:.0f} / "
               f"{s['reference_itl_ms']['p99']:.0f} |",
               f"| gateway migrations by outcome | {meta.get('migrations_total')} |"]
@@ -277,7 +282,8 @@ def markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=MODES, default="kill")
+    ap.add_argument("--mode", default="kill", help=f"one of {', '.join(MODES)}, or several comma-separated, kill last "
+                    "(one start-up and one unbroken run for all; default kill)")
     ap.add_argument("--streams", type=int, default=120)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--at", type=float, default=0.5, help="break replica 0 once this share of all tokens came (default 0.5)")
@@ -295,6 +301,9 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    modes = args.mode.split(",")
+    if any(m not in MODES for m in modes) or ("kill" in modes and modes[-1] != "kill"):
+        raise SystemExit(f"--mode: a comma-separated list of {', '.join(MODES)}, kill (if any) last")
     stop_on_signals()
     import requests
     import uvloop
@@ -302,18 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    logs = RESULTS / "logs" / f"failover-{args.mode}-{stamp}"
+    logs = RESULTS / "logs" / f"failover-{'-'.join(modes)}-{stamp}"
     logs.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     model = str(ensure_default_model(progress=False))
-    meta: dict[str, Any] = {
-        "mode": args.mode, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-        "command": "python -m bench.failover " + shlex.join(sys.argv[1:] if argv is None else argv), "streamproxy": _git_rev(),
+    common: dict[str, Any] = {
+        "machine": machine(), "command": "python -m bench.failover " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "streamproxy": _git_rev(),
         "replicas": f"3 x vLLM api_server {DEFAULT_MODEL_NAME}, {args.engine_args}, VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}, "
                     "worker on core i % 2",
         "load": f"{args.streams} streams at once (chat and completions in turn), max_tokens {args.max_tokens}, greedy, "
-                f"ignore_eos, return_token_ids; replica 0 broken ({args.mode}) at {args.at:.0%} of the tokens",
-        "gateway": f"round robin, migration: defaults, stream_idle_timeout {args.idle_timeout:g}"}
+                f"ignore_eos, return_token_ids; replica 0 broken at {args.at:.0%} of the tokens",
+        "gateway": f"round robin, migration: defaults but stream_idle_timeout {args.idle_timeout:g}; a new gateway per mode"}
     started: list[ServerProcess] = []
+    whole = True
     try:
         reps = []
         for i in range(3):  # one at a time: they would race for the cores while loading
@@ -324,65 +335,71 @@ def main(argv: list[str] | None = None) -> int:
             rep.wait_ready(600, 0.5)
             reps.append(rep)
             print(f"replica{i} ready on :{rep.port} in {rep.ready_after:.0f} s", flush=True)
-        first = reps[0].base
-        proxy: ServerProcess | None = None
-        if args.mode != "kill":
-            proxy = launch(["--target", str(reps[0].port), "--fault", args.mode], logs, "fault-proxy", command=None,
-                           module="harness.fault_proxy")
-            started.append(proxy)
-            proxy.wait_ready(30, 0.1)
-            first = proxy.base
-        config = {"deployments": [{"name": SERVED_NAME, "id": "dep-failover", "served_model": SERVED_NAME,
-                                   "upstreams": [first, reps[1].base, reps[2].base],
-                                   "migration": {"stream_idle_timeout": args.idle_timeout}}],
-                  "upstream": {"policy": "round_robin"}}
-        gw = start_gateway(config, logs, env={"STREAMPROXY_LEDGER": f"sqlite://{logs}/ledger.db"})
-        started.append(gw)
         for rep in reps:  # warm-up, prompts no run uses
             for path, prompt in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
                                  ("/v1/completions", {"prompt": "Hello"})):
-                requests.post(rep.base + path, json={**body(prompt, 8), "stream": False}, timeout=300).raise_for_status()
+                requests.post(rep.base + path, json={**{k: v for k, v in body(prompt, 8).items() if k != "stream_options"}, "stream": False},
+                              timeout=300).raise_for_status()
         reqs = [(path, body(prompt, args.max_tokens)) for path, prompt in prompts(args.streams)]
+        ref: list[dict[str, Any]] | None = None
+        for mode in modes:
+            meta: dict[str, Any] = {"mode": mode, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **common}
+            proxy: ServerProcess | None = None
+            first = reps[0].base
+            if mode != "kill":
+                proxy = launch(["--target", str(reps[0].port), "--fault", mode], logs, f"fault-proxy-{mode}", command=None,
+                               module="harness.fault_proxy")
+                started.append(proxy)
+                proxy.wait_ready(30, 0.1)
+                first = proxy.base
+            config = {"deployments": [{"name": SERVED_NAME, "id": "dep-failover", "served_model": SERVED_NAME,
+                                       "upstreams": [first, reps[1].base, reps[2].base],
+                                       "migration": {"stream_idle_timeout": args.idle_timeout}}],
+                      "upstream": {"policy": "round_robin"}}
+            gw = start_gateway(config, logs, name=f"gateway-{mode}", env={"STREAMPROXY_LEDGER": f"sqlite://{logs}/ledger.db"})
+            started.append(gw)
+            if ref is None:  # the unbroken run, once, through the first mode's gateway (its proxy relaying as is)
+                t = time.monotonic()
+                ref = uvloop.run(Load(gw.base, f"ref-{stamp}", reqs, None, None).run())
+                common["reference run s"] = meta["reference run s"] = round(time.monotonic() - t, 1)
+                print(f"reference run: {meta['reference run s']} s, "
+                      f"{sum(r['finish'] == 'length' and not r['errors'] for r in ref)} of {len(ref)} whole", flush=True)
 
-        t = time.monotonic()
-        ref = uvloop.run(Load(gw.base, f"ref-{stamp}", reqs, None, None).run())
-        meta["reference run s"] = round(time.monotonic() - t, 1)
-        print(f"reference run: {meta['reference run s']} s, "
-              f"{sum(r['finish'] == 'length' and not r['errors'] for r in ref)} of {len(ref)} whole", flush=True)
+            def fault(mode: str = mode, proxy: ServerProcess | None = proxy) -> None:
+                if mode == "kill":
+                    os.killpg(reps[0].pid, signal.SIGKILL)
+                else:
+                    assert proxy is not None
+                    os.kill(proxy.pid, signal.SIGUSR1)
 
-        def fault() -> None:
-            if args.mode == "kill":
-                os.killpg(reps[0].pid, signal.SIGKILL)
-            else:
-                assert proxy is not None
-                os.kill(proxy.pid, signal.SIGUSR1)
-
-        load = Load(gw.base, f"run-{stamp}", reqs, int(args.at * args.streams * args.max_tokens), fault)
-        t = time.monotonic()
-        run = uvloop.run(load.run())
-        meta["fault run s"] = round(time.monotonic() - t, 1)
-        time.sleep(2)  # the access log's writer thread
-        lines = access_lines(gw, f"run-{stamp}")
-        meta["migrations_total"] = migration_counts(gw)
-        assert load.fault_at is not None, "the fault never fired"
-        s = analyse(ref, run, lines, load.fault_at, args.max_tokens)
-        for d in s["migrated_differ"]:
-            rec = run[d["i"]]
-            d["continuation_alone"] = continuation_matches(reps[1].base, rec, d["break_index"], args.max_tokens)
-        print(json.dumps(s, indent=1), flush=True)
+            tag = f"run-{mode}-{stamp}"
+            load = Load(gw.base, tag, reqs, int(args.at * args.streams * args.max_tokens), fault)
+            t = time.monotonic()
+            run = uvloop.run(load.run())
+            meta["fault run s"] = round(time.monotonic() - t, 1)
+            time.sleep(2)  # the access log's writer thread
+            lines = access_lines(gw, tag)
+            meta["migrations_total"] = migration_counts(gw)
+            assert load.fault_at is not None, "the fault never fired"
+            s = analyse(ref, run, lines, load.fault_at, args.max_tokens)
+            for d in s["migrated_differ"]:
+                d["continuation_alone"] = continuation_matches(reps[1].base, run[d["i"]], d["break_index"], args.max_tokens)
+            out = RESULTS / f"failover-{mode}-{stamp}"
+            out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": s, "reference": ref, "run": run}, indent=0))
+            md = markdown(meta, s)
+            out.with_suffix(".md").write_text(md + "\n")
+            print("\n" + md + f"\n\nwrote {out}.json and .md\n", flush=True)
+            whole = whole and s["length_no_error"] == s["streams"]
+            gw.stop(30)
+            if proxy is not None:
+                proxy.stop(10)
     finally:
         for srv in reversed(started):
             try:
                 srv.stop(30)
             except Exception:
                 pass
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"failover-{args.mode}-{stamp}"
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": s, "reference": ref, "run": run}, indent=0))
-    md = markdown(meta, s)
-    out.with_suffix(".md").write_text(md + "\n")
-    print("\n" + md + f"\n\nwrote {out}.json and .md", flush=True)
-    return 0 if s["length_no_error"] == s["streams"] else 1
+    return 0 if whole else 1
 
 
 if __name__ == "__main__":
