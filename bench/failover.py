@@ -81,6 +81,7 @@ class Load:
         self.at_tokens, self.fault = at_tokens, fault
         self.tokens = 0
         self.fault_at: float | None = None
+        self.fault_wall = 0.0  # time.time() of the fault: the gateway's log lines say when it saw each break
 
     async def run(self) -> list[dict[str, Any]]:
         import aiohttp
@@ -132,7 +133,7 @@ class Load:
                             self.tokens += len(ids)
                     if self.at_tokens is not None and self.fault_at is None and self.tokens >= self.at_tokens:
                         self.fault()
-                        self.fault_at = time.perf_counter()
+                        self.fault_at, self.fault_wall = time.perf_counter(), time.time()
         except Exception as exc:  # the client's view: a stream cut without an event is what this looks for
             rec["client_error"] = f"{type(exc).__name__}: {exc}"
         return rec
@@ -180,6 +181,18 @@ def access_lines(gw: ServerProcess, prefix: str) -> dict[str, dict[str, Any]]:
         if str(rec.get("request_id", "")).startswith(prefix):
             out[rec["request_id"]] = rec
     return out
+
+
+def detected(gw: ServerProcess, fault_wall: float) -> str:
+    """When the gateway logged each break ("... broke off a stream"), after the fault: first / last, ms."""
+    import datetime
+
+    seen = []
+    for line in gw.log().splitlines():
+        if "broke off a stream" in line:
+            when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            seen.append((when - fault_wall) * 1e3)
+    return f"{min(seen):.0f} / {max(seen):.0f}" if seen else "none"
 
 
 def migration_counts(gw: ServerProcess) -> dict[str, float]:
@@ -231,6 +244,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
             d = first_difference(r["ids"], ref[r["i"]]["ids"])
             differ.append({"i": r["i"], "break_index": b, "first_difference": d,
                            "from_break": None if d is None else d - b, "upstreams": lines[r["rid"]].get("upstreams")})
+    paused = [at[1] for r in others if (at := break_at(r, fault_at)) is not None]
     itl = [t2 - t1 for r in ref for (t1, _), (t2, _) in zip(r["arrivals"], r["arrivals"][1:])]
     prompt_once = [r for r in migrated if (r["usage"] or {}).get("prompt_tokens") == (ref[r["i"]]["usage"] or {}).get("prompt_tokens")]
     return {
@@ -245,6 +259,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         "stall_ms": {"p50": pct(stalls, 50) * 1e3, "p99": pct(stalls, 99) * 1e3, "max": max(stalls, default=float("nan")) * 1e3,
                      "n": len(stalls)},
         "fault_to_next_token_ms": {"p50": pct(recover, 50) * 1e3, "p99": pct(recover, 99) * 1e3},
+        "others_gap_at_fault_ms": {"p50": pct(paused, 50) * 1e3, "p99": pct(paused, 99) * 1e3},
         "reference_itl_ms": {"p50": pct(itl, 50) * 1e3, "p99": pct(itl, 99) * 1e3},
     }
 
@@ -264,6 +279,9 @@ def markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
               f"{s['stall_ms']['p99']:.0f} / {s['stall_ms']['max']:.0f} |",
               f"| from the fault to the first token after the break p50 / p99 (ms) | "
               f"{s['fault_to_next_token_ms']['p50']:.0f} / {s['fault_to_next_token_ms']['p99']:.0f} |",
+              f"| streams that did not migrate: their longest gap around the fault p50 / p99 (ms) | "
+              f"{s['others_gap_at_fault_ms']['p50']:.0f} / {s['others_gap_at_fault_ms']['p99']:.0f} |",
+              f"| the gateway saw the break, after the fault: first / last (ms) | {meta.get('detected_ms')} |",
               f"| the unbroken run's inter-chunk gap p50 / p99 (ms) | {s['reference_itl_ms']['p50']:.0f} / "
               f"{s['reference_itl_ms']['p99']:.0f} |",
               f"| gateway migrations by outcome | {meta.get('migrations_total')} |"]
@@ -380,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2)  # the access log's writer thread
             lines = access_lines(gw, tag)
             meta["migrations_total"] = migration_counts(gw)
+            meta["detected_ms"] = detected(gw, load.fault_wall)
             assert load.fault_at is not None, "the fault never fired"
             s = analyse(ref, run, lines, load.fault_at, args.max_tokens)
             for d in s["migrated_differ"]:
