@@ -7,7 +7,7 @@ prompts), each engine's worker on core i % 2, behind one `streamproxy gateway` (
 (chat and completions in turn, a prompt of its own each), `max_tokens` `--max-tokens`,
 `ignore_eos`, `return_token_ids` asked by the client (so it can check the ids it reads) and
 usage. The same streams run twice: unbroken (the reference), then with replica 0 broken once
-`--at` of all the tokens came (`--mode`):
+`--at` of all the tokens came and every stream read its first (`--mode`):
 
   - kill: replica 0's process group SIGKILLed (front end and engine);
   - reset / stall / error: replica 0 behind harness/fault_proxy.py, which then resets every
@@ -80,6 +80,8 @@ class Load:
         self.base, self.tag, self.reqs = base, tag, reqs
         self.at_tokens, self.fault = at_tokens, fault
         self.tokens = 0
+        self.begun = 0  # streams that read a token: the fault waits for all (a stream broken before its first
+        # event is another case: the gateway bounds that silence by `upstream.read_timeout` only)
         self.fault_at: float | None = None
         self.fault_wall = 0.0  # time.time() of the fault: the gateway's log lines say when it saw each break
 
@@ -128,10 +130,12 @@ class Load:
                         if c.get("finish_reason"):
                             rec["finish"] = c["finish_reason"]
                         if ids:
+                            self.begun += not rec["ids"]
                             rec["ids"] += ids
                             rec["arrivals"].append((now, len(ids)))
                             self.tokens += len(ids)
-                    if self.at_tokens is not None and self.fault_at is None and self.tokens >= self.at_tokens:
+                    if (self.at_tokens is not None and self.fault_at is None and self.tokens >= self.at_tokens
+                            and self.begun == len(self.reqs)):
                         self.fault()
                         self.fault_at, self.fault_wall = time.perf_counter(), time.time()
         except Exception as exc:  # the client's view: a stream cut without an event is what this looks for
