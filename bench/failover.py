@@ -35,7 +35,6 @@ import os
 import platform
 import shlex
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -52,6 +52,7 @@ from streamproxy.http.tls import server_context
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, read_http_request
 from tests.production.conftest import _bounded, access_log, event_loop_policy, session  # noqa: F401  (fixtures)
+from tests.support.token_replica import TokenReplica
 
 DEFAULT_SCRIPT = FakeScript(tokens=["Hel", "lo", " world"])
 # How long a runner's cleanup waits for a connection's handler (the server's is DRAIN_GRACE): a
@@ -277,3 +278,21 @@ def probe_rounds(monkeypatch: pytest.MonkeyPatch) -> Rounds:
 
     monkeypatch.setattr(probes, "probe_once", counted)
     return rounds
+
+
+# Fake vLLM replicas that speak `return_token_ids` (tests/support/token_replica.py), sharing their next break.
+@pytest.fixture
+async def pair() -> AsyncIterator[Callable[..., Awaitable[tuple[list[TokenReplica], list[tuple[str, int]]]]]]:
+    started: list[TokenReplica] = []
+
+    async def start(n: int = 2, **kw: Any) -> tuple[list[TokenReplica], list[tuple[str, int]]]:
+        breaks: list[tuple[str, int]] = []
+        replicas = [TokenReplica(f"r{i}", breaks, **kw) for i in range(n)]
+        for r in replicas:
+            await r.start()
+            started.append(r)
+        return replicas, breaks
+
+    yield start
+    for r in started:
+        await r.stop()

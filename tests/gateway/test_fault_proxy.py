@@ -15,7 +15,7 @@ import pytest
 
 from harness.server import launch
 from harness.waiting import wait_until
-from tests.gateway.test_migration import BODIES, NO_EJECTION, deployment, pair, read  # noqa: F401
+from tests.gateway.test_migration import BODIES, NO_EJECTION, deployment, read
 
 
 @pytest.mark.parametrize("fault", ["reset", "stall", "error"])

@@ -11,7 +11,6 @@ the cut.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -26,23 +25,6 @@ BOUND = 20.0
 
 Breaks = list[tuple[str, int]]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[Callable[..., Awaitable[tuple[list[TokenReplica], Breaks]]]]:
-    started: list[TokenReplica] = []
-
-    async def start(n: int = 2, **kw: Any) -> tuple[list[TokenReplica], Breaks]:
-        breaks: Breaks = []
-        replicas = [TokenReplica(f"r{i}", breaks, **kw) for i in range(n)]
-        for r in replicas:
-            await r.start()
-            started.append(r)
-        return replicas, breaks
-
-    yield start
-    for r in started:
-        await r.stop()
 
 
 NO_EJECTION = {"consecutive_errors": 100_000}  # every cut counts against its replica: none is ejected in these runs
