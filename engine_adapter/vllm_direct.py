@@ -261,6 +261,8 @@ class DirectRoute:
         if holding and self._release is None:
             self._held_since = perf_counter()
             self._schedule_release()
+        by_vllm = self._all_outputs_by_vllm
+        rust = self._rust_tokenizer
         for output in engine_core_outputs:
             req = requests.get(output.request_id)
             if req is None:
@@ -270,6 +272,27 @@ class DirectRoute:
                 self._reject(req, output.request_id, error, aborts)
                 continue
             try:
+                ids = output.new_token_ids
+                # Most outputs, inline: one decoded token of a running request (no stop strings, no
+                # logprobs, no events for vLLM's stats), what `_count`, `_text` and `_step` do for it.
+                if (output.finish_reason is None and len(ids) == 1 and not req.prefilling and req.top is None
+                        and (decoder := req.decoder) is not None and output.events is None and not by_vllm):
+                    if stats is not None:
+                        rs = req.stats
+                        stats.num_generation_tokens += 1
+                        rs.num_generation_tokens += 1
+                        stats.inter_token_latencies_iter.append(timestamp - rs.last_token_ts)
+                        rs.last_token_ts = timestamp
+                    try:
+                        text = decoder.step(rust, ids[0]) or ""
+                    except Exception as exc:
+                        text = self._step_failed(req, ids[0], exc)
+                    if holding:
+                        req.stream.hold([Delta(req.index, text, 1, None, ids)])
+                        self._held.append(req.stream)
+                    else:
+                        req.stream.put([Delta(req.index, text, 1, None, ids)])
+                    continue
                 # A request's first output is never held: its time to first token does not wait for the backlog.
                 held = holding and not req.prefilling
                 if stats is not None:
@@ -430,13 +453,17 @@ class DirectRoute:
     def _step(self, req: DirectRequest, token: int) -> str:
         try:
             return req.decoder.step(self._rust_tokenizer, token) or ""
-        except (OverflowError, TypeError):  # as vLLM: a token id the tokenizer cannot take
+        except Exception as exc:
+            return self._step_failed(req, token, exc)
+
+    def _step_failed(self, req: DirectRequest, token: int, exc: Exception) -> str:
+        """What a failed `DecodeStream.step` of `token` gives (or raises), as vLLM's detokenizer."""
+        if isinstance(exc, (OverflowError, TypeError)):  # as vLLM: a token id the tokenizer cannot take
             log.warning("invalid token id %r in request %s", token, req.external_id)
             return ""
-        except Exception as exc:
-            # As vLLM: a tokenizer that produced a non-monotonic UTF-8 prefix breaks the
-            # stream's state; start a fresh one (vllm-project/vllm#17448).
-            if not str(exc).startswith("Invalid prefix encountered"):
-                raise
-            req.decoder = self._decode_stream(skip_special_tokens=req.skip_special)
-            return req.decoder.step(self._rust_tokenizer, token) or ""
+        # As vLLM: a tokenizer that produced a non-monotonic UTF-8 prefix breaks the
+        # stream's state; start a fresh one (vllm-project/vllm#17448).
+        if not str(exc).startswith("Invalid prefix encountered"):
+            raise exc
+        req.decoder = self._decode_stream(skip_special_tokens=req.skip_special)
+        return req.decoder.step(self._rust_tokenizer, token) or ""

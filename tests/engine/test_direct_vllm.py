@@ -119,6 +119,27 @@ def test_text_equals_vllms_detokenizer(tokenizer, per_step):
     assert len(route) == 0 and route.internal_ids == {}
 
 
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_a_token_id_the_tokenizer_cannot_take_is_counted_not_shown(tokenizer, per_step):
+    """As vLLM's detokenizer: an id past the vocabulary (or negative) decodes to nothing, with a
+    warning, and the stream goes on; alone in its step (the inline decode step) or with another."""
+    from vllm.v1.engine import FinishReason
+
+    ids = tokenizer.encode("Hello world", add_special_tokens=False)
+    bad = [-1] if per_step == 1 else [-1, ids[1]]
+    route = DirectRoute(StandInProcessor(), tokenizer)
+    stream = add(route, _request("r-1", [1, 2, 3]), "r", GenerationParams(max_tokens=8))
+    route.process_outputs([_output("r-1", ids[:1])])
+    route.process_outputs([_output("r-1", bad)])
+    route.process_outputs([_output("r-1", ids[-1:], FinishReason.LENGTH)])
+    deltas = _drain(stream)
+    first = tokenizer.decode(ids[:1])
+    assert [d.num_tokens for d in deltas] == [1, len(bad), 1]
+    assert text_of(deltas[0]) == first
+    assert text_of(deltas[1]) == ("" if per_step == 1 else tokenizer.decode(ids[:2])[len(first):])
+    assert deltas[-1].finish_reason == "length"
+
+
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_token_counted_not_shown_unless_asked(tokenizer, include):
     from vllm.v1.engine import FinishReason
