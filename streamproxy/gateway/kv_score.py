@@ -9,17 +9,20 @@ replica's cached prefix measured precisely, from its KV events:
   - a hit: when some candidate holds at least `cache_threshold` of the
     prompt's tokens, the least loaded of those holding nearly the longest
     prefix (`CLOSE` of it: a block or two more is not worth a queue);
-  - a miss: else the prefix's rendezvous home (`balance.rendezvous_score` of
-    the request's first prefix key and the replica's URL: the same home in
-    every gateway, and the one today's affinity gives it) unless it has more
-    than `balance_abs_threshold` requests over the least loaded, then the
-    least loaded.
+  - a miss: else, among the replicas within `balance_abs_threshold` of the
+    least loaded, the one this gateway last sent the prefix to (today's
+    approximate index holds `cache_threshold` of its prefix keys: a tenant
+    whose blocks were evicted goes back where it lives), else (a new prefix)
+    the one it has sent the fewest prefix keys (SGLang's "smallest tree":
+    tenants spread evenly over the caches, where a hash would leave one
+    replica with more than its cache holds), then the rendezvous home
+    (`balance.rendezvous_score` of the first prefix key and the URL).
 Cached shares are of the whole prompt, never normalized across the
 candidates: the block a chat template's header fills on every replica, or
 a few blocks more on one, decide nothing, and a prefix evicted everywhere
-goes back to its home instead of to whichever replica is idlest that
-moment (which would scatter tenants over every replica's cache, each
-holding all of them for a while and none for long).
+does not go to whichever replica is idlest that moment (which would
+scatter tenants over every replica's cache, each holding all of them for a
+while and none for long).
 
 A replica that publishes KV events is measured by the `KVIndex`; one that
 does not, by today's approximate index (the share of the request's prefix
@@ -69,7 +72,8 @@ def home_key(prompt: PromptKeys, keys: list[int]) -> int:
     return hash(tuple(prompt.token_ids[:16]))
 
 
-def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, home: int) -> int:
+def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, keys: list[int],
+         home: int) -> int:
     """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`)."""
     loads = [r.outstanding for r in candidates]
     homes = [rendezvous_score(home, r.anchor) for r in candidates]
@@ -78,10 +82,12 @@ def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_
         close = [i for i, c in enumerate(cached) if c >= CLOSE * best]
         return min(close, key=lambda i: (loads[i], -cached[i], -homes[i]))
     low = min(loads)
-    at_home = max(range(len(candidates)), key=lambda i: homes[i])
-    if loads[at_home] <= low + pool.policy.balance_abs_threshold:
-        return at_home
-    return min(range(len(candidates)), key=lambda i: (loads[i], -cached[i], -homes[i]))
+    near = [i for i in range(len(candidates)) if loads[i] <= low + pool.policy.balance_abs_threshold]
+    if keys:
+        sent = [candidates[i].index.matched(keys) for i in near]
+        if max(sent) / len(keys) >= pool.policy.cache_threshold:
+            return near[max(range(len(near)), key=lambda j: (sent[j], -loads[near[j]]))]
+    return min(near, key=lambda i: (len(candidates[i].index), -homes[i]))
 
 
 def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], exclude: set[str], now: float,
@@ -98,5 +104,5 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
         candidates = below or candidates
     candidates = guarded(pool, candidates)
     cached = estimated_cached(index, candidates, prompt, keys, now)
-    winner = pick(pool, candidates, cached, len(prompt.token_ids), home_key(prompt, keys))
+    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys))
     return candidates[winner], int(cached[winner])

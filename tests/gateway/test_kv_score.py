@@ -60,8 +60,21 @@ def test_a_prefix_held_nowhere_goes_home_whatever_the_loads_within_the_guard() -
         r.outstanding = 2
     home.outstanding = 2 + 8  # (balance_abs_threshold: 8)
     assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is home
-    home.outstanding = 2 + 9  # past it: the least loaded
+    home.outstanding = 2 + 9  # past it: another
     assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is not home
+
+
+def test_a_new_prefix_goes_to_the_smallest_tree_and_an_evicted_one_back_where_it_was_sent() -> None:
+    keys = prefix_keys(BODY, 256)
+    p, index = pool(), KVIndex()
+    a, b, c = p.replicas
+    for r in p.replicas:
+        holds(index, r.url, 1)
+    a.index.insert(list(range(50)))  # other tenants' prefixes sent to a and c
+    c.index.insert(list(range(100, 130)))
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
+    c.index.insert(keys)  # sent to c before (its blocks since evicted there: the events hold none)
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is c
 
 
 def test_the_replica_holding_the_prefix_gets_it() -> None:
