@@ -94,7 +94,8 @@ def replica(model: str, engine_args: list[str], tag: str, i: int, extra: list[st
 
 
 def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: dict[str, Any] | None = None,
-            kv: bool = False, flow: dict[str, Any] | None = None, keys: list[dict[str, Any]] | None = None) -> Server:
+            kv: bool = False, flow: dict[str, Any] | None = None, keys: list[dict[str, Any]] | None = None,
+            debug: bool = False) -> Server:
     port = free_port()
     deployment: dict[str, Any] = {"name": SERVED_NAME, "id": "dep-bench", "upstreams": [r.server.base for r in reps]}
     if kv:
@@ -105,7 +106,7 @@ def gateway(label: str, reps: list[Replica], tmp: Path, tag: str, *, upstream: d
               "keys": keys or [], "ledger": "off", "access_log": "off"}
     path = tmp / f"{label}.yaml"
     path.write_text(json.dumps(config, indent=1))
-    return Server(label, [sys.executable, "-m", "streamproxy", "gateway", "--config", str(path)], port,
+    return Server(label, [sys.executable, "-m", "streamproxy", "gateway", "--config", str(path), *(["--log-level", "debug"] if debug else [])], port,
                   RESULTS / "logs" / f"{tag}-{label}.log")
 
 
@@ -239,7 +240,7 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
 
     peers: list[tuple[str, list[Server]]] = []
     for label, kw in (("round robin", {"upstream": {"policy": "round_robin"}}), ("our affinity", {}),
-                      ("KV events", {"kv": True})):
+                      ("KV events", {"kv": True, "debug": args.debug_kv})):
         peers.append((label, [gateway(f"gw-{label.replace(' ', '-')}-{g}", reps, tmp, tag, **kw) for g in range(args.gateways)]))
     if args.vllm_router:
         for policy in ("round_robin", "cache_aware", "kv_aware"):
@@ -369,6 +370,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gateways", type=int, default=1, help="gateways per peer, sharing nothing (requests alternate)")
     ap.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router's binary (default: on PATH)")
     ap.add_argument("--peers", default="", help="kv-pressure: only these peers (comma-separated labels, e.g. 'KV events,our affinity')")
+    ap.add_argument("--debug-kv", action="store_true",
+                    help="kv-pressure: the KV-events gateways log each choice (cached prefix and load per replica) and each "
+                         "request's predicted against reported cached tokens (DEBUG, in their logs)")
     ap.add_argument("--max-num-seqs", type=int, default=4, help="fairness: each replica's batch (its saturation)")
     ap.add_argument("--heavy-ratio", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=35)

@@ -151,7 +151,7 @@ class Call:
         try:
             for retry in range(state.policy.num_retries + 1):
                 now = time.monotonic()
-                replica, matched = scheduler.choose(self.prompt, self.keys, tried, now)
+                replica, matched, predicted = scheduler.choose(self.prompt, self.keys, tried, now)
                 if replica is None:
                     break
                 if retry:
@@ -162,6 +162,7 @@ class Call:
                         retrying = True
                 tried.add(replica.url)
                 attempt = Attempt(self, replica, matched, retry)
+                attempt.predicted = predicted
                 self.attempts.append(attempt)
                 scheduler.dispatched(replica, self.prompt, now)
                 try:
@@ -205,16 +206,23 @@ class Call:
         usage = self.usage
         if usage.billed:
             self.pool.observed_cache(attempt.replica, self.keys, attempt.matched, usage.prompt_tokens, usage.cached_tokens)
+            if attempt.predicted is not None:
+                self.state.schedulers[self.pool.deployment.name].observed(attempt.replica, attempt.predicted,
+                                                                          usage.prompt_tokens, usage.cached_tokens)
         attempt.replica.series.requests(str(outcome) if outcome is not None else "client_gone").inc()
 
 
 class Attempt:
     """One try of a call on one replica, counted on it from its start to its `end`."""
 
-    __slots__ = ("pool", "replica", "matched", "headers", "span", "sent_at", "_answer", "ended")
+    __slots__ = ("pool", "replica", "matched", "predicted", "prompt", "scheduler", "headers", "span", "sent_at", "_answer",
+                 "ended")
 
     def __init__(self, call: Call, replica: Replica, matched: int, retry: int) -> None:
         self.pool, self.replica, self.matched = call.pool, replica, matched  # matched: prefix keys the replica held
+        self.predicted: int | None = None  # prompt tokens its KV events said it held (None: not routed by them)
+        self.prompt = call.prompt  # (its speculative blocks end with it)
+        self.scheduler = call.state.schedulers[call.pool.deployment.name]
         self._answer: Exchange | None = None
         self.ended = False
         call.ctx.tried(replica.url)  # a request abandoned while a replica holds it is logged with that replica
@@ -245,6 +253,8 @@ class Attempt:
         self.ended = True
         pool, replica = self.pool, self.replica
         pool.completed(replica)
+        if self.prompt is not None:
+            self.scheduler.ended(replica, self.prompt, time.monotonic())
         series, health = replica.series, replica.health
         series.in_flight.dec()
         if ok:

@@ -30,15 +30,19 @@ a replica's blocks in O(its blocks).
 
 Queries. `longest_prefix(keys, owners)` walks a prompt's keys from the first
 and says how many leading blocks each replica holds: O(blocks x replicas).
-`speculate(owner, prompt)` records that a prompt was just sent to a replica,
-for `speculative_ttl` seconds (llm-d's speculative indexing): its blocks
-will be there once the prefill ran, before their events arrive, so a burst
-of requests sharing a prefix follows the first. Sans-IO: times are arguments.
+`speculate(owner, prompt, now, hold)` records that a prompt was sent to a
+replica (llm-d's speculative indexing): its blocks will be there once the
+prefill ran, before their events arrive, so a burst of requests sharing a
+prefix follows the first. A request waits in a busy replica's queue for
+longer than any fixed TTL, so the entry lasts `hold` seconds (the request's
+life: the gateway renews it with the default `speculative_ttl` when the
+request ends, time for its events to come). Sans-IO: times are arguments.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -138,7 +142,7 @@ class KVIndex:
         self._holders: dict[int, str | dict[str, int]] = {}
         self._size = 0
         self._guesses: dict[int, dict[str, float]] = {}  # key -> {owner: until}: speculative entries
-        self._guess_order: deque[tuple[float, str, int]] = deque()
+        self._guess_order: list[tuple[float, str, int]] = []  # a heap of (until, owner, key)
         # Counters, for metrics and tests.
         self.orphaned = 0  # blocks left out: their parent is not known
         self.unaligned = 0  # BlockStored events whose tokens do not fill their blocks
@@ -329,12 +333,13 @@ class KVIndex:
                 result[owner] = n * size
         return result
 
-    def speculate(self, owner: str, prompt: PromptKeys, now: float) -> None:
-        """The prompt was just sent to `owner`: count its blocks there until the TTL, or their events, come."""
+    def speculate(self, owner: str, prompt: PromptKeys, now: float, hold: float | None = None) -> None:
+        """The prompt was sent to `owner`: count its blocks there for `hold` seconds (default:
+        `speculative_ttl`), or until their events come; a second call renews (or shortens) the first."""
         size = self.block_size(owner)
         if self.speculative_ttl <= 0 or not size:
             return
-        until = now + self.speculative_ttl
+        until = now + (self.speculative_ttl if hold is None else hold)
         order = self._guess_order
         for key in prompt.keys(size):
             held = self._guesses.get(key)
@@ -342,13 +347,13 @@ class KVIndex:
                 self._guesses[key] = {owner: until}
             else:
                 held[owner] = until
-            order.append((until, owner, key))
+            heapq.heappush(order, (until, owner, key))
         self._expire_guesses(now)
 
     def _expire_guesses(self, now: float) -> None:
         order, guesses = self._guess_order, self._guesses
         while order and (order[0][0] <= now or len(order) > self.max_speculative):
-            until, owner, key = order.popleft()
+            until, owner, key = heapq.heappop(order)
             held = guesses.get(key)
             if held is not None and held.get(owner) == until:
                 del held[owner]

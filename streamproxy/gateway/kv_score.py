@@ -1,70 +1,44 @@
 """Choosing a replica by the prompt prefix it has cached, weighed against its load.
 
-llm-d's precise prefix-cache scheduling (its inference scheduler's
-`precise-prefix-cache-scorer` and `queue-scorer`, summed with weights and
-picked by `max-score-picker`): over the candidate replicas, each scorer's raw
-value is min-max normalized to [0, 1] (all equal: 1 for all, as llm-d does),
-  prefix = (cached - min) / (max - min)     cached: the prompt's leading tokens the replica holds
-  queue  = (max - load) / (max - min)       load: its outstanding requests (counted by the gateway)
-  score  = prefix_weight * prefix + queue_weight * queue
-with llm-d's weights of its precise prefix-cache profile, 3 and 2 (its
-`kv-cache-utilization-scorer`, also 2 there, needs each replica's
-`vllm:kv_cache_usage_perc`, which the gateway does not read yet). The
-highest score wins; on a tie, fewer outstanding requests, then the prefix's
-rendezvous home (`balance.rendezvous_score` of the request's first prefix
-key and the replica's URL: the same in every gateway), so a prefix no
-replica holds yet gets the home today's affinity gives it. Replicas at
-`max_outstanding` (when given) are passed over while another is below it,
-and today's load guard applies (`guarded`: SGLang's imbalance test): min-max
-normalization maps any spread of loads onto [0, 1], so without it a cached
-prefix would win against a replica at any load.
+Today's cache-aware rule (SGLang's router, `Pool.choose`) with each
+replica's cached prefix measured precisely, from its KV events:
+  - the candidates: available, not yet tried, below `max_outstanding` (when
+    given, while one is), and within today's load guard (`guarded`: when the
+    loads are imbalanced, only those within `balance_abs_threshold` of the
+    least loaded);
+  - a hit: when some candidate holds at least `cache_threshold` of the
+    prompt's tokens, the least loaded of those holding nearly the longest
+    prefix (`CLOSE` of it: a block or two more is not worth a queue);
+  - a miss: else, among the replicas within `balance_abs_threshold` of the
+    least loaded, the one this gateway last sent the prefix to (today's
+    approximate index holds `cache_threshold` of its prefix keys: a tenant
+    whose blocks were evicted goes back where it lives), else (a new prefix)
+    the one it has sent the fewest prefix keys (SGLang's "smallest tree":
+    tenants spread evenly over the caches, where a hash would leave one
+    replica with more than its cache holds), then the rendezvous home
+    (`balance.rendezvous_score` of the first prefix key and the URL).
+Cached shares are of the whole prompt, never normalized across the
+candidates: the block a chat template's header fills on every replica, or
+a few blocks more on one, decide nothing, and a prefix evicted everywhere
+does not go to whichever replica is idlest that moment (which would
+scatter tenants over every replica's cache, each holding all of them for a
+while and none for long).
 
-A replica that publishes KV events is scored by the `KVIndex`; one that does
-not, by today's approximate index (the share of the request's prefix keys it
-is believed to hold, times the prompt's tokens). When no candidate publishes
-events, or the pool's policy has no prefix affinity, the choice is today's
-(`Pool.choose`). Pure functions, sans-IO.
+A replica that publishes KV events is measured by the `KVIndex`; one that
+does not, by today's approximate index (the share of the request's prefix
+keys it is believed to hold, times the prompt's tokens). When no candidate
+publishes events, or the pool's policy has no prefix affinity, the choice
+is today's (`Pool.choose`). Pure functions, sans-IO.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from streamproxy.gateway.balance import Pool, Replica, rendezvous_score
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 
-
-@dataclass(frozen=True)
-class KVWeights:
-    prefix_weight: float = 3.0  # llm-d: precise-prefix-cache-scorer
-    queue_weight: float = 2.0  # llm-d: queue-scorer
-
-
-def normalized(values: Sequence[float], *, higher_is_better: bool = True) -> list[float]:
-    """llm-d's min-max normalization: each value in [0, 1] across the candidates (all equal: 1)."""
-    low, high = min(values), max(values)
-    if high == low:
-        return [1.0] * len(values)
-    span = high - low
-    if higher_is_better:
-        return [(v - low) / span for v in values]
-    return [(high - v) / span for v in values]
-
-
-def scores(cached: Sequence[float], loads: Sequence[int], weights: KVWeights = KVWeights()) -> list[float]:
-    """Each candidate's weighted score: its cached prefix against its outstanding requests."""
-    prefix = normalized(cached)
-    queue = normalized(loads, higher_is_better=False)
-    return [weights.prefix_weight * p + weights.queue_weight * q for p, q in zip(prefix, queue)]
-
-
-def pick(cached: Sequence[float], loads: Sequence[int], anchors: Sequence[int], first_key: int | None,
-         weights: KVWeights = KVWeights()) -> int:
-    """The index of the winner: the highest score, then fewer outstanding, then the rendezvous home."""
-    total = scores(cached, loads, weights)
-    home = [rendezvous_score(first_key, a) for a in anchors] if first_key is not None else [0] * len(anchors)
-    return max(range(len(total)), key=lambda i: (total[i], -loads[i], home[i]))
+CLOSE = 0.9  # holders of at least this share of the longest cached prefix compete on load
 
 
 def estimated_cached(index: KVIndex, replicas: Sequence[Replica], prompt: PromptKeys, keys: list[int],
@@ -79,8 +53,7 @@ def estimated_cached(index: KVIndex, replicas: Sequence[Replica], prompt: Prompt
 def guarded(pool: Pool, candidates: list[Replica]) -> list[Replica]:
     """Today's load guard (SGLang's cache-aware policy): when the loads are imbalanced (max - min over
     `balance_abs_threshold` and max over `balance_rel_threshold` x min), only the replicas within
-    `balance_abs_threshold` of the least loaded compete (min-max normalization alone would let a
-    cached prefix win at any load)."""
+    `balance_abs_threshold` of the least loaded compete."""
     if not candidates:
         return candidates
     policy = pool.policy
@@ -91,8 +64,34 @@ def guarded(pool: Pool, candidates: list[Replica]) -> list[Replica]:
     return candidates
 
 
+def home_key(prompt: PromptKeys, keys: list[int]) -> int:
+    """The prefix's rendezvous key: today's first prefix key, else its first block of ids (hashes of int
+    tuples are the same in every process)."""
+    if keys:
+        return keys[0]
+    return hash(tuple(prompt.token_ids[:16]))
+
+
+def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, keys: list[int],
+         home: int) -> int:
+    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`)."""
+    loads = [r.outstanding for r in candidates]
+    homes = [rendezvous_score(home, r.anchor) for r in candidates]
+    best = max(cached)
+    if prompt_tokens > 0 and best / prompt_tokens >= pool.policy.cache_threshold:
+        close = [i for i, c in enumerate(cached) if c >= CLOSE * best]
+        return min(close, key=lambda i: (loads[i], -cached[i], -homes[i]))
+    low = min(loads)
+    near = [i for i in range(len(candidates)) if loads[i] <= low + pool.policy.balance_abs_threshold]
+    if keys:
+        sent = [candidates[i].index.matched(keys) for i in near]
+        if max(sent) / len(keys) >= pool.policy.cache_threshold:
+            return near[max(range(len(near)), key=lambda j: (sent[j], -loads[near[j]]))]
+    return min(near, key=lambda i: (len(candidates[i].index), -homes[i]))
+
+
 def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], exclude: set[str], now: float,
-           weights: KVWeights = KVWeights(), max_outstanding: int = 0) -> tuple[Replica | None, int]:
+           max_outstanding: int = 0) -> tuple[Replica | None, int]:
     """The replica for this attempt and the prompt tokens it is believed to hold (None: no replica can
     take it). `keys`: the request's prefix keys (prefix.prefix_keys), for replicas without events and the
     rendezvous home; `prompt`: its token ids."""
@@ -104,10 +103,6 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
         below = [r for r in candidates if r.outstanding < max_outstanding]
         candidates = below or candidates
     candidates = guarded(pool, candidates)
-    if len(candidates) == 1:
-        only = candidates[0]
-        return only, int(estimated_cached(index, candidates, prompt, keys, now)[0])
     cached = estimated_cached(index, candidates, prompt, keys, now)
-    winner = pick(cached, [r.outstanding for r in candidates], [r.anchor for r in candidates],
-                  keys[0] if keys else None, weights)
+    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys))
     return candidates[winner], int(cached[winner])

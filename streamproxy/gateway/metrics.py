@@ -112,6 +112,9 @@ KV_DECISIONS = Counter("streamproxy_gateway_kv_routing_decisions",
                        ["deployment", "by"])
 KV_PREDICTED = Counter("streamproxy_gateway_kv_predicted_cached_tokens",
                        "Prompt tokens the chosen replicas were predicted to hold cached when chosen", ["deployment"])
+KV_OBSERVED = Counter("streamproxy_gateway_kv_observed_cached_tokens",
+                      "Cached prompt tokens the replicas reported for the requests KV events routed (against the prediction)",
+                      ["deployment"])
 KV_TOKENIZE = Histogram("streamproxy_gateway_kv_tokenize_seconds", "A replica's /tokenize of a prompt, for KV-event routing",
                         ["deployment"], buckets=_LATENCY)
 

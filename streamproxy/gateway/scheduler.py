@@ -18,8 +18,10 @@ for any model, with no tokenizer in the gateway; one more round trip,
 publishing replica, bounded by `TOKENIZE_TIMEOUT`; a failure falls back to today's affinity.
 `kv_score.choose` then weighs each replica's cached prefix against its
 load (replicas without events: today's approximate index); after dispatch
-`KVIndex.speculate` counts the prompt's blocks on the chosen replica until
-its events arrive, so a burst of one prefix follows its first request.
+`KVIndex.speculate` counts the prompt's blocks on the chosen replica while
+the request lasts (however long it waits in the replica's queue) and
+`speculative_ttl` after, until its events arrive, so a burst of one prefix
+follows its first request.
 Responses and Anthropic requests, and prompts that are batches, keep
 today's affinity.
 
@@ -63,7 +65,7 @@ from streamproxy.gateway.fairq import FairQueue, deployment_limit
 from streamproxy.gateway.flowcontrol import FlowControl, Ticket
 from streamproxy.gateway.kv_feed import Feed
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
-from streamproxy.gateway.kv_score import KVWeights, choose
+from streamproxy.gateway.kv_score import choose, estimated_cached
 from streamproxy.gateway.kv_subscriber import KVSubscriber
 from streamproxy.gateway.upstream import CONNECT_ERRORS, ask
 from streamproxy.gateway.upstream_tls import ClientTLS
@@ -71,6 +73,7 @@ from streamproxy.gateway.wire import Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
 
+SPECULATIVE_HOLD = 600.0  # seconds a request's blocks count on its replica at most before it ends
 TOKENIZE_TIMEOUT = 2.0  # seconds for a replica's /tokenize; past it the request keeps today's affinity
 _decode_tokens = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
@@ -125,9 +128,8 @@ def requests_waiting(text: bytes) -> int | None:
 
 
 class Scheduler:
-    def __init__(self, pool: Pool, weights: KVWeights | None = None) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
-        self.weights = weights or KVWeights()
         self.index = KVIndex()
         self.subscribers: dict[str, KVSubscriber] = {}
         self._endpoints: dict[str, KVEventsEndpoint] = {}
@@ -138,6 +140,7 @@ class Scheduler:
         self.flow = FlowControl(pool.deployment.name, FairQueue(fc.max_queued, fc.max_wait), self.limit) if fc.max_concurrency > 0 else None
         self.decisions = {by: M.KV_DECISIONS.labels(pool.deployment.name, by) for by in ("kv_events", "affinity")}
         self.predicted = M.KV_PREDICTED.labels(pool.deployment.name)
+        self.observed_tokens = M.KV_OBSERVED.labels(pool.deployment.name)
         self.tokenize_seconds = M.KV_TOKENIZE.labels(pool.deployment.name)
         self.tokenize_failures = 0
         self.waiting: dict[str, int] = {}  # a replica's own requests waiting, from its /metrics (flow control on)
@@ -222,21 +225,44 @@ class Scheduler:
         self.tokenize_seconds.observe(perf_counter() - began)
         return PromptKeys(tokens, cache_salt=cache_salt)
 
-    def choose(self, prompt: PromptKeys | None, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
-        """The replica for an attempt and how many of `keys` (today's prefix keys) it holds."""
+    def choose(self, prompt: PromptKeys | None, keys: list[int], exclude: set[str],
+               now: float) -> tuple[Replica | None, int, int | None]:
+        """The replica for an attempt, how many of `keys` (today's prefix keys) it holds, and the prompt
+        tokens its events say it holds (None: not chosen by its events)."""
         if prompt is None or not self.subscribers:
             self.decisions["affinity"].inc()
-            return self.pool.choose(keys, exclude, now)
-        replica, cached = choose(self.pool, self.index, prompt, keys, exclude, now, self.weights, self.max_concurrency)
+            return (*self.pool.choose(keys, exclude, now), None)
+        if log.isEnabledFor(logging.DEBUG):
+            self._explain(prompt, keys, exclude, now)
+        replica, cached = choose(self.pool, self.index, prompt, keys, exclude, now, self.max_concurrency)
         if replica is None:
-            return None, 0
+            return None, 0, None
         by_events = self.pool.policy.affinity and replica.url in self.subscribers
         self.decisions["kv_events" if by_events else "affinity"].inc()
         if cached:
             self.predicted.inc(cached)
-        return replica, replica.index.matched(keys) if keys else 0
+        return replica, replica.index.matched(keys) if keys else 0, cached if by_events else None
+
+    def _explain(self, prompt: PromptKeys, keys: list[int], exclude: set[str], now: float) -> None:
+        candidates = [r for r in self.pool.replicas if r.url not in exclude and r.health.available(now)]
+        cached = estimated_cached(self.index, candidates, prompt, keys, now)
+        log.debug("deployment %s: KV choice for %d prompt tokens: %s", self.pool.deployment.name, len(prompt.token_ids),
+                  ", ".join(f"{r.url} cached {int(c)} load {r.outstanding}" for r, c in zip(candidates, cached)))
+
+    def observed(self, replica: Replica, predicted: int, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request routed by KV events ended: the replica reported `cached_tokens` of `prompt_tokens`."""
+        self.observed_tokens.inc(cached_tokens)
+        log.debug("deployment %s: %s predicted %d cached, reported %d of %d prompt tokens",
+                  self.pool.deployment.name, replica.url, predicted, cached_tokens, prompt_tokens)
 
     def dispatched(self, replica: Replica, prompt: PromptKeys | None, now: float) -> None:
+        """The prompt went to `replica`: its blocks count there while the request lasts (it may wait in
+        the replica's queue for long), up to `SPECULATIVE_HOLD`."""
+        if prompt is not None and replica.url in self.subscribers:
+            self.index.speculate(replica.url, prompt, now, hold=SPECULATIVE_HOLD)
+
+    def ended(self, replica: Replica, prompt: PromptKeys | None, now: float) -> None:
+        """The attempt on `replica` is over: its speculative blocks last `speculative_ttl` more (their events' way)."""
         if prompt is not None and replica.url in self.subscribers:
             self.index.speculate(replica.url, prompt, now)
 

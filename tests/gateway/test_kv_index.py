@@ -142,6 +142,24 @@ def test_speculated_blocks_count_until_their_ttl() -> None:
     assert index._guesses == {} or all(B not in held for held in index._guesses.values())
 
 
+def test_a_request_waiting_in_its_replicas_queue_keeps_its_speculated_blocks() -> None:
+    # The first run's requests waited 10-30 s in the replicas' queues; a 2 s guess was gone before the
+    # prefill, so the tenant's next request saw nothing and went elsewhere. The guess lasts the request's
+    # life (`hold`), and the TTL from its end (the gateway renews it then).
+    index = KVIndex(speculative_ttl=2.0)
+    store(index, A, [11], PROMPT[:4])
+    store(index, B, [21], PROMPT[:4])
+    prompt = PromptKeys(PROMPT)
+    index.speculate(A, prompt, now=10.0, hold=600.0)
+    index.speculate(B, PromptKeys([7] * 8), now=10.0)  # (another prompt's short guess, due first)
+    assert index.cached_tokens(prompt, [A, B], 40.0) == {A: 12, B: 4}  # past the TTL, the request still on
+    index.speculate(A, prompt, now=40.0)  # it ended: 2 s more
+    assert index.cached_tokens(prompt, [A, B], 41.5) == {A: 12, B: 4}
+    assert index.cached_tokens(prompt, [A, B], 42.5) == {A: 4, B: 4}
+    index._expire_guesses(700.0)
+    assert index._guesses == {} and index._guess_order == []
+
+
 def test_speculation_is_bounded() -> None:
     index = KVIndex(speculative_ttl=100.0, max_speculative=10)
     store(index, A, [11], PROMPT[:4])

@@ -22,6 +22,7 @@ from harness.waiting import wait_until
 from streamproxy.gateway.balance import rendezvous_score
 from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.prefix import prefix_keys
+from streamproxy.gateway.scheduler import SPECULATIVE_HOLD
 from tests.gateway.conftest import Gateway, Replica, StartGateway, StartReplica
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, fits, post, sample
 
@@ -127,9 +128,11 @@ async def test_a_prompt_sent_counts_on_its_replica_before_its_events_come(
         assert status == 200, got
         chosen = next(r.base for r in (a, b) if any(s.path == "/v1/completions" for s in r.seen))
         other = b.base if chosen == a.base else a.base
-        # No event said so (the fake replicas publish nothing by themselves): llm-d's speculative entry, for its TTL.
+        # No event said so (the fake replicas publish nothing by themselves): llm-d's speculative entry, held
+        # while the request lasted (up to SPECULATIVE_HOLD) and renewed for its TTL when it ended.
         now = time.monotonic()
         assert index.cached_tokens(PromptKeys(prompt), [chosen, other], now) == {chosen: 40, other: 0}
+        assert index.cached_tokens(PromptKeys(prompt), [chosen], now + SPECULATIVE_HOLD + 1) == {chosen: 40}  # (renewed)
         assert index.cached_tokens(PromptKeys(prompt), [chosen], now + index.speculative_ttl + 1) == {chosen: 0}
 
 

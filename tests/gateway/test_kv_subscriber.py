@@ -101,3 +101,23 @@ async def test_without_replay_a_publisher_gone_is_lost_after_its_connection_is()
             assert await wait_until(lambda: held(sub.feed.index), 5.0)
         assert await wait_until(lambda: sub.feed.lost == 1, 5.0)
         assert held(sub.feed.index) == set()
+
+
+async def test_a_lost_stream_that_comes_back_ends_with_the_index_matching_the_cache() -> None:
+    # The publisher (the same engine process: its cache and replay buffer intact) stops answering and
+    # publishing: the stream is lost and the replica's blocks are forgotten (nothing stale). When it
+    # publishes again, the feed replays its buffer from 0 and the index holds what its cache holds.
+    pub, replay = loopback_endpoints()
+    async with ZmqPublisher.running(Publisher(BS, capacity=20), pub, replay) as fake, \
+            subscribed(R, pub, replay, idle_probe=0.3, replay_timeout=0.3) as sub:
+        await heard(sub)
+        await publish_until_heard(fake, sub, prompts(10, 6))
+        fake.answer_replays = False
+        assert await wait_until(lambda: sub.feed.lost == 1, 5.0)
+        assert held(sub.feed.index) == set() and sub.feed.last_seq is None
+        for p in prompts(11, 4):  # (meanwhile, unheard: it evicts some of what the index knew)
+            fake.publisher.publish(fake.publisher.cache.prompt(p))
+        fake.answer_replays = True
+        await publish_until_heard(fake, sub, prompts(12, 3))
+        assert 0 in fake.replay_requests[1:] and held(sub.feed.index) == fake.publisher.cache.cached()
+        assert sub.feed.resets >= 1 and sub.feed.index.unknown_removed == 0
