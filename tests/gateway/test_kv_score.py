@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from streamproxy.gateway.balance import Pool
+from streamproxy.gateway.balance import Pool, rendezvous_score
 from streamproxy.gateway.config import Deployment, UpstreamPolicy
 from streamproxy.gateway.kv_events import BlockStored
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
-from streamproxy.gateway.balance import rendezvous_score
 from streamproxy.gateway.kv_score import choose, home_key
 from streamproxy.gateway.prefix import prefix_keys
 
