@@ -3,7 +3,7 @@
 lm-eval's `local-completions` model runs the two tasks of `evals/lmeval/` (a loglikelihood
 multiple-choice task: batched token-id prompts with `echo`, `logprobs: 1`, `max_tokens: 1`;
 and a generate_until task: batched string prompts with `stop`) with a small sample limit,
-first against the session's `streamproxy serve`, then against `vllm_server` (vLLM's
+against the session's `streamproxy serve` and, at the same time, against `vllm_server` (vLLM's
 `api_server`, same model, name and engine flags). Nothing here is a number frozen from one
 machine: the loglikelihood task must give each choice the same loglikelihood on both servers
 (within TOLERANCE nats) and the same accuracy (see `harness.lmeval.compare`); the
@@ -14,6 +14,7 @@ comparison by hand on the whole data set.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -31,8 +32,11 @@ def runs(engine_server: str, vllm_server: str, model_name: str, tmp_path_factory
 
     tokenizer = ensure_default_model(progress=False)
     out = tmp_path_factory.mktemp("lmeval")
-    ours = run_lm_eval(engine_server, model_name, tokenizer, out / "streamproxy", LIMIT)
-    theirs = run_lm_eval(vllm_server, model_name, tokenizer, out / "vllm", LIMIT)
+    # The two lm-eval processes at once: each spends most of its time importing its libraries on one core.
+    with ThreadPoolExecutor(2) as pool:
+        started = [pool.submit(run_lm_eval, base, model_name, tokenizer, out / label, LIMIT)
+                   for base, label in ((engine_server, "streamproxy"), (vllm_server, "vllm"))]
+        ours, theirs = (future.result() for future in started)
     print(f"\nlm-eval: streamproxy {ours.seconds:.1f} s, vLLM {theirs.seconds:.1f} s; acc {ours.score(MC, 'acc,none')} vs "
           f"{theirs.score(MC, 'acc,none')}, largest loglikelihood difference {max_difference(ours, theirs):.2e}")
     return ours, theirs
