@@ -7,8 +7,9 @@ Chunks come from templates encoded once per stream, so per token only the delta 
 Delta straight to a content chunk; otherwise each choice runs a `filters.base.Pipeline` and `_one_parts`
 renders content, reasoning, tool-call fragments. A step's logprobs ride on the first chunk it produces,
 or the next one: each token's entry is sent once, in order. `return_ids` (vLLM's `return_token_ids`)
-takes the parts path too: a step's token ids ride on the first chunk it produces (`"token_ids":[...]`
-after the finish reason; `[]` on the others), a step that produces none sends an id-only chunk (chat
+takes the parts path too: a step's token ids ride on the last chunk it produces (`"token_ids":[...]`
+after the finish reason; `[]` on the others: a chunk with ids ends its step, which a gateway that
+continues streams by their ids needs), a step that produces none sends an id-only chunk (chat
 `"delta":{}`, completions `"text":""`), and the prompt's ids go once, on chat's role chunk and on each
 completions choice's first chunk. `prime(pieces)` (continuation.py) feeds a continued stream's earlier
 tokens through the choice's carry and filters without a byte out.
@@ -139,7 +140,6 @@ class ChunkEncoder:
         self.logprobs = logprobs
         self.return_ids = return_ids
         self.prompt_ids = prompt_ids  # return_ids: each choice's prompt ids
-        self._ids = b"[]"  # return_ids: the step's ids not sent yet (JSON)
         self.continued = False  # a continuation (`prime`): no role chunk, the earlier tokens counted
         if filters is None and not logprobs and not return_ids:
             self.choices = [_ChoiceState() for _ in range(n)]
@@ -208,9 +208,8 @@ class ChunkEncoder:
         return self._choice_open[index] + body + b',"logprobs":' + logprobs + b',"finish_reason":null' + ids + self._close()
 
     def _ids_field(self, index: int) -> bytes:
-        """return_ids: the choice's `"token_ids"` (the step's, on its first chunk; then `[]`)."""
-        ids, self._ids = self._ids, b"[]"
-        return b',"token_ids":' + ids
+        """return_ids: the choice's `"token_ids"`, `[]` until `_one_parts` puts the step's on its last chunk."""
+        return b',"token_ids":[]'
 
     def prime(self, pieces: Sequence[tuple[str, int]]) -> None:
         """A continuation: choice 0 has had these tokens (text, id), as if generated and sent; nothing goes out."""
@@ -275,8 +274,6 @@ class ChunkEncoder:
             choice.logprobs.extend(delta.logprobs)
         pipeline = choice.pipeline
         assert pipeline is not None
-        if self.return_ids:
-            self._ids = _dumps(list(delta.token_ids or ()))
         out = self._render(index, choice, pipeline.feed(delta.text, delta.token_ids))
         reason = delta.finish_reason
         if reason is not None:
@@ -284,8 +281,12 @@ class ChunkEncoder:
             out += self._render(index, choice, tail)
             choice.finish_reason = reason
             out += self._finish_chunk(index, reason, self._logprobs_json(choice) if choice.logprobs else _NULL)
-        elif self.return_ids and self._ids != b"[]":  # the step said nothing (a parser holds its text): its ids alone
-            out += self._chunk(index, self.id_only, _NULL)
+        if self.return_ids and delta.token_ids:
+            ids = b',"token_ids":' + _dumps(list(delta.token_ids))
+            at = out.rfind(b',"token_ids":[]')
+            if at < 0:  # the step said nothing (a parser holds its text): its ids alone
+                return out + self._chunk(index, self.id_only, _NULL).replace(b',"token_ids":[]', ids)
+            out = out[:at] + ids + out[at + 15 :]
         return out
 
     def _render(self, index: int, choice: _ChoiceState, parts: list[Part]) -> bytes:

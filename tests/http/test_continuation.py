@@ -28,17 +28,19 @@ async def post(client, path: str, body: dict[str, Any]) -> bytes:
 
 
 def steps(raw: bytes) -> tuple[bytes, list[bytes], bytes]:
-    """A stream with ids: its role chunk, the chunks of each generated token (a chunk with no ids of its
-    own belongs to the token before), and its end (usage and [DONE])."""
+    """A stream with ids: its role chunk, the chunks of each generated token (a step's ids are on its last
+    chunk: a chunk with none of its own belongs to the token after), and its end (usage and [DONE])."""
     events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
-    role, groups, end = events[0], list[bytes](), b""
+    role, groups, end, pending = events[0], list[bytes](), b"", b""
     for event in events[1:]:
         if event.startswith(b"data: [DONE]") or b'"choices":[]' in event:
             end += event
         elif b'"token_ids":[]' in event:
-            groups[-1] += event
+            pending += event
         else:
-            groups.append(event)
+            groups.append(pending + event)
+            pending = b""
+    assert not pending
     return role, groups, end
 
 

@@ -1,6 +1,6 @@
 """`return_token_ids` on serve, as vLLM 0.32 sends them: exact bytes of chat and completions streams
 (the prompt's ids on chat's role chunk and on each completions choice's first chunk, every chunk its
-own `token_ids`, id-only chunks where a parser holds text back), the non-stream answers' fields, and
+own `token_ids` (a step's on its last chunk), id-only chunks where a parser holds text back), the non-stream answers' fields, and
 the header that says the server takes `continue_token_ids`. Without the field the bytes are as before
 (test_stream_golden.py)."""
 
@@ -41,8 +41,9 @@ async def test_a_chat_stream_carries_its_prompt_s_ids_first_and_every_chunk_its_
         b'"prompt_token_ids":' + PROMPT + b"}\n\n"
         + CHAT_HEAD + b'"choices":[{"index":0,"delta":{"content":"Hel"},"logprobs":null,"finish_reason":null' + ids(A) + b"}]}\n\n"
         + CHAT_HEAD + b'"choices":[{"index":0,"delta":{"content":"lo"},"logprobs":null,"finish_reason":null' + ids(B) + b"}]}\n\n"
-        + CHAT_HEAD + b'"choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null' + ids(C) + b"}]}\n\n"
-        + CHAT_HEAD + b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"' + ids() + b"}]}\n\n"
+        # The last token's step makes two chunks: its ids ride on the last one.
+        + CHAT_HEAD + b'"choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null' + ids() + b"}]}\n\n"
+        + CHAT_HEAD + b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"' + ids(C) + b"}]}\n\n"
         + CHAT_HEAD + b'"choices":[],"usage":{"prompt_tokens":24,"completion_tokens":3,"total_tokens":27,'
         b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
     )
@@ -59,8 +60,8 @@ async def test_a_completions_stream_carries_the_prompt_s_ids_on_its_first_chunk(
         CMPL_HEAD + b'"choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null,"prompt_token_ids":[104,105]'
         + ids(A) + b"}]}\n\n"
         + CMPL_HEAD + b'"choices":[{"index":0,"text":"lo","logprobs":null,"finish_reason":null' + ids(B) + b"}]}\n\n"
-        + CMPL_HEAD + b'"choices":[{"index":0,"text":" world","logprobs":null,"finish_reason":null' + ids(C) + b"}]}\n\n"
-        + CMPL_HEAD + b'"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"stop"' + ids() + b"}]}\n\n" + DONE
+        + CMPL_HEAD + b'"choices":[{"index":0,"text":" world","logprobs":null,"finish_reason":null' + ids() + b"}]}\n\n"
+        + CMPL_HEAD + b'"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"stop"' + ids(C) + b"}]}\n\n" + DONE
     )
 
 
@@ -73,8 +74,8 @@ async def test_a_step_a_parser_holds_back_sends_its_ids_in_an_id_only_chunk(serv
         ({}, [SCRIPT_IDS]),  # `<think>`: dropped by the splitter, its id still goes
         ({"reasoning": "hm", "reasoning_content": "hm"}, [SCRIPT_IDS + 1]),
         ({}, [SCRIPT_IDS + 2]),
-        ({"content": "Hi"}, [SCRIPT_IDS + 3]),
-        ({}, []),
+        ({"content": "Hi"}, []),
+        ({}, [SCRIPT_IDS + 3]),  # the last step: its content, then its finish with its ids
     ]
     assert chunks[-1]["finish_reason"] == "stop"
 
@@ -83,7 +84,7 @@ async def test_a_character_split_over_two_tokens_has_an_id_only_chunk_then_the_c
     client, _ = await serve(FakeScript(tokens=[b"caf\xc3", b"\xa9!"], token_delay=0.01))
     body, _ = await post(client, "/v1/completions", {"prompt": "hi", "stream": True, "return_token_ids": True})
     chunks = [c["choices"][0] for c in sse.payloads(body)]
-    assert [(c["text"], c["token_ids"]) for c in chunks] == [("caf", [SCRIPT_IDS]), ("é!", [SCRIPT_IDS + 1]), ("", [])]
+    assert [(c["text"], c["token_ids"]) for c in chunks] == [("caf", [SCRIPT_IDS]), ("é!", []), ("", [SCRIPT_IDS + 1])]
 
 
 async def test_non_stream_answers_carry_the_ids_where_vllm_puts_them(serve):
