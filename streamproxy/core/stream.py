@@ -24,6 +24,7 @@ import orjson
 
 from engine_adapter.base import Delta, TokenLogprob
 from streamproxy.core import sse
+from streamproxy.core.deltas import merge_by_index as _merge_by_index
 from streamproxy.core.logprobs import CompletionLogprobs, chat_entries
 from streamproxy.core.utf8 import Utf8Carry
 from streamproxy.errors import APIError
@@ -402,24 +403,3 @@ class CompletionStreamEncoder(ChunkEncoder):
         data = choice.legacy.add(choice.logprobs)
         choice.logprobs = []
         return _dumps(data)
-
-
-def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
-    """Coalesce several steps' deltas (a slow reader fell behind) per choice."""
-    merged: dict[int, Delta] = {}
-    for d in deltas:
-        prev = merged.get(d.index)
-        if prev is None or prev.finish_reason is not None or type(prev.text) is not type(d.text):
-            if prev is not None:
-                # Cannot merge after a finish or across str/bytes: keep order.
-                return list(deltas)
-            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
-        else:
-            prev.text += d.text  # type: ignore[operator]  # both str or both bytes: checked above
-            prev.num_tokens += d.num_tokens
-            prev.finish_reason = d.finish_reason
-            if d.token_ids:
-                prev.token_ids = [*(prev.token_ids or ()), *d.token_ids]
-            if d.logprobs:
-                prev.logprobs = [*(prev.logprobs or ()), *d.logprobs]
-    return list(merged.values())

@@ -68,20 +68,23 @@ async def read(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
         return CREATED.sub(b'"created":0', same_calls(await r.read()))
 
 
-@pytest.mark.parametrize("usage", [False, True])
+@pytest.mark.parametrize("asks", ["", "usage", "ids"])
 @pytest.mark.parametrize("case", list(CASES))
-async def test_a_parsed_stream_cut_after_any_event_reads_as_the_unbroken_one(case, usage, replica, gateway, stub, session):
+async def test_a_parsed_stream_cut_after_any_event_reads_as_the_unbroken_one(case, asks, replica, gateway, stub, session):
     _, settings, fields = CASES[case]
     a = await replica(script(case), **settings)
     b = await replica(script(case), **settings)
     dying = Dying(a.base)
     front = dying.stub = await stub(dying)
     body = chat(stream=True, max_tokens=100, **fields)
+    usage = asks == "usage"
     if usage:
         body["stream_options"] = {"include_usage": True}
+    if asks == "ids":  # the client's own: kept, on its chunks as serve puts them
+        body["return_token_ids"] = True
     reference = await gateway(b, deployments=deployment(b.base), upstream=UPSTREAM)
     whole = await read(session, reference.url(CHAT), body)
-    assert b"token_ids" not in whole and b"error" not in whole and (b"tool_calls" in whole or b"reasoning" in whole)
+    assert (b'"token_ids":[' in whole) == (asks == "ids") and b"error" not in whole and (b"tool_calls" in whole or b"reasoning" in whole)
     gw = await gateway(deployments=deployment(front.base, b.base), upstream=UPSTREAM)
     gw.in_order()
     assert await read(session, gw.url(CHAT), body) == whole  # relayed whole through the stub
