@@ -4,8 +4,12 @@ One step loop for the whole engine gives each running request its next token eve
 (after `ttft`). A `FakeScript` says what comes out: explicit `tokens` (str, or `bytes` that may end
 mid-character) ending "stop", or `text` words repeated until `max_tokens` ("length"); stop strings as
 vLLM; `fail_after`/`fail_on` fail requests; a step that raises (or a prompt with `crash_on`, or
-`kill()`) kills the engine as vLLM's core dies. One token per character; logprobs and words are
-fake_text.py's. The chat template puts `tools` before the messages, `rendered`/`template_kwargs` keep
+`kill()`) kills the engine as vLLM's core dies. Prompts are one token per character (code points); a
+generated token's id is `SCRIPT_IDS + position` (Unicode's private use area A, inside the vocabulary), and
+`decode` reads such an id as the script's token. The "model" follows its own tokens: a prompt that ends
+with a generated id continues the script after it (a continuation of prompt + generated ids makes what an
+unbroken run would; the bytes of a character split at that point come with the next token, as vLLM's
+detokenizer primed with the prompt sends them). Logprobs and words are fake_text.py's. The chat template puts `tools` before the messages, `rendered`/`template_kwargs` keep
 what render_chat got, and a given template is rendered with Jinja.
 """
 
@@ -35,6 +39,12 @@ from .base import (
 from .fake_text import char, prompt_logprobs, release, sample_logprobs, script_words
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+SCRIPT_IDS = 0xF0000  # generated token ids: this + the token's position in the script (U+F0000 .. U+FFFFD)
+_POSITIONS = 0xFFFFE - SCRIPT_IDS
+
+
+def script_id(position: int) -> int:
+    return SCRIPT_IDS + position % _POSITIONS
 
 
 def _text(content: Any) -> str:
@@ -79,11 +89,12 @@ class _Choice:
 
 
 class _Running:
-    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain", "fail_after", "crash")
+    __slots__ = ("request_id", "stream", "params", "choices", "start_at", "tokens", "repeat", "plain", "fail_after", "crash",
+                 "start", "carried")
 
     def __init__(
         self, request_id: str, stream: DeltaQueue, params: GenerationParams, start_at: float, script: FakeScript,
-        fail_after: int | None = None, crash: bool = False,
+        fail_after: int | None = None, crash: bool = False, start: int = 0,
     ) -> None:
         self.request_id = request_id
         self.stream = stream
@@ -94,8 +105,29 @@ class _Running:
         self.tokens: Sequence[str | bytes] = script_words(script.text) if script.tokens is None else script.tokens
         self.fail_after = fail_after
         self.crash = crash
+        self.start = start  # the script position it continues from (the prompt ended with the one before)
+        # The bytes of a character the prompt's last generated tokens split: sent with the first token.
+        self.carried = _split_tail(self.tokens, start) if start and not self.repeat else b""
         # One choice, no stop strings, no logprobs, no injected failure: `FakeEngine._advance_plain`.
-        self.plain = params.n == 1 and not params.stop and params.logprobs is None and fail_after is None and not crash
+        self.plain = (params.n == 1 and not params.stop and params.logprobs is None and fail_after is None and not crash
+                      and not start)
+
+
+def _split_tail(tokens: Sequence[str | bytes], end: int) -> bytes:
+    """The bytes of an unfinished character at the end of the script's first `end` tokens (b"": none)."""
+    data = b"".join(t if isinstance(t, bytes) else t.encode() for t in tokens[max(0, end - 4) : end])
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 != 0x80:  # the last character's first byte
+            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
+            return data[-back:] if back < need else b""
+    return b""
+
+
+def _resumes_at(prompt_ids: list[int]) -> int:
+    """The script position after the prompt's last generated token (0: the prompt ends with none)."""
+    last = prompt_ids[-1] if prompt_ids else 0
+    return last - SCRIPT_IDS + 1 if SCRIPT_IDS <= last < SCRIPT_IDS + _POSITIONS else 0
 
 
 class FakeEngine:
@@ -178,7 +210,14 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(map(char, token_ids))
+        if not any(SCRIPT_IDS <= t < SCRIPT_IDS + _POSITIONS for t in token_ids):
+            return "".join(map(char, token_ids))
+        tokens = self.script.tokens or script_words(self.script.text)
+        data = b""
+        for t in token_ids:
+            piece = tokens[(t - SCRIPT_IDS) % len(tokens)] if SCRIPT_IDS <= t < SCRIPT_IDS + _POSITIONS else char(t)
+            data += piece if isinstance(piece, bytes) else piece.encode("utf-8", "surrogatepass")
+        return data.decode("utf-8", "replace")
 
     @property
     def tokenizer(self) -> Any:
@@ -230,7 +269,8 @@ class FakeEngine:
             if script.fail_on is not None and script.fail_on not in prompt:
                 fail_after = None
             crash = script.crash_on is not None and script.crash_on in prompt
-        self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + script.ttft, script, fail_after, crash)
+        self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + script.ttft, script, fail_after, crash,
+                                             _resumes_at(prompt_ids))
         self._wakeup.set()
         return stream
 
@@ -305,7 +345,7 @@ class FakeEngine:
                     if emitted < run.params.max_tokens and (
                         run.repeat or emitted < len(tokens) or run.params.ignore_eos
                     ):
-                        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, None, [position])])
+                        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, None, [SCRIPT_IDS + position % _POSITIONS])])
                         continue
                     choice.emitted = position  # the last token: `_advance_plain` finishes the request
                 if not self._advance_plain(run):
@@ -334,15 +374,17 @@ class FakeEngine:
                     run.stream.put(deltas)
                 run.stream.close(_injected(self.script.fail_as, fail_after))
                 return True
-            position = choice.emitted
+            position = run.start + choice.emitted
             if not run.repeat and position >= len(run.tokens):
                 choice.done = True
                 deltas.append(Delta(choice.index, "", 0, "stop"))
                 continue
             token = run.tokens[position % len(run.tokens)]
+            if run.carried and not choice.emitted and isinstance(token, bytes):
+                token = run.carried + token
             choice.emitted += 1
             finish = "length" if choice.emitted >= params.max_tokens else None
-            if finish is None and not run.repeat and choice.emitted >= len(run.tokens) and not params.ignore_eos:
+            if finish is None and not run.repeat and position + 1 >= len(run.tokens) and not params.ignore_eos:
                 finish = "stop"
             if params.stop and isinstance(token, str):
                 choice.text += token
@@ -352,9 +394,10 @@ class FakeEngine:
                     finish = "stop"
             if finish is not None:
                 choice.done = True
-            logprobs = (sample_logprobs(run.tokens, position, self.script.logprobs, params.logprobs or 0)
+            token_id = script_id(position)
+            logprobs = (sample_logprobs(run.tokens, position, self.script.logprobs, params.logprobs or 0, token_id)
                         if params.logprobs is not None else None)
-            deltas.append(Delta(choice.index, token, 1, finish, token_ids=[position], logprobs=logprobs))
+            deltas.append(Delta(choice.index, token, 1, finish, token_ids=[token_id], logprobs=logprobs))
         if deltas:
             run.stream.put(deltas)
         if all(c.done for c in run.choices):
@@ -382,7 +425,7 @@ class FakeEngine:
             finish = "stop"
         else:
             finish = None
-        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, finish, [position])])
+        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, finish, [SCRIPT_IDS + position % _POSITIONS])])
         if finish is None:
             return False
         choice.done = True

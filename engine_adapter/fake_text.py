@@ -32,14 +32,16 @@ def char(token_id: int) -> str:
     return "\ufffd" if 0xD800 <= token_id < 0xE000 else chr(token_id)
 
 
-def sample_logprobs(tokens: Sequence[str | bytes], position: int, script: list[float] | None, k: int) -> list[TokenLogprob]:
-    """The logprobs of a choice's token number `position` (the script repeats), with `k` top entries."""
+def sample_logprobs(tokens: Sequence[str | bytes], position: int, script: list[float] | None, k: int,
+                    token_id: int | None = None) -> list[TokenLogprob]:
+    """The logprobs of a choice's token number `position` (the script repeats; its id `token_id`), with `k` top entries."""
+    token_id = position if token_id is None else token_id
     token = tokens[position % len(tokens)]
     data = token if isinstance(token, bytes) else token.encode()
     value = script[position % len(script)] if script else -0.25 * (position % 4 + 1)
-    sampled = TokenLogprob(position, token_text(data), data, value)
+    sampled = TokenLogprob(token_id, token_text(data), data, value)
     top = [sampled] + [TokenLogprob(-i, f" alt{i}", f" alt{i}".encode(), value - i) for i in range(1, k)]
-    return [TokenLogprob(position, sampled.token, data, value, top[:k])]
+    return [TokenLogprob(token_id, sampled.token, data, value, top[:k])]
 
 
 def prompt_logprobs(prompt_ids: list[int], k: int) -> list[TokenLogprob]:

@@ -41,10 +41,11 @@ class ChoiceAccumulator:
     """An `Accumulator` per choice: text, reasoning, tool calls, logprobs (chat and completions)."""
 
     __slots__ = (
-        "_parts", "_reasoning", "_carries", "_pipes", "_calls", "_logprobs", "tokens", "finish_reasons", "prompt_tokens", "cached_tokens"
+        "_parts", "_reasoning", "_carries", "_pipes", "_calls", "_logprobs", "tokens", "finish_reasons", "prompt_tokens", "cached_tokens",
+        "ids",
     )
 
-    def __init__(self, n: int, filters: FilterFactory | None = None, logprobs: bool = False) -> None:
+    def __init__(self, n: int, filters: FilterFactory | None = None, logprobs: bool = False, ids: bool = False) -> None:
         self._parts: list[list[str]] = [[] for _ in range(n)]
         self._reasoning: list[list[str]] = [[] for _ in range(n)]
         self._carries = [Utf8Carry() for _ in range(n)]
@@ -53,6 +54,7 @@ class ChoiceAccumulator:
         self._calls: list[list[list]] = [[] for _ in range(n)]
         self._logprobs: list[list[TokenLogprob]] | None = [[] for _ in range(n)] if logprobs else None
         self.tokens = [0] * n
+        self.ids: list[list[int]] | None = [[] for _ in range(n)] if ids else None  # return_token_ids
         self.finish_reasons: list[str | None] = [None] * n
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -62,6 +64,8 @@ class ChoiceAccumulator:
         for d in deltas:
             i = d.index
             self.tokens[i] += d.num_tokens
+            if self.ids is not None and d.token_ids:
+                self.ids[i].extend(d.token_ids)
             if self._logprobs is not None and d.logprobs:
                 self._logprobs[i].extend(d.logprobs)
             if pipes is not None:

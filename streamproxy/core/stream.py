@@ -6,7 +6,13 @@ Chunks come from templates encoded once per stream, so per token only the delta 
 `Utf8Carry` per choice keeps half characters back. With no filters and no logprobs `_one_plain` maps a
 Delta straight to a content chunk; otherwise each choice runs a `filters.base.Pipeline` and `_one_parts`
 renders content, reasoning, tool-call fragments. A step's logprobs ride on the first chunk it produces,
-or the next one: each token's entry is sent once, in order.
+or the next one: each token's entry is sent once, in order. `return_ids` (vLLM's `return_token_ids`)
+takes the parts path too: a step's token ids ride on the last chunk it produces (`"token_ids":[...]`
+after the finish reason; `[]` on the others: a chunk with ids ends its step, which a gateway that
+continues streams by their ids needs), a step that produces none sends an id-only chunk (chat
+`"delta":{}`, completions `"text":""`), and the prompt's ids go once, on chat's role chunk and on each
+completions choice's first chunk. `prime(pieces)` (continuation.py) feeds a continued stream's earlier
+tokens through the choice's carry and filters without a byte out.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import orjson
 
 from engine_adapter.base import Delta, TokenLogprob
 from streamproxy.core import sse
+from streamproxy.core.deltas import merge_by_index as _merge_by_index
 from streamproxy.core.logprobs import CompletionLogprobs, chat_entries
 from streamproxy.core.utf8 import Utf8Carry
 from streamproxy.errors import APIError
@@ -39,7 +46,7 @@ def _usage_json(prompt: int, completion: int, cached: int | None, reasoning: int
 
 
 class _ChoiceState:
-    __slots__ = ("carry", "tokens", "finish_reason", "pipeline", "logprobs", "legacy")
+    __slots__ = ("carry", "tokens", "finish_reason", "pipeline", "logprobs", "legacy", "prompt_sent")
 
     def __init__(self, pipeline: Pipeline | None = None) -> None:
         self.carry = Utf8Carry()
@@ -48,6 +55,7 @@ class _ChoiceState:
         self.pipeline = pipeline
         self.logprobs: list[TokenLogprob] = []  # not sent yet
         self.legacy: CompletionLogprobs | None = None
+        self.prompt_sent = False  # return_ids: the prompt's ids went out (completions: on the choice's first chunk)
 
 
 class StreamEncoder(Protocol):
@@ -109,6 +117,7 @@ class ChunkEncoder:
     # The end of the common chunk after its JSON text (text_close, null logprobs and finish, closing braces).
     _text_tail = b""
     token_ids = False  # --return-tokens-as-token-ids: logprobs name tokens `token_id:N`
+    id_only = b""  # the choice body of a chunk that carries only token ids (return_ids)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -126,9 +135,14 @@ class ChunkEncoder:
         system_fingerprint: str | None = None,
         filters: FilterFactory | None = None,
         logprobs: bool = False,
+        return_ids: bool = False,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.logprobs = logprobs
-        if filters is None and not logprobs:
+        self.return_ids = return_ids
+        self.prompt_ids = prompt_ids  # return_ids: each choice's prompt ids
+        self.continued = False  # a continuation (`prime`): no role chunk, the earlier tokens counted
+        if filters is None and not logprobs and not return_ids:
             self.choices = [_ChoiceState() for _ in range(n)]
             self._one = self._one_plain
         else:
@@ -150,7 +164,7 @@ class ChunkEncoder:
         # The common chunk (one plain choice's text, no running usage) is a template:
         # opening + JSON string + tail. The openings are made at the first such chunk
         # (an idle stream does not keep them).
-        self._plain = filters is None and not logprobs and not self.continuous_usage
+        self._plain = filters is None and not logprobs and not self.continuous_usage and not return_ids
         self._text_openings: list[bytes] | None = None
 
     # -- helpers --------------------------------------------------------
@@ -185,12 +199,29 @@ class ChunkEncoder:
             + b',"finish_reason":"'
             + reason.encode()
             + b'"'
+            + (self._ids_field(index) if self.return_ids else b"")
             + self._close()
         )
 
     def _chunk(self, index: int, body: bytes, logprobs: bytes) -> bytes:
         """A chunk whose choice body (`"delta":{...}` or `"text":...`) is ready-made."""
-        return self._choice_open[index] + body + b',"logprobs":' + logprobs + b',"finish_reason":null' + self._close()
+        ids = self._ids_field(index) if self.return_ids else b""
+        return self._choice_open[index] + body + b',"logprobs":' + logprobs + b',"finish_reason":null' + ids + self._close()
+
+    def _ids_field(self, index: int) -> bytes:
+        """return_ids: the choice's `"token_ids"`, `[]` until `_one_parts` puts the step's on its last chunk."""
+        return b',"token_ids":[]'
+
+    def prime(self, pieces: Sequence[tuple[str, int]]) -> None:
+        """A continuation: choice 0 has had these tokens (text, id), as if generated and sent; nothing goes out."""
+        self.continued = True
+        choice = self.choices[0]
+        choice.tokens += len(pieces)
+        choice.prompt_sent = True
+        pipeline = choice.pipeline
+        for text, token in pieces:
+            if pipeline is not None:
+                pipeline.feed(text, [token])
 
     def _part_body(self, part: Part) -> bytes:
         """The choice body of one (merged) part; chat adds tool calls."""
@@ -251,6 +282,12 @@ class ChunkEncoder:
             out += self._render(index, choice, tail)
             choice.finish_reason = reason
             out += self._finish_chunk(index, reason, self._logprobs_json(choice) if choice.logprobs else _NULL)
+        if self.return_ids and delta.token_ids:
+            ids = b',"token_ids":' + _dumps(list(delta.token_ids))
+            at = out.rfind(b',"token_ids":[]')
+            if at < 0:  # the step said nothing (a parser holds its text): its ids alone
+                return out + self._chunk(index, self.id_only, _NULL).replace(b',"token_ids":[]', ids)
+            out = out[:at] + ids + out[at + 15 :]
         return out
 
     def _render(self, index: int, choice: _ChoiceState, parts: list[Part]) -> bytes:
@@ -300,6 +337,7 @@ class ChatStreamEncoder(ChunkEncoder):
     text_open = b'"delta":{"content":'
     text_close = b"}"
     finish_body = b'"delta":{}'
+    id_only = b'"delta":{}'
 
     # Reasoning also under its older name, `reasoning_content` (--no-reasoning-content-field: off).
     reasoning_content = True
@@ -335,8 +373,13 @@ class ChatStreamEncoder(ChunkEncoder):
     role = b'"assistant"'
 
     def start(self) -> bytes:
+        if self.continued:
+            return b""  # the role chunk went out with the stream's first part
         role = b'"delta":{"role":' + self.role + b',"content":' + self.role_content + b'},"logprobs":null,"finish_reason":null'
-        return b"".join([opening + role + self._close() for opening in self._choice_open])
+        close = self._close()
+        if self.return_ids and self.prompt_ids:  # vLLM's: the prompt's ids on the first chunk, after the choices
+            close = close[:-3] + b',"prompt_token_ids":' + _dumps(list(self.prompt_ids[0])) + b"}\n\n"
+        return b"".join([opening + role + close for opening in self._choice_open])
 
 
 class CompletionStreamEncoder(ChunkEncoder):
@@ -344,6 +387,15 @@ class CompletionStreamEncoder(ChunkEncoder):
     text_open = b'"text":'
     text_close = b""
     finish_body = b'"text":""'
+    id_only = b'"text":""'
+
+    def _ids_field(self, index: int) -> bytes:
+        """vLLM's: each choice's first chunk carries its prompt's ids before its own."""
+        choice = self.choices[index]
+        if choice.prompt_sent or not self.prompt_ids:
+            return super()._ids_field(index)
+        choice.prompt_sent = True
+        return b',"prompt_token_ids":' + _dumps(list(self.prompt_ids[index])) + super()._ids_field(index)
 
     def _logprobs_json(self, choice: _ChoiceState) -> bytes:
         if choice.legacy is None:
@@ -351,24 +403,3 @@ class CompletionStreamEncoder(ChunkEncoder):
         data = choice.legacy.add(choice.logprobs)
         choice.logprobs = []
         return _dumps(data)
-
-
-def _merge_by_index(deltas: Sequence[Delta]) -> list[Delta]:
-    """Coalesce several steps' deltas (a slow reader fell behind) per choice."""
-    merged: dict[int, Delta] = {}
-    for d in deltas:
-        prev = merged.get(d.index)
-        if prev is None or prev.finish_reason is not None or type(prev.text) is not type(d.text):
-            if prev is not None:
-                # Cannot merge after a finish or across str/bytes: keep order.
-                return list(deltas)
-            merged[d.index] = Delta(d.index, d.text, d.num_tokens, d.finish_reason, d.token_ids, d.logprobs)
-        else:
-            prev.text += d.text  # type: ignore[operator]  # both str or both bytes: checked above
-            prev.num_tokens += d.num_tokens
-            prev.finish_reason = d.finish_reason
-            if d.token_ids:
-                prev.token_ids = [*(prev.token_ids or ()), *d.token_ids]
-            if d.logprobs:
-                prev.logprobs = [*(prev.logprobs or ()), *d.logprobs]
-    return list(merged.values())

@@ -30,7 +30,7 @@ from streamproxy.gateway.call import BROKEN, Call, Route
 from streamproxy.gateway.config import ApiKey, Deployment
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
-from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, refusal
+from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, parser_refusal, refusal
 from streamproxy.gateway.scheduler import tokenize_request
 from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
@@ -109,7 +109,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
         if why is None and asked in (None, False):
             data["return_token_ids"] = True
         resume = Stream(route.upstream_path, data, limit=migration.max_tracked_tokens, migrations=migration.max_migrations,
-                        client_ids=asked is True, usage_chunk=not strip, why=why)
+                        client_ids=asked is True, usage_chunk=not strip, why=why, vllm_why=parser_refusal(route.upstream_path, data))
     policy = state.policy
     keys = prefix_keys(data, policy.prefix_block_bytes) if route.generates and policy.affinity else []
     # Plain bytes from the replica: the gateway edits what it relays (renames, the usage chunk) and

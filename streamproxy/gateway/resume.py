@@ -19,6 +19,12 @@ the replica for token ids, vLLM's `return_token_ids`). A `Stream` sits after the
     chunks (no second role chunk), ids stripped unless asked, and the usage chunk the whole
     generation's (prompt tokens once, completion tokens all the client got).
 
+A `streamproxy serve` replica says so (its stream's `Streamproxy-Continuation` header: `serve`): its
+chunks carry the ids where it puts them, removed (not made null) for a client that did not ask, its
+id-only chunks dropped; a break goes on as the same request with `continue_token_ids` (the generated
+ids) on a serve replica, whose chunks are the unbroken stream's but for their id and created (the
+first chunk's head put back): parser-shaped streams too (`parser_refusal` is a vLLM replica's only).
+
 Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
 stream stops being tracked, and so does one whose replica sends no ids (its first chunk has no
 `prompt_token_ids`: a `streamproxy serve` replica). Once events went out and nothing is kept or
@@ -33,14 +39,16 @@ from typing import Any
 
 import orjson
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
+from streamproxy.gateway.refusals import CHAT, COMPLETIONS, parser_refusal, refusal
+from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, ServeChunks
+
+__all__ = ["CHAT", "COMPLETIONS", "Stream", "parser_refusal", "refusal"]
 
 _IDS = re.compile(rb'"(prompt_)?token_ids":\[([0-9, ]*)\]')
 _TOKEN_IDS = b'"token_ids":['
 _TOKEN_IDS_LEN = len(_TOKEN_IDS)
 _PROMPT_IDS = b'"prompt_token_ids":['
-_EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
+CONTINUES = "streamproxy-continuation"  # serve's header: it takes `continue_token_ids`
 # Keys a tool-call or reasoning parser puts in a delta (its text is not plain content: not continued).
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
 _ERROR = b'data: {"error"'
@@ -59,78 +67,17 @@ _CHAT_ONLY = frozenset((
 ))
 # Fields the continuation sets itself.
 _SET = frozenset(("prompt", "max_tokens", "min_tokens", "stream", "stream_options", "echo", "return_token_ids"))
-_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
-               "guided_decoding_backend", "grammar", "json_schema", "regex", "choice")
-# Every field `refusal` looks at but the messages.
-_CHECKED = frozenset((
-    *_STRUCTURED, "n", "best_of", "use_beam_search", "response_format", "logprobs", "top_logprobs", "prompt_logprobs",
-    "tools", "functions", "stop", "presence_penalty", "frequency_penalty", "bad_words", "truncate_prompt_tokens",
-    "kv_transfer_params", "stream_options", "echo", "suffix", "prompt_embeds", "prompt",
-))
-
-
-def refusal(path: str, body: dict[str, Any]) -> str | None:
-    """Why this request's stream cannot be continued exactly on another replica; None: it can."""
-    chat = path == CHAT
-    if not chat and path != COMPLETIONS:
-        return "only chat and completions streams are continued"
-    if body.keys().isdisjoint(_CHECKED):  # most requests: none of the fields below (one set operation)
-        return _multimodal(body) if chat else None
-    if _number(body.get("n"), 1) != 1 or _number(body.get("best_of"), 1) != 1 or body.get("use_beam_search"):
-        return "n > 1, best_of and beam search (several sequences)"
-    if any(body.get(k) is not None for k in _STRUCTURED):
-        return "structured outputs (the grammar's state is the replica's)"
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return "structured outputs (the grammar's state is the replica's)"
-    if (chat and (body.get("logprobs") or body.get("top_logprobs"))) or (not chat and body.get("logprobs") is not None) \
-            or body.get("prompt_logprobs") is not None:
-        return "logprobs"
-    if chat and (body.get("tools") or body.get("functions")) and body.get("tool_choice") != "none":
-        return "tool calls (the replica's parser state)"
-    if body.get("stop"):
-        return "stop strings (the replica holds back text that may begin one)"
-    if body.get("presence_penalty") or body.get("frequency_penalty"):
-        return "presence and frequency penalties (counted over generated tokens only)"
-    if body.get("bad_words") or body.get("truncate_prompt_tokens") is not None or body.get("kv_transfer_params") is not None:
-        return "bad_words, truncate_prompt_tokens and kv_transfer_params"
-    options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("continuous_usage_stats"):
-        return "continuous usage stats"
-    if chat:
-        return _multimodal(body)
-    else:
-        prompt = body.get("prompt")
-        if body.get("echo") or body.get("suffix") or body.get("prompt_embeds") is not None:
-            return "echo, suffix and prompt embeddings"
-        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
-            return "several prompts in one request"
-    return None
-
-
-def _multimodal(body: dict[str, Any]) -> str | None:
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
-            return "multimodal input (the prompt's ids alone are not the input)"
-    return None
-
-
-def _number(value: Any, default: int) -> Any:
-    return default if value is None else value
-
-
-class Stream:
+class Stream(ServeChunks):
     """One running stream: what it asked, the ids so far, what the client has had (see the module's comment)."""
 
     __slots__ = (
         "chat", "request", "limit", "left", "client_ids", "strip", "usage_chunk", "tracking", "prompt", "generated",
         "sent", "finished", "usage_sent", "parsed", "failed", "continuing", "head", "cached", "replica_usage", "why",
-        "passive",
+        "passive", "vllm_why",
     )
 
     def __init__(self, path: str, request: dict[str, Any], *, limit: int, migrations: int, client_ids: bool,
-                 usage_chunk: bool, why: str | None = None) -> None:
+                 usage_chunk: bool, why: str | None = None, vllm_why: str | None = None) -> None:
         self.chat = path == CHAT
         self.request = request  # the client's request as sent upstream (the served model's name)
         self.limit = limit  # ids kept at most (prompt and generated)
@@ -152,6 +99,8 @@ class Stream:
         self.cached = 0
         self.replica_usage = False  # the last attempt's replica reported usage
         self.passive = False  # events went out and nothing is kept or stripped: only the finish is watched
+        self.vllm_why = vllm_why  # why a vLLM replica's stream of it cannot go on (`parser_refusal`)
+        super().__init__()
 
     # -- the blocks the client gets ---------------------------------------------------------
     def feed(self, block: bytes) -> bytes:
@@ -160,7 +109,9 @@ class Stream:
         if self.passive:
             return self._watched(block)
         if self.continuing:
-            return self._continued(block)
+            if not self.serve:
+                return self._continued(block)
+            block = self._reheaded(block)
         if _ERROR in block:
             return self._until_error(block)
         return self._relayed(block)
@@ -168,7 +119,7 @@ class Stream:
     def _relayed(self, block: bytes) -> bytes:
         if b"data:" not in block:
             return block
-        if self.head is None:
+        if self.head is None and not self.continuing:
             self._head(block)
             if self.tracking and _PROMPT_IDS not in block:  # a replica that does not send ids (serve's)
                 self._untracked(NO_IDS)
@@ -179,6 +130,8 @@ class Stream:
             self.finished = True
         if self.finished and b'"usage":{' in block:
             self.usage_sent = True
+        if self.serve:
+            return self._serve_ids(block) if (self.tracking or self.strip) and b"token_ids" in block else block
         for marker in _PARSED:
             if marker in block:
                 self.parsed = True
@@ -232,6 +185,10 @@ class Stream:
             self.usage_sent = True
         return block
 
+    def _prompt_ids(self, ids: list[int]) -> None:
+        if self.prompt is None:
+            self.prompt = array("i", ids)
+
     def _untracked(self, why: str = "longer than max_tracked_tokens") -> None:
         self.tracking, self.why = False, why
         self.prompt, self.generated = None, array("i")
@@ -269,6 +226,8 @@ class Stream:
                 data = _payload(event)
                 if "choices" in data:
                     self.head = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
+                    found = _HEAD.match(event)
+                    self.head_bytes = found[0] if found else b""
                     return
 
     # -- whether and how it goes on -----------------------------------------------------------
@@ -289,10 +248,14 @@ class Stream:
         """Why the stream cannot be continued now (it broke off after events went out); None: it can."""
         if self.why is not None:
             return self.why
-        if self.parsed:
-            return "the replica's parser shaped the deltas (tool calls or reasoning)"
         if self.prompt is None or self.head is None:
             return NO_IDS
+        if self.serve:
+            return None if self.head_bytes else "the replica's chunks are not of the shape continued"
+        if self.vllm_why is not None:
+            return self.vllm_why
+        if self.parsed:
+            return "the replica's parser shaped the deltas (tool calls or reasoning)"
         cap = self._cap()
         if cap is not None and cap - len(self.generated) < 1:
             return "nothing is left to generate but the replica sent no finish"
@@ -304,8 +267,11 @@ class Stream:
         return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
 
     def continuation(self) -> bytes:
-        """The body of the `/v1/completions` request that continues the stream (after `refusal()` said None)."""
+        """The body of the `/v1/completions` request that continues the stream (after `refusal()` said None);
+        a serve replica's: the request itself, with `continue_token_ids`."""
         assert self.prompt is not None
+        if self.serve:
+            return orjson.dumps({**self.request, "continue_token_ids": list(self.generated)})
         drop = _SET | _CHAT_ONLY if self.chat else _SET
         body = {k: v for k, v in self.request.items() if k not in drop}
         body["prompt"] = [*self.prompt, *self.generated]
@@ -327,10 +293,13 @@ class Stream:
         self.left -= 1
         self.failed = None
         self.replica_usage = self.passive = False
+        self.rehead = None
+        self.held = []
         if action == CONTINUE:
             self.continuing = True
         else:
             self.prompt, self.generated, self.head, self.parsed = None, array("i"), None, False
+            self.head_bytes, self.serve = b"", False
             self.tracking = self.why is None
 
     def ending(self) -> bytes:

@@ -25,7 +25,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
+from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, CONTINUES, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
@@ -148,6 +148,8 @@ async def _follow(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes, 
     relay_, resume = run.relay, call.resume
     # The idle bound is for streams that can move on (a continuable one; else the read timeout's as before).
     idle = call.pool.deployment.migration.stream_idle_timeout if resume is not None and resume.why is None else 0.0
+    if resume is not None and not resume.continuing:  # a `streamproxy serve` replica says so (resume.py)
+        resume.serve = CONTINUES in exchange.headers
     body.feed = relay_.feed if resume is None else _Feed(relay_, resume, exchange, idle)
     tail = b""
     try:
@@ -186,17 +188,22 @@ async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: 
     call.done(broken, BROKEN)
     log.info("deployment %s: %s broke off a stream (%s); %s", call.pool.deployment.name, broken.replica.url, reason,
              "continuing it on another replica" if action == CONTINUE else "sending it again (nothing had gone out)")
+    serve = action == CONTINUE and resume.serve  # the same request with `continue_token_ids`, on a serve replica
     try:
         if action == CONTINUE:
-            attempt = await call.open(COMPLETIONS, resume.continuation())
+            attempt = await call.open(call.route.upstream_path if serve else COMPLETIONS, resume.continuation())
         else:
             attempt = await call.open()
     except APIError:
         return False
     exchange = attempt.exchange
-    if exchange.status != 200:
-        await _error_body(exchange)
-        call.done(attempt, exchange.status)
+    if exchange.status != 200 or (serve and CONTINUES not in exchange.headers):
+        # (A replica that is not serve's would have answered the whole request again: not relayed.)
+        if exchange.status != 200:
+            await _error_body(exchange)
+        else:
+            exchange.finish(reuse=False)
+        call.done(attempt, exchange.status if exchange.status != 200 else BROKEN)
         return False
     resume.migrating(action)
     call.ctx.migrated()

@@ -63,6 +63,12 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's extra: the prompt's and each choice's token ids in the answer (a stream: the prompt's on the
+    # first chunk, each chunk its own).
+    return_token_ids: bool | None = None
+    # Ours (docs/api.md, "Continuing a stream"): the ids this same request already generated; the stream
+    # goes on after them, as if they had just been sent (core/continuation.py).
+    continue_token_ids: list[int] | None = None
 
 
 class PromptTokensDetails(msgspec.Struct):

@@ -129,6 +129,8 @@ class ChatChoice(msgspec.Struct):
     message: ResponseMessage
     logprobs: Any
     finish_reason: str | None
+    # vLLM's extra, with `return_token_ids`.
+    token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatCompletion(msgspec.Struct):
@@ -141,3 +143,5 @@ class ChatCompletion(msgspec.Struct):
     object: str = "chat.completion"
     # vLLM's extra, when the request asked for `prompt_logprobs` (core.logprobs.vllm_prompt_logprobs).
     prompt_logprobs: list[Any] | None | msgspec.UnsetType = msgspec.UNSET
+    # vLLM's extra, with `return_token_ids`.
+    prompt_token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET

@@ -37,6 +37,9 @@ class CompletionChoice(msgspec.Struct):
     finish_reason: str | None
     # vLLM's extra, when the prompt's logprobs were asked for (`prompt_logprobs`, or echo with logprobs).
     prompt_logprobs: list[Any] | None | msgspec.UnsetType = msgspec.UNSET
+    # vLLM's extras, with `return_token_ids`.
+    token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    prompt_token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Completion(msgspec.Struct):

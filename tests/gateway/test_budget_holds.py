@@ -321,7 +321,8 @@ WAYS = {
     "streamed": (None, lambda s, g, h: _answered(s, g, h, True)),
     "cut mid-stream": (SLOW, lambda s, g, h: _cut(s, g, h, True)),
     "cut before an answer": (SILENT, None),
-    "replica fails mid-stream": (BROKEN, lambda s, g, h: _call(s, g, h, chat(max_tokens=50, stream=True), 200, "engine_error")),
+    # (Its in-band engine error is a break the gateway would move to another replica; it has none.)
+    "replica fails mid-stream": (BROKEN, lambda s, g, h: _call(s, g, h, chat(max_tokens=50, stream=True), 200, "upstream_unavailable")),
     "replica unreachable": ("refused", lambda s, g, h: _call(s, g, h, chat(max_tokens=5), 503, "upstream_unavailable")),
     "replica's 400": (None, lambda s, g, h: _call(s, g, h, chat(max_tokens=5, temperature="hot"), 400)),
     "timed out": (SILENT, lambda s, g, h: _call(s, g, h, chat(max_tokens=5), 504)),

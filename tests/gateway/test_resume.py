@@ -14,7 +14,7 @@ import pytest
 
 from streamproxy.apis.spec import OPENAI
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import CHAT, COMPLETIONS, CONTINUE, FINISHED, REFUSED, RESEND, Stream, refusal
+from streamproxy.gateway.resume import CHAT, COMPLETIONS, CONTINUE, FINISHED, REFUSED, RESEND, Stream, parser_refusal, refusal
 from tests.support.token_replica import TokenReplica, encode, next_token
 
 SERVED, PUBLIC = "served/m", "public-m"
@@ -172,7 +172,8 @@ def test_a_stream_past_max_tracked_tokens_stops_being_tracked():
     ({"messages": HI, "response_format": {"type": "json_object"}}, "structured outputs (the grammar's state is the replica's)"),
     ({"messages": HI, "structured_outputs": {"regex": "a+"}}, "structured outputs (the grammar's state is the replica's)"),
     ({"messages": HI, "logprobs": True}, "logprobs"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool calls (the replica's parser state)"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice required or named (a grammar's state is the replica's)"),
     ({"messages": HI, "stop": ["x"]}, "stop strings (the replica holds back text that may begin one)"),
     ({"messages": HI, "frequency_penalty": 0.5}, "presence and frequency penalties (counted over generated tokens only)"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -182,6 +183,12 @@ def test_a_stream_past_max_tracked_tokens_stops_being_tracked():
 ])
 def test_refusal_names_what_cannot_be_continued_exactly(body, why):
     assert refusal(CHAT, body) == why
+
+
+def test_tool_calls_are_refused_on_vllm_replicas_only():
+    body = {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert refusal(CHAT, body) is None and parser_refusal(CHAT, body) == "tool calls (the replica's parser state)"
+    assert parser_refusal(CHAT, {**body, "tool_choice": "none"}) is None and parser_refusal(COMPLETIONS, {"prompt": "a"}) is None
 
 
 @pytest.mark.parametrize(("body", "why"), [

@@ -90,9 +90,9 @@ async def test_return_tokens_as_token_ids(serve):
     r = await client.post("/v1/chat/completions", json={"messages": USER_HI, "max_tokens": 1, "logprobs": True, "top_logprobs": 1})
     entry = (await r.json())["choices"][0]["logprobs"]["content"][0]
     # (the fake's sampled token id is its position)
-    assert entry["token"] == "token_id:0" and entry["bytes"] == list(b"token_id:0")
+    assert entry["token"] == "token_id:983040" and entry["bytes"] == list(b"token_id:983040")  # the fake's first generated id
     r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "logprobs": 0, "stream": True})
-    assert sse.payloads(await r.read())[0]["choices"][0]["logprobs"]["tokens"] == ["token_id:0"]
+    assert sse.payloads(await r.read())[0]["choices"][0]["logprobs"]["tokens"] == ["token_id:983040"]
 
 
 async def test_exclude_tools_when_tool_choice_none(serve):

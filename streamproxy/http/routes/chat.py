@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from streamproxy.core import continuation
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import chat_choice_logprobs, chat_entries, vllm_prompt_logprobs
 from streamproxy.core.prepare import prepare
@@ -68,7 +69,12 @@ def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.
     prep = prepare(state.settings, engine, req)
     prep.params.adapter = state.adapter(req.model)
     options = req.stream_options
-    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
+    ids, pieces, engine_prompt = req.continue_token_ids, None, prep.prompt_ids
+    if ids is not None:
+        continuation.check(ids, prep.params, stream=bool(req.stream), vocab_size=engine.info.vocab_size)
+        pieces = continuation.pieces(engine.decode, prep.prompt_ids, ids)
+        engine_prompt = continuation.apply(prep.prompt_ids, prep.params, ids)
+    work = generation.Work(engine, [engine_prompt], [prep.params], continued=len(ids or ()))
     out = _ChatOutput(
         response_id="chatcmpl-" + request[CONTEXT].request_id,
         created=int(time.time()),
@@ -85,8 +91,10 @@ def _plan(request: web.Request, req: ChatCompletionRequest) -> tuple[generation.
         # vLLM's rule: --response-role when the template adds the generation prompt, else the last message's role.
         role=state.settings.response_role if req.add_generation_prompt else req.messages[-1].role,
         token_ids=state.settings.return_tokens_as_token_ids,
+        prompt_ids=prep.prompt_ids if req.return_token_ids else None,
+        pieces=pieces,
     )
-    return work, generation.Answer(out.encoder, out.accumulator, out.render), bool(req.stream)
+    return work, generation.Answer(out.encoder, out.accumulator, out.render, generation.headers_for(req)), bool(req.stream)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -110,6 +118,8 @@ class _ChatOutput:
     work: generation.Work | None  # when the prompt's logprobs were asked for: where they come from
     role: str
     token_ids: bool  # --return-tokens-as-token-ids
+    prompt_ids: list[int] | None  # return_token_ids: the prompt's (else None)
+    pieces: list[tuple[str, int]] | None  # continue_token_ids: the earlier tokens (text, id)
 
     def encoder(self) -> ChatStreamEncoder:
         enc = ChatStreamEncoder(
@@ -122,7 +132,11 @@ class _ChatOutput:
             system_fingerprint=SYSTEM_FINGERPRINT,
             filters=self.filters,
             logprobs=self.logprobs,
+            return_ids=self.prompt_ids is not None,
+            prompt_ids=None if self.prompt_ids is None else [self.prompt_ids],
         )
+        if self.pieces is not None:
+            enc.prime(self.pieces)
         if self.forced_call:
             enc.role_content = b"null"
         enc.reasoning_content = self.reasoning_content
@@ -131,16 +145,18 @@ class _ChatOutput:
         return enc
 
     def accumulator(self) -> ChoiceAccumulator:
-        return ChoiceAccumulator(self.n, self.filters, self.logprobs)
+        return ChoiceAccumulator(self.n, self.filters, self.logprobs, ids=self.prompt_ids is not None)
 
     def render(self, acc: ChoiceAccumulator) -> bytes:
         choices = []
         for i in range(self.n):
             lp = acc.logprobs(i)
             logprobs = chat_choice_logprobs(chat_entries(lp, self.token_ids)) if lp is not None else None
-            choices.append(
-                ChatChoice(index=i, message=_message(acc, i, self.reasoning_content, self.role), logprobs=logprobs, finish_reason=acc.finish_reasons[i])
-            )
+            choice = ChatChoice(index=i, message=_message(acc, i, self.reasoning_content, self.role), logprobs=logprobs,
+                                finish_reason=acc.finish_reasons[i])
+            if acc.ids is not None:
+                choice.token_ids = acc.ids[i]
+            choices.append(choice)
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens, acc.reasoning_tokens)
         answer = ChatCompletion(
             id=self.response_id, created=self.created, model=self.model, choices=choices, usage=used, system_fingerprint=SYSTEM_FINGERPRINT
@@ -148,4 +164,6 @@ class _ChatOutput:
         if self.work is not None:
             prompt = self.work.prompt_logprobs()
             answer.prompt_logprobs = None if prompt is None else vllm_prompt_logprobs(prompt)
+        if self.prompt_ids is not None:
+            answer.prompt_token_ids = self.prompt_ids
         return _encode(answer)

@@ -17,6 +17,7 @@ from aiohttp import web
 from engine_adapter.base import TokenLogprob
 from streamproxy.config import Settings
 from streamproxy.core import completion as C
+from streamproxy.core import continuation
 from streamproxy.core.accumulate import ChoiceAccumulator
 from streamproxy.core.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from streamproxy.core.stream import CompletionStreamEncoder
@@ -52,9 +53,15 @@ def _plan(request: web.Request, req: CompletionRequest) -> tuple[generation.Work
         )
     out = _Output(req, engine.info.name, request[CONTEXT].request_id, plan, state.settings)
     echo = None if plan.texts is None else [plan.echo(i) for i in range(len(plan.prompts))]
-    work = generation.Work(engine, plan.prompts, plan.params, plan.n, echo)
+    prompts, ids = plan.prompts, req.continue_token_ids
+    if ids is not None:
+        continuation.check(ids, plan.params[0], stream=out.stream, vocab_size=engine.info.vocab_size,
+                           several=len(prompts) > 1, echo=bool(req.echo))
+        out.pieces = continuation.pieces(engine.decode, prompts[0], ids)
+        prompts = [continuation.apply(prompts[0], plan.params[0], ids)]
+    work = generation.Work(engine, prompts, plan.params, plan.n, echo, continued=len(ids or ()))
     out.prompt_logprobs_of = work.prompt_logprobs
-    return work, generation.Answer(out.encoder, out.accumulator, out.render), out.stream
+    return work, generation.Answer(out.encoder, out.accumulator, out.render, generation.headers_for(req)), out.stream
 
 
 def _none(i: int) -> None:
@@ -66,7 +73,7 @@ class _Output:
 
     __slots__ = (
         "response_id", "created", "model", "n", "choices", "stream", "include_usage", "continuous_usage", "logprobs",
-        "prompt_logprobs", "prompt_logprobs_of", "token_ids",
+        "prompt_logprobs", "prompt_logprobs_of", "token_ids", "prompt_ids", "pieces",
     )
 
     def __init__(self, req: CompletionRequest, served: str, request_id: str, plan: C.CompletionPlan, settings: Settings) -> None:
@@ -85,6 +92,9 @@ class _Output:
         self.prompt_logprobs = plan.prompt_logprobs
         # Prompt number -> its prompt logprobs, from the work (set by the handler).
         self.prompt_logprobs_of: Callable[[int], list[TokenLogprob] | None] = _none
+        # return_token_ids: each choice's prompt ids (prompt number x n + choice); continue_token_ids: the earlier tokens.
+        self.prompt_ids = [p for p in plan.prompts for _ in range(plan.n)] if req.return_token_ids else None
+        self.pieces: list[tuple[str, int]] | None = None
 
     def encoder(self) -> CompletionStreamEncoder:
         enc = CompletionStreamEncoder(
@@ -96,12 +106,16 @@ class _Output:
             continuous_usage=self.continuous_usage,
             system_fingerprint=SYSTEM_FINGERPRINT,
             logprobs=self.logprobs,
+            return_ids=self.prompt_ids is not None,
+            prompt_ids=self.prompt_ids,
         )
         enc.token_ids = self.token_ids
+        if self.pieces is not None:
+            enc.prime(self.pieces)
         return enc
 
     def accumulator(self) -> ChoiceAccumulator:
-        return ChoiceAccumulator(self.choices, logprobs=self.logprobs)
+        return ChoiceAccumulator(self.choices, logprobs=self.logprobs, ids=self.prompt_ids is not None)
 
     def render(self, acc: ChoiceAccumulator) -> bytes:
         choices = []
@@ -116,6 +130,8 @@ class _Output:
             if self.prompt_logprobs:
                 prompt = self.prompt_logprobs_of(i // self.n)
                 choice.prompt_logprobs = None if prompt is None else vllm_prompt_logprobs(prompt)
+            if acc.ids is not None and self.prompt_ids is not None:
+                choice.token_ids, choice.prompt_token_ids = acc.ids[i], list(self.prompt_ids[i])
             choices.append(choice)
         used = usage(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
         return _encode(

@@ -8,7 +8,8 @@ task waits, submits and collects while `answer_nonstream` keeps the client; fina
 outcome into the request's context, the slot released and `work.end()` aborts whatever is not done.
 One place makes an engine request and one can leave it behind. Each request runs inside a `Lifetime`
 (drain.py); `detach` runs a work from a server task (Responses' `background: true`). Tracing and
---enable-log-outputs cost the stream path nothing when off.
+--enable-log-outputs cost the stream path nothing when off. A continuation's work (`continued`: the
+earlier ids are the end of its engine prompt) reports the client's prompt, not the engine's.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from aiohttp import web
 
-from engine_adapter.base import Delta, Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, TokenLogprob
+from engine_adapter.base import Delta, Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, Sink, TokenLogprob
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
+from streamproxy.core.continuation import PARAM as CONTINUE_PARAM
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http import tracing
@@ -53,6 +55,16 @@ class Answer(Generic[A]):
     encoder: Callable[[], StreamEncoder]
     accumulator: Callable[[], A]
     render: Callable[[A], bytes]
+    headers: dict[str, str] | None = None  # a stream's own response headers
+
+
+# A stream that asked for its token ids says that this server takes `continue_token_ids` (a gateway reads it).
+CONTINUES = {"Streamproxy-Continuation": CONTINUE_PARAM}
+
+
+def headers_for(req: Any) -> dict[str, str] | None:
+    """A chat or completions request's stream headers."""
+    return CONTINUES if req.return_token_ids and req.stream else None
 
 
 def blocks(make: Callable[[bool], B], render: Callable[[B], bytes]) -> Answer[B]:
@@ -66,10 +78,10 @@ class Work:
     several (or a part has a transform: echo), aborted together. Part i's choices are numbered
     from i × n, and `transforms[i]` is applied to its Deltas first."""
 
-    __slots__ = ("engine", "prompts", "params", "n", "transforms", "ids", "outs", "merged", "span")
+    __slots__ = ("engine", "prompts", "params", "n", "transforms", "ids", "outs", "merged", "span", "continued")
 
     def __init__(self, engine: Engine, prompts: list[list[int]], params: list[GenerationParams], n: int = 1,
-                 transforms: Sequence[Transform | None] | None = None) -> None:
+                 transforms: Sequence[Transform | None] | None = None, continued: int = 0) -> None:
         self.engine = engine
         self.prompts = prompts  # the engine's once submitted: not kept for the stream's life
         self.params = params
@@ -79,6 +91,7 @@ class Work:
         self.outs: list[OutputStream] = []
         self.merged: MergedStream | None = None
         self.span: Any = None  # --otlp-traces-endpoint: the request's span (`_trace`)
+        self.continued = continued  # continue_token_ids: how many of the prompt's ids are earlier output
 
     @property
     def weight(self) -> int:
@@ -110,7 +123,7 @@ class Work:
         for engine_id, prompt_ids, params in zip(self.ids, prompts, self.params):  # a refusal: `end` aborts those before it
             self.outs.append(await _generate(self.engine, engine_id, prompt_ids, params))
         if self.transforms is None and len(self.outs) == 1:
-            return self.outs[0]
+            return self.outs[0] if not self.continued else _Continued(self.outs[0], self.continued)
         transforms = self.transforms or [None] * len(self.outs)
         self.merged = MergedStream([Part(out, i * self.n, t) for i, (out, t) in enumerate(zip(self.outs, transforms))])
         return self.merged
@@ -131,6 +144,58 @@ class Work:
                     log.debug("abort of %s failed", engine_id, exc_info=True)
         finally:
             state.engine_ids.difference_update(self.ids)
+
+
+class _Continued:
+    """A continuation's output: the engine's, with the client's prompt count (the engine's less the earlier ids)."""
+
+    __slots__ = ("out", "earlier")
+
+    def __init__(self, out: OutputStream, earlier: int) -> None:
+        self.out, self.earlier = out, earlier
+
+    @property
+    def prompt_tokens(self) -> int:
+        return max(0, self.out.prompt_tokens - self.earlier)
+
+    @prompt_tokens.setter
+    def prompt_tokens(self, value: int) -> None:
+        self.out.prompt_tokens = value + self.earlier
+
+    @property
+    def cached_tokens(self) -> int:
+        return min(self.out.cached_tokens, self.prompt_tokens)
+
+    @cached_tokens.setter
+    def cached_tokens(self, value: int) -> None:
+        self.out.cached_tokens = value
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob] | None:
+        return None  # (refused with a continuation)
+
+    @prompt_logprobs.setter
+    def prompt_logprobs(self, value: list[TokenLogprob] | None) -> None:
+        self.out.prompt_logprobs = value
+
+    @property
+    def finished(self) -> bool:
+        return self.out.finished
+
+    def arm(self, sink: Sink) -> bool:
+        return self.out.arm(sink)
+
+    def disarm(self) -> None:
+        self.out.disarm()
+
+    def get_nowait(self) -> list[Delta] | None:
+        return self.out.get_nowait()
+
+    async def get(self) -> list[Delta]:
+        return await self.out.get()
+
+    async def wait(self, timeout: float) -> None:
+        await self.out.wait(timeout)
 
 
 async def _generate(engine: Engine, engine_id: str, prompt_ids: list[int], params: GenerationParams) -> OutputStream:
@@ -165,7 +230,7 @@ async def run(request: web.Request, work: Work, answer: Answer[A], stream: bool)
             outputs = _Outputs(work)
         if stream:
             sink = answer.encoder()
-            return await _stream(request, state, work, ticket, sink, ctx)
+            return await _stream(request, state, work, ticket, sink, ctx, answer.headers)
         sink = acc = answer.accumulator()
         job = asyncio.ensure_future(_collect(work, ticket, acc, ctx, answer.render))
         life = state.inflight.lifetime(settings.request_timeout, partial(_timed_out, ticket, settings.request_timeout))
@@ -235,12 +300,15 @@ def _timed_out(ticket: Ticket, timeout: float) -> APIError:
 
 
 async def _stream(
-    request: web.Request, state: AppState, work: Work, ticket: Ticket, encoder: StreamEncoder, ctx: RequestContext
+    request: web.Request, state: AppState, work: Work, ticket: Ticket, encoder: StreamEncoder, ctx: RequestContext,
+    headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     settings = state.settings
     out = await work.submit() if ticket.granted else None
     # Admitted at once: the headers leave with the first frame (`sse_response`). Queued: now.
     response = sse_response(request) if out is not None else web.StreamResponse(headers=SSE_HEADERS)
+    if headers:
+        response.headers.update(headers)
     body = StreamBody(request, response, encoder, heartbeat=settings.sse_heartbeat, stall=settings.write_stall_timeout, record=ctx)
     outcome = StreamOutcome()
     life = state.inflight.lifetime()
