@@ -246,7 +246,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         if not same(r):
             d = first_difference(r["ids"], ref[r["i"]]["ids"])
             differ.append({"i": r["i"], "break_index": b, "first_difference": d,
-                           "from_break": None if d is None else d - b, "upstreams": lines[r["rid"]].get("upstreams")})
+                           "from_break": None if d is None else d - b, "replicas": lines[r["rid"]].get("replicas")})
     paused = [at[1] for r in others if (at := break_at(r, fault_at)) is not None]
     itl = [t2 - t1 for r in ref for (t1, _), (t2, _) in zip(r["arrivals"], r["arrivals"][1:])]
     prompt_once = [r for r in migrated if (r["usage"] or {}).get("prompt_tokens") == (ref[r["i"]]["usage"] or {}).get("prompt_tokens")]
