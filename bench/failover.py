@@ -36,6 +36,7 @@ import platform
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         if not same(r):
             d = first_difference(r["ids"], ref[r["i"]]["ids"])
             differ.append({"i": r["i"], "break_index": b, "first_difference": d,
-                           "from_break": None if d is None else d - b, "upstreams": lines[r["rid"]].get("upstreams")})
+                           "from_break": None if d is None else d - b, "replicas": lines[r["rid"]].get("replicas")})
     paused = [at[1] for r in others if (at := break_at(r, fault_at)) is not None]
     itl = [t2 - t1 for r in ref for (t1, _), (t2, _) in zip(r["arrivals"], r["arrivals"][1:])]
     prompt_once = [r for r in migrated if (r["usage"] or {}).get("prompt_tokens") == (ref[r["i"]]["usage"] or {}).get("prompt_tokens")]
@@ -386,9 +387,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"reference run: {meta['reference run s']} s, "
                       f"{sum(r['finish'] == 'length' and not r['errors'] for r in ref)} of {len(ref)} whole", flush=True)
 
-            def fault(mode: str = mode, proxy: ServerProcess | None = proxy) -> None:
+            exited: list[float] = []  # kill: when replica 0's front end had exited (its sockets closed), time.time()
+
+            def fault(mode: str = mode, proxy: ServerProcess | None = proxy, exited: list[float] = exited) -> None:
                 if mode == "kill":
                     os.killpg(reps[0].pid, signal.SIGKILL)
+                    def reaped() -> None:
+                        reps[0].proc.wait()
+                        exited.append(time.time())
+
+                    threading.Thread(target=reaped, daemon=True).start()
                 else:
                     assert proxy is not None
                     os.kill(proxy.pid, signal.SIGUSR1)
@@ -402,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             lines = access_lines(gw, tag)
             meta["migrations_total"] = migration_counts(gw)
             meta["detected_ms"] = detected(gw, load.fault_wall)
+            if exited:  # the kernel ends a killed process (its memory, then its files) before its peers see a close
+                meta["replica 0 exited after the SIGKILL ms"] = round((exited[0] - load.fault_wall) * 1e3)
             assert load.fault_at is not None, "the fault never fired"
             s = analyse(ref, run, lines, load.fault_at, args.max_tokens)
             for d in s["migrated_differ"]:

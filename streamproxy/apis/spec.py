@@ -11,9 +11,11 @@
     keep-alive   `: keepalive` comment        `: keepalive` comment          ping event
     worst case   max_completion_tokens or     max_output_tokens              max_tokens
                  max_tokens, x max(n, best_of)
+    finish       a choice's `finish_reason`   the terminal response's        message_delta's
+                                              status (incomplete: its reason) delta.stop_reason
 
 `ApiSpec` is what serve's encoders (keep-alive, end, in-band error), the gateway's relay (markers,
-usage reader) and its budget holds (worst case) all read; Responses' and Anthropic's live in
+usage and finish readers) and its budget holds (worst case) all read; Responses' and Anthropic's live in
 `apis/<api>/spec.py`. Markers are the bytes an event starts with on the wire.
 Sans-IO.
 """
@@ -48,6 +50,12 @@ class ApiSpec(Protocol):
     keepalive: bytes = sse.KEEPALIVE  # what a silent stream sends
     usage_only: bytes | None = None  # marks the usage-only chunk a client did not ask for (the gateway asked for it)
     kept: tuple[bytes, ...] = ()  # the events the in-band error is made of (Responses: the response and its items so far)
+    finish: tuple[bytes, ...] = ()  # in the events that end a choice (and say why): the relay decodes only those
+
+    def read_finish(self, body: dict[str, Any], into: dict[int, str]) -> None:
+        """Why each choice one event (or a non-stream answer) ended, if it says: `into[index]`, in the
+        access log's words (serve's: the engine's `stop`, `length`, ...; OpenAI's own are those)."""
+        return None
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         """Take the usage one event (or a non-stream answer) carries, if it carries one."""
@@ -76,6 +84,16 @@ class _OpenAI(ApiSpec):
     name = "openai"
     done = (sse.DONE.rstrip(),)
     usage_only = b'"choices":[]'
+    finish = (b'"finish_reason":"', b'"finish_reason": "')  # (null in every other chunk)
+
+    def read_finish(self, body: dict[str, Any], into: dict[int, str]) -> None:
+        choices = body.get("choices")
+        if not isinstance(choices, list):
+            return
+        for position, choice in enumerate(choices):
+            if isinstance(choice, dict) and isinstance(reason := choice.get("finish_reason"), str):
+                index = choice.get("index")
+                into[index if isinstance(index, int) else position] = reason
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")

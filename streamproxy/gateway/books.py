@@ -1,8 +1,9 @@
 """The gateway's use of the ledger: a record per relayed request, and the admin routes that query it.
 
 `recorder(state)`, a finish subscriber, queues one `LedgerRecord` per relayed request from its context
-(`Ledger.add`) and counts its tokens against its key's budget (`Keyring.queued`) in the same loop step
-as its hold is released. A request refused for its key is not recorded (a flood of bad keys must not
+(`Ledger.add`: `replica` the last replica tried, `replicas` all of them in order, `migrations` its
+stream's moves) and counts its tokens against its key's budget (`Keyring.queued`) in the same loop
+step as its hold is released. A request refused for its key is not recorded (a flood of bad keys must not
 fill the books), nor are other routes. `GET /v1/deployments/{deployment}/requests` and `GET /v1/usage`
 take the admin key (parameters: `ledger.params`); without a ledger: 404 `ledger_off`.
 """
@@ -42,7 +43,8 @@ def recorder(current: Current, ledger: Ledger) -> Subscriber:
         route = _LEDGERED.get(ctx.route)
         if route is None or (ctx.key_id is None and (state.keys or state.keyring)):
             return
-        entry = ledger_record(ctx, deployment=ctx.deployment, replica=ctx.upstream, route=route, usage_source=ctx.usage_source)
+        entry = ledger_record(ctx, deployment=ctx.deployment, replica=ctx.upstream, route=route, usage_source=ctx.usage_source,
+                              replicas=list(ctx.replicas or ()), migrations=ctx.migrations)
         if state.keyring and ctx.key_id is not None:  # its key's budget counts it from now, kept or not
             if ledger.add(entry):
                 state.keyring.queued(entry)

@@ -64,6 +64,7 @@ class Call:
     stream: bool
     strip_usage: bool
     usage: Usage
+    finishes: dict[int, str] = field(default_factory=dict)  # why each choice ended, as the replicas said (relay.py)
     resume: Stream | None = None  # a stream that may migrate: its record (resume.py)
     attempts: list[Attempt] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)  # the replicas its attempts went to
@@ -108,11 +109,12 @@ class Call:
     def _meter(self) -> None:
         if not self.route.generates:
             return
-        usage = self.usage
+        usage, finishes = self.usage, self.finishes
+        reasons = [finishes[index] for index in sorted(finishes)] if finishes else ()
         if usage.billed:
-            self.ctx.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, source="billed")
+            self.ctx.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, reasons, source="billed")
         else:
-            self.ctx.usage(None, usage.completion_tokens, None, source="counted")
+            self.ctx.usage(None, usage.completion_tokens, None, reasons, source="counted")
         series = self.pool.series
         if usage.prompt_tokens:
             series.prompt_tokens.inc(usage.prompt_tokens)
@@ -130,9 +132,10 @@ class Call:
             self.ticket = await scheduler.admit(self.tenant, self.band, self.cost, self.weight)
 
     # -- its attempts -----------------------------------------------------------------------
-    async def open(self, path: str | None = None, body: bytes | None = None) -> Attempt:
+    async def open(self, path: str | None = None, body: bytes | None = None, migration: str | None = None) -> Attempt:
         """The first answer not retried, open (see the module's comment); `path` and `body`: a stream's
-        continuation's (on a replica none of its attempts went to yet), instead of the request's."""
+        continuation's (on a replica none of its attempts went to yet), instead of the request's;
+        `migration`: the attempt carries a broken stream on (`continue` or `resend`, its span says)."""
         state, pool = self.state, self.pool
         source = state.sources[pool.deployment.name]
         if not source.serving:
@@ -161,7 +164,7 @@ class Call:
                         budget.retrying += 1
                         retrying = True
                 tried.add(replica.url)
-                attempt = Attempt(self, replica, matched, retry)
+                attempt = Attempt(self, replica, matched, retry, migration)
                 attempt.predicted = predicted
                 self.attempts.append(attempt)
                 scheduler.dispatched(replica, self.prompt, now)
@@ -218,7 +221,7 @@ class Attempt:
     __slots__ = ("pool", "replica", "matched", "predicted", "prompt", "scheduler", "headers", "span", "sent_at", "_answer",
                  "ended")
 
-    def __init__(self, call: Call, replica: Replica, matched: int, retry: int) -> None:
+    def __init__(self, call: Call, replica: Replica, matched: int, retry: int, migration: str | None = None) -> None:
         self.pool, self.replica, self.matched = call.pool, replica, matched  # matched: prefix keys the replica held
         self.predicted: int | None = None  # prompt tokens its KV events said it held (None: not routed by them)
         self.prompt = call.prompt  # (its speculative blocks end with it)
@@ -231,7 +234,7 @@ class Attempt:
         self.headers = call.headers
         self.span: Any = None
         if call.ctx.span is not None and tracing.TRACER is not None:  # the replica's spans are this attempt's children
-            self.span = tracing.TRACER.attempt(call.ctx.span, call.pool.deployment.name, replica.url, retry)
+            self.span = tracing.TRACER.attempt(call.ctx.span, call.pool.deployment.name, replica.url, retry, migration)
             self.headers = {**call.headers, **tracing.TRACER.headers(self.span)}
         self.sent_at = perf_counter()
 

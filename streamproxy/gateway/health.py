@@ -2,7 +2,9 @@
 
 Envoy's outlier detection, reduced: `consecutive_errors` failures in a row (connect error, 5xx, a broken
 stream) open the breaker for `base_ejection_time` x times ejected (at most `max_ejection_time`), then
-one half-open trial closes it or opens it again for longer. Active probes (`GET /health`):
+one half-open trial closes it or opens it again for longer. A failure while it is open (a request sent
+before the ejection, e.g. the other streams one dead replica broke at once) counts for nothing: one
+fault is one ejection, as in Envoy (it skips a host already ejected). Active probes (`GET /health`):
 `unhealthy_threshold` failures take it out of rotation, `healthy_threshold` successes bring it back,
 and a good probe ends an ejection. Sans-IO: every method takes the time.
 """
@@ -63,7 +65,9 @@ class Health:
         self.breaker = Breaker.CLOSED
 
     def failed(self, now: float) -> bool:
-        """One failure; True when it ejected the replica."""
+        """One failure; True when it ejected the replica (not again while it is out)."""
+        if self.breaker is Breaker.OPEN:
+            return False
         self.errors += 1
         self.trial = False
         if self.breaker is Breaker.HALF_OPEN or self.errors >= self.policy.consecutive_errors:

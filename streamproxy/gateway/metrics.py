@@ -126,6 +126,6 @@ MIGRATIONS = Counter(
     "streamproxy_gateway_migrations",
     "Streams a replica broke off after the first byte, by what the gateway did: continued (on another replica), "
     "resent (nothing had gone to the client), finished (the finish had gone out), refused (not continuable), "
-    "failed (no replica took the continuation)",
+    "exhausted (its request had made max_migrations), failed (no replica took the continuation)",
     ["deployment", "outcome"],
 )

@@ -183,7 +183,7 @@ async def _fetch(call: Call) -> bytes:
         if exchange.status != 200:
             raise UpstreamError(exchange.status, call.renamed(raw), exchange.headers.get("retry-after"))
         if call.route.generates:
-            meter_body(call.route.api, raw, call.usage)
+            meter_body(call.route.api, raw, call.usage, call.finishes)
             call.ctx.first_token(perf_counter())
         return call.renamed(raw)
     except CONNECT_ERRORS:

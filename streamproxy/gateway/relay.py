@@ -4,8 +4,9 @@
 gateway can put its own heartbeat or error between two. Per read: the model rename (one `bytes.replace`
 of `"model":"<served>"`), usage decoded only in events that carry `"usage":{` (and the usage chunk the
 client did not ask for removed), a look for the API's end marker (a cut stream is told from an ended
-one), and, for Responses, the `kept` events decoded so a break ends as serve ends one. Nothing else is
-decoded. Each API's stream facts are its `apis.spec.ApiSpec`, shared with serve. Sans-IO.
+one), the events that end a choice (`api.finish`: a non-null `finish_reason`) decoded for why
+(`finishes`, the access log's `finish_reason`; shared by a migrated stream's relays), and, for
+Responses, the `kept` events decoded so a break ends as serve ends one. Nothing else is decoded. Each API's stream facts are its `apis.spec.ApiSpec`, shared with serve. Sans-IO.
 """
 
 from __future__ import annotations
@@ -20,25 +21,31 @@ from streamproxy.errors import APIError
 _USAGE = b'"usage":{'
 
 
-def meter_body(api: ApiSpec, body: bytes, usage: Usage) -> None:
-    """A non-streamed answer's usage (top level; Responses: the response's)."""
+def meter_body(api: ApiSpec, body: bytes, usage: Usage, finishes: dict[int, str] | None = None) -> None:
+    """A non-streamed answer's usage (top level; Responses: the response's) and why its choices ended."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return
     if isinstance(data, dict):
         api.read_usage(data, usage)
+        if finishes is not None:
+            api.read_finish(data, finishes)
 
 
 class SSERelay:
     __slots__ = (
-        "api", "usage", "done", "events", "comments", "deltas", "kept",
+        "api", "usage", "done", "events", "comments", "deltas", "kept", "finishes",
         "_buf", "_sep", "_sep_comment", "_renames", "_usage_only", "_delta_markers", "_done_markers", "_kept_markers",
+        "_finish_markers",
     )
 
-    def __init__(self, api: ApiSpec, *, served: str, public: str, strip_usage: bool) -> None:
+    def __init__(self, api: ApiSpec, *, served: str, public: str, strip_usage: bool,
+                 finishes: dict[int, str] | None = None) -> None:
         self.api = api
         self.usage = Usage()
+        self.finishes: dict[int, str] = {} if finishes is None else finishes  # choice index -> why it ended
+        self._finish_markers = api.finish
         self.done = False  # the API's end marker went by
         self.events = 0  # events relayed (comments included)
         self.comments = 0  # of those, comment-only events (the replica's keepalives)
@@ -76,6 +83,10 @@ class SSERelay:
         for marker in self._kept_markers:
             if marker in block:
                 self._keep(block, sep)
+                break
+        for marker in self._finish_markers:
+            if marker in block:
+                self._finished(block, sep)
                 break
         if not self.done:
             for marker in self._done_markers:
@@ -131,6 +142,15 @@ class SSERelay:
                 data = _json(event)
                 if data is not None:
                     self.kept.append(data)
+
+
+    def _finished(self, block: bytes, sep: bytes) -> None:
+        markers = self._finish_markers
+        for event in block.split(sep)[:-1]:
+            if any(marker in event for marker in markers):
+                data = _json(event)
+                if data is not None:
+                    self.api.read_finish(data, self.finishes)
 
 
 def _json(event: bytes) -> dict[str, Any] | None:

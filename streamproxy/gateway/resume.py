@@ -56,6 +56,7 @@ _DONE = b"data: [DONE]\n\n"
 FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
 NO_IDS = "the replica sent no token ids (`return_token_ids`)"
+EXHAUSTED = "max_migrations reached"  # (a refusal the migrations metric counts apart: `exhausted`)
 
 # Chat-only request fields: what the prompt's ids already are, or what a completions request has not.
 _CHAT_ONLY = frozenset((
@@ -238,7 +239,7 @@ class Stream(ServeChunks):
         if self.finished:
             return FINISHED, None
         if self.left < 1:
-            return REFUSED, "max_migrations reached"
+            return REFUSED, EXHAUSTED
         if not self.sent:
             return RESEND, None
         why = self.refusal()

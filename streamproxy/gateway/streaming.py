@@ -25,7 +25,7 @@ from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, CONTINUES, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
+from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, CONTINUES, EXHAUSTED, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
@@ -49,7 +49,8 @@ class _Run:
 
 
 def _relay(call: Call) -> SSERelay:
-    return SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage)
+    return SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage,
+                    finishes=call.finishes)
 
 
 async def stream(request: web.Request, call: Call) -> web.StreamResponse:
@@ -125,7 +126,7 @@ async def _pump(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes]:
                 M.MIGRATIONS.labels(name, "finished").inc()
                 return True, resume.ending()
             if action == REFUSED:
-                M.MIGRATIONS.labels(name, "refused").inc()
+                M.MIGRATIONS.labels(name, "exhausted" if why == EXHAUSTED else "refused").inc()
                 log.info("deployment %s: a stream broke off (%s) and is not migrated: %s", name, reason, why)
                 return False, _broken(call, run, reason)
             if not await _migrate(call, run, body, action, reason):
@@ -191,9 +192,10 @@ async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: 
     serve = action == CONTINUE and resume.serve  # the same request with `continue_token_ids`, on a serve replica
     try:
         if action == CONTINUE:
-            attempt = await call.open(call.route.upstream_path if serve else COMPLETIONS, resume.continuation())
+            attempt = await call.open(call.route.upstream_path if serve else COMPLETIONS, resume.continuation(),
+                                      migration="continue")
         else:
-            attempt = await call.open()
+            attempt = await call.open(migration="resend")
     except APIError:
         return False
     exchange = attempt.exchange

@@ -75,12 +75,12 @@ def line(ctx: RequestContext) -> str:
     if ctx.outputs is not None:
         fields["output"] = ctx.outputs[0] if len(ctx.outputs) == 1 else ctx.outputs
     if ctx.deployment is not None:
+        # `replicas`: every replica its attempts went to, in order (failover before the first byte, then
+        # each migration of its stream); `upstream` is the last.
         fields.update(
-            deployment=ctx.deployment, upstream=ctx.upstream, key_id=ctx.key_id,
-            cached_prompt_tokens=ctx.cached_tokens, usage_source=ctx.usage_source,
+            deployment=ctx.deployment, upstream=ctx.upstream, replicas=ctx.replicas or [], migrations=ctx.migrations,
+            key_id=ctx.key_id, cached_prompt_tokens=ctx.cached_tokens, usage_source=ctx.usage_source,
         )
-        if ctx.migrations:  # a stream that moved: every replica its attempts went to, in order
-            fields.update(migrations=ctx.migrations, upstreams=ctx.replicas)
     return orjson.dumps(fields).decode()
 
 

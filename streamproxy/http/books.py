@@ -29,8 +29,9 @@ def address(settings: Settings) -> str:
 
 
 def ledger_record(ctx: RequestContext, *, deployment: str | None, replica: str | None, route: str,
-                  usage_source: str | None) -> LedgerRecord:
-    """The ledger's record of a request that ended, from its context (serve's and the gateway's)."""
+                  usage_source: str | None, replicas: list[str] | None = None, migrations: int | None = None) -> LedgerRecord:
+    """The ledger's record of a request that ended, from its context (serve's and the gateway's; the
+    gateway's names every replica its attempts went to and how often its stream moved on)."""
     return LedgerRecord(
         ts_us=int((time.time() - ctx.duration) * 1_000_000),
         request_id=ctx.request_id,
@@ -46,6 +47,8 @@ def ledger_record(ctx: RequestContext, *, deployment: str | None, replica: str |
         usage_source=usage_source,
         ttft_ms=None if ctx.ttft is None else round(ctx.ttft * 1000.0, 3),
         duration_ms=round(ctx.duration * 1000.0, 3),
+        replicas=replicas,
+        migrations=migrations,
     )
 
 

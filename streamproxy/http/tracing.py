@@ -99,10 +99,13 @@ class Tracer:
         span.end()
 
     # -- the gateway's attempts ------------------------------------------------------
-    def attempt(self, parent: Any, deployment: str, url: str, retry: int) -> Any:
+    def attempt(self, parent: Any, deployment: str, url: str, retry: int, migration: str | None = None) -> Any:
+        """`migration`: the attempt carries a broken stream on (`continue`: its continuation; `resend`: the request again)."""
+        attributes: dict[str, Any] = {"streamproxy.deployment": deployment, "server.address": url, "streamproxy.retry": retry}
+        if migration is not None:
+            attributes["streamproxy.migration"] = migration
         return self.tracer.start_span(
-            f"upstream {deployment}", context=self._trace.set_span_in_context(parent), kind=self._client,
-            attributes={"streamproxy.deployment": deployment, "server.address": url, "streamproxy.retry": retry},
+            f"upstream {deployment}", context=self._trace.set_span_in_context(parent), kind=self._client, attributes=attributes,
         )
 
     def end_attempt(self, span: Any, status: int | None, error: str | None = None) -> None:

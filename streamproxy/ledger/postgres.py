@@ -20,12 +20,12 @@ from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
 from streamproxy.ledger.records import (
-    COLUMNS,
     LedgerRecord,
     RequestPage,
     RequestQuery,
     UsageQuery,
     UsageRow,
+    record_of,
     row,
     sort_usage,
     usage_row,
@@ -182,7 +182,7 @@ class PostgresStore:
 
     async def requests(self, query: RequestQuery) -> RequestPage:
         rows = await self._query(*sql.requests("postgresql", query))
-        data = [LedgerRecord(**dict(zip(COLUMNS, r[1:]))) for r in rows[: query.limit]]
+        data = [record_of(r[1:]) for r in rows[: query.limit]]
         cursor = sql.next_cursor(rows, query.limit)
         return RequestPage(data=data, has_more=cursor is not None, next_cursor=cursor)
 

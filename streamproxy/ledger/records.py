@@ -5,6 +5,8 @@ newest first by (`ts_us`, `seq`); the cursor "<ts_us>_<seq>" starts the next pag
 each record comes once. Usage sums token columns (null as 0) by deployment, key and UTC day or month.
 `record_id` (`new_record_id`: a random per-process prefix and a counter) is unique per record, unlike a
 request id; stores keep it once, so a batch written twice stores nothing twice (older records: null).
+`replicas` (every replica the request's attempts went to, in order) is a JSON array in the SQL stores'
+text column (`row` / `record_of`); `migrations` the times its stream moved on (both null before migration 7).
 """
 
 from __future__ import annotations
@@ -56,14 +58,33 @@ class LedgerRecord(msgspec.Struct, kw_only=True):
     usage_source: str | None = None  # "billed": the replica's usage; "counted": the gateway's count
     ttft_ms: float | None = None
     duration_ms: float = 0.0
+    # The gateway's (migration 7): every replica its attempts went to, in order (failover before the first
+    # byte, then each move of its stream; `replica` is the last), and how often its stream moved on.
+    replicas: list[str] | None = None
+    migrations: int | None = None
 
 
 COLUMNS = tuple(LedgerRecord.__struct_fields__)
+_REPLICAS = COLUMNS.index("replicas")
+_encode_replicas = msgspec.json.Encoder().encode
+_decode_replicas = msgspec.json.Decoder(list[str]).decode
 
 
 def row(record: LedgerRecord) -> tuple[object, ...]:
-    """The record as a tuple in `COLUMNS` order (what the SQL stores insert)."""
-    return tuple(getattr(record, name) for name in COLUMNS)
+    """The record as a tuple in `COLUMNS` order (what the SQL stores insert; `replicas` as JSON text)."""
+    values = [getattr(record, name) for name in COLUMNS]
+    if record.replicas is not None:
+        values[_REPLICAS] = _encode_replicas(record.replicas).decode()
+    return tuple(values)
+
+
+def record_of(values: tuple[object, ...]) -> LedgerRecord:
+    """A stored row (`COLUMNS` order) as its record."""
+    fields = dict(zip(COLUMNS, values))
+    replicas = fields["replicas"]
+    if isinstance(replicas, str):
+        fields["replicas"] = _decode_replicas(replicas)
+    return LedgerRecord(**fields)  # type: ignore[arg-type]
 
 
 class RequestPage(msgspec.Struct, kw_only=True):

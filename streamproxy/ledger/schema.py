@@ -97,6 +97,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             PRIMARY KEY (process, key_id)
         )""",
     )),
+    (7, (
+        # The gateway's: every replica a request's attempts went to, in order (a JSON array of URLs), and
+        # how often its stream moved on to another (stream migration). Rows written before: NULL.
+        "ALTER TABLE ledger_requests ADD COLUMN replicas TEXT",
+        "ALTER TABLE ledger_requests ADD COLUMN migrations INTEGER",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

@@ -23,7 +23,17 @@ from typing import TypeVar
 from streamproxy.ledger import schema, sql
 from streamproxy.ledger.deployments import DeploymentExists, StoredDeployment
 from streamproxy.ledger.keys import KeyExists, StoredKey
-from streamproxy.ledger.records import LedgerRecord, RequestPage, RequestQuery, UsageQuery, UsageRow, row, sort_usage, usage_row
+from streamproxy.ledger.records import (
+    LedgerRecord,
+    RequestPage,
+    RequestQuery,
+    UsageQuery,
+    UsageRow,
+    record_of,
+    row,
+    sort_usage,
+    usage_row,
+)
 from streamproxy.oscalls import name_this_thread
 
 T = TypeVar("T")
@@ -93,7 +103,7 @@ class SqliteStore:
     async def requests(self, query: RequestQuery) -> RequestPage:
         text, args = sql.requests("sqlite", query)
         rows = await self._run(lambda db: db.execute(text, args).fetchall())
-        data = [LedgerRecord(**dict(zip(_NAMES, r[1:]))) for r in rows[: query.limit]]
+        data = [record_of(r[1:]) for r in rows[: query.limit]]
         cursor = sql.next_cursor(rows, query.limit)
         return RequestPage(data=data, has_more=cursor is not None, next_cursor=cursor)
 
@@ -171,8 +181,6 @@ class SqliteStore:
         finally:
             self._pool.shutdown(wait=True)
 
-
-_NAMES = tuple(LedgerRecord.__struct_fields__)
 
 
 def _migrate(db: sqlite3.Connection) -> int:

@@ -8,8 +8,8 @@ with every filter, sum usage by every grouping, keep each record id once (a
 batch written again after a lost acknowledgement, also through the writer),
 keep what each gateway process holds against keys' budgets;
 then what one store alone does (SQLite's WAL, a schema newer than the code, a
-batch the database refuses leaving nothing behind, migration 5 on a database
-with rows written before it).
+batch the database refuses leaving nothing behind, migrations 5 to the latest on a
+database with rows written before them: `record_id`, `replicas` and `migrations` null).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ async def test_a_record_comes_back_as_it_was_written(store: LedgerStore) -> None
     written = [rec(1), rec(2, key=None, prompt=None, cached=None, completion=3, status=499)]
     written[1].ttft_ms = None
     written[1].error_code = "client_disconnected"
+    written[0].replicas, written[0].migrations = ["http://127.0.0.1:8002", "http://127.0.0.1:8001"], 1  # (migration 7)
     await store.write(written)
     page = await store.requests(RequestQuery(deployment="bot"))
     assert page.data == written[::-1]  # newest first, every field as written
@@ -430,7 +431,7 @@ def _old_database(kind: str, url: str, old: list[LedgerRecord]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-async def test_migration_5_keeps_the_rows_written_before_it(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
+async def test_migrations_5_on_keep_the_rows_written_before_them(kind: str, tmp_path, request: pytest.FixtureRequest) -> None:
     url = f"sqlite://{tmp_path}/ledger.db" if kind == "sqlite" else request.getfixturevalue("postgres_server").database()
     old = [rec(1), rec(2, key="team-b"), rec(2)]  # the last two: one request id, two records, as before
     for r in old:

@@ -129,6 +129,16 @@ def test_ejection_half_open_trial_and_longer_ejection():
     assert h.breaker is Breaker.CLOSED and h.available(31.0)
 
 
+def test_the_failures_of_many_requests_at_once_are_one_ejection():
+    """40 streams a replica broke at once (bench/failover.py saw 30, 60, 90, 120 s of ejection from one fault)."""
+    h = Health(UpstreamPolicy(consecutive_errors=5, base_ejection_time=30))
+    assert [h.failed(0.0) for _ in range(40)] == [False] * 4 + [True] + [False] * 35
+    assert (h.ejections, h.ejected_until, h.errors) == (1, 30.0, 0)
+    assert h.available(30.0) and h.breaker is Breaker.HALF_OPEN
+    h.dispatched()
+    assert h.failed(30.5) and (h.ejections, h.ejected_until) == (2, 90.5)  # the trial failed: out again, for longer
+
+
 def test_probes_take_out_and_bring_back_and_a_good_probe_ends_an_ejection():
     h = Health(UpstreamPolicy(unhealthy_threshold=2, healthy_threshold=1, consecutive_errors=1))
     h.probed(False, 0.0)

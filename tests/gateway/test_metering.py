@@ -1,5 +1,5 @@
-"""Metering: the gateway's access-log line (deployment, upstream, key_id, status, tokens,
-TTFT, duration, usage_source) for each API, streamed or not; the usage chunk the gateway
+"""Metering: the gateway's access-log line (deployment, upstream, replicas, key_id, status, tokens,
+finish_reason, TTFT, duration, usage_source) for each API, streamed or not; the usage chunk the gateway
 asked for removed when the client did not ask, kept when it did; a stream the client cut
 is `counted` from the events relayed."""
 
@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from engine_adapter.fake import FakeScript
+from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import (
     DEPLOYMENT,
     SERVED,
@@ -45,6 +46,7 @@ def assert_billed(line: dict, upstream: str, *, stream: bool, completion: int = 
     assert (line["upstream"], line["key_id"], line["status"], line["stream"]) == (upstream, "team-meter", 200, stream)
     assert (line["prompt_tokens"], line["cached_prompt_tokens"], line["completion_tokens"]) == (PROMPT_TOKENS, 0, completion)
     assert line["usage_source"] == "billed"
+    assert (line["finish_reason"], line["replicas"], line["migrations"]) == ("stop", [upstream], 0)  # Messages' end_turn, Responses' completed
     assert 0 < line["ttft_ms"] <= line["duration_ms"]
     assert line["client_disconnected"] is False and line["error_code"] is None
 
@@ -88,6 +90,19 @@ async def test_each_api_is_metered(replica, gateway, session, access_log, route,
     status, _, got = await post(session, gw.url(path), {**body, "stream": stream}, **auth(f"meter-{route}"))
     assert status == 200, got
     assert_billed(line_for(access_log, f"meter-{route}"), r.base, stream=stream)
+
+
+async def test_the_line_names_every_replica_tried_and_why_the_answer_ended(replica, gateway, session, access_log):
+    r = await replica(FakeScript(tokens=["a", "b", "c", "d"]))
+    dead = refused_url()
+    gw = await gateway(dead, r, upstream={"policy": "round_robin", "health_check_interval": 60.0})
+    for i, stream in enumerate((True, False)):  # round robin: the first request's first try is the dead one
+        status, _, got = await post(session, gw.url("/v1/chat/completions"), chat(stream=stream, max_tokens=2),
+                                    **{"X-Request-Id": f"tried-{i}"})
+        assert status == 200, got
+    first, second = line_for(access_log, "tried-0"), line_for(access_log, "tried-1")
+    assert (first["replicas"], first["upstream"], first["finish_reason"], first["migrations"]) == ([dead, r.base], r.base, "length", 0)
+    assert (second["replicas"], second["finish_reason"], second["completion_tokens"]) == ([r.base], "length", 2)
 
 
 def held_stream(events: list[bytes], release: asyncio.Event):

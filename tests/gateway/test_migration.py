@@ -15,8 +15,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from harness.waiting import wait_until
+from streamproxy.http import tracing
+from streamproxy.ledger.memory import MemoryStore
+from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, line_for, sample
 from tests.support.sse import payloads
 from tests.support.token_replica import TokenReplica, next_token
@@ -102,7 +106,8 @@ async def test_the_continuation_is_the_prompt_s_ids_and_the_generated_ones(pair,
     assert sample("streamproxy_gateway_requests_total", deployment=DEPLOYMENT, upstream=first.base, status="502") == 1
     line = line_for(access_log, "migrated-1")
     assert (line["status"], line["error_code"], line["migrations"]) == (200, None, 1)
-    assert line["upstreams"] == [first.base, second.base] and line["upstream"] == second.base
+    assert line["replicas"] == [first.base, second.base] and line["upstream"] == second.base
+    assert line["finish_reason"] == "length"
     assert (line["prompt_tokens"], line["completion_tokens"], line["usage_source"]) == (prompt, 6, "billed")
 
 
@@ -168,10 +173,14 @@ async def test_max_migrations_bounds_the_moves_and_migration_can_be_off(pair, ga
     gw = await gateway(deployments=deployment(replicas, max_migrations=1), upstream=NO_EJECTION)
     path, body = BODIES["chat-usage"]
     whole = await read(session, gw.url(path), body)
+    outcomes = ("continued", "exhausted", "refused")
+    before = [sample("streamproxy_gateway_migrations_total", deployment=DEPLOYMENT, outcome=o) or 0 for o in outcomes]
     breaks.extend([("close", 2), ("close", 3)])  # the continuation breaks too
     got = await read(session, gw.url(path), body)
     assert events(got)[:3] == events(whole)[:3] and payloads(got)[-1]["error"]["code"] == "upstream_unavailable"
     breaks.clear()
+    after = [sample("streamproxy_gateway_migrations_total", deployment=DEPLOYMENT, outcome=o) or 0 for o in outcomes]
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 0]  # moved once, then out of moves (not `refused`)
 
     off = await gateway(deployments=deployment(replicas, enabled=False), upstream=NO_EJECTION)
     before = [len(r.seen) for r in replicas]
@@ -246,3 +255,50 @@ async def test_replicas_that_send_no_ids_are_not_asked_for_them_again(pair, gate
     got = await read(session, gw.url(CHAT), body)
     assert events(got)[:3] == events(first)[:3] and payloads(got)[-1]["error"]["code"] == "upstream_unavailable"
     assert [seen.get("return_token_ids") for _, seen in a.seen][-1] is None
+
+
+async def test_the_ledger_record_names_every_replica_and_the_moves(pair, gateway, session):
+    (a, b), breaks = await pair()
+    store = MemoryStore()
+    gw = await gateway(deployments=deployment([a, b]), upstream=NO_EJECTION, ledger=Ledger(store, interval=0.05))
+    body = chat(stream=True, max_tokens=6)
+    await read(session, gw.url(CHAT), body, request_id="unbroken-1")
+    breaks.append(("reset", 3))
+    await read(session, gw.url(CHAT), body, request_id="moved-1")
+    assert await wait_until(lambda: len(store.rows) == 2, timeout=BOUND)
+    records = {r.request_id: r for _, r in store.rows}
+    moved, unbroken = records["moved-1"], records["unbroken-1"]
+    second, first = (a, b) if a.seen[-1][0] == COMPLETIONS else (b, a)
+    assert (moved.replicas, moved.replica, moved.migrations, moved.status) == ([first.base, second.base], second.base, 1, 200)
+    assert (unbroken.replicas, unbroken.migrations) == ([unbroken.replica], 0)
+    assert (moved.prompt_tokens, moved.completion_tokens) == (unbroken.prompt_tokens, 6)
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    tracing.TRACER = tracing.Tracer("", "streamproxy-gateway", exporter=exporter)
+    try:
+        yield exporter
+    finally:
+        tracing.TRACER.shutdown()
+        tracing.TRACER = None
+
+
+async def test_each_attempt_of_a_moved_stream_is_a_span_of_its_own(pair, gateway, session, spans):
+    (a, b), breaks = await pair()
+    gw = await gateway(deployments=deployment([a, b]), upstream=NO_EJECTION)
+    breaks.append(("reset", 3))
+    await read(session, gw.url(CHAT), chat(stream=True, max_tokens=6), request_id="traced-1")
+    second, first = (a, b) if a.seen[-1][0] == COMPLETIONS else (b, a)
+    assert await wait_until(lambda: len(spans.get_finished_spans()) == 3, timeout=BOUND)
+    (request,) = [s for s in spans.get_finished_spans() if s.parent is None]
+    attempts = sorted((s for s in spans.get_finished_spans() if s.parent is not None), key=lambda s: s.start_time or 0)
+    assert [s.parent.span_id for s in attempts if s.parent] == [request.context.span_id] * 2
+    assert [{k: v for k, v in (s.attributes or {}).items()} for s in attempts] == [
+        {"streamproxy.deployment": DEPLOYMENT, "server.address": first.base, "streamproxy.retry": 0,
+         "http.response.status_code": 200, "error.type": "broken"},
+        {"streamproxy.deployment": DEPLOYMENT, "server.address": second.base, "streamproxy.retry": 0,
+         "streamproxy.migration": "continue", "http.response.status_code": 200},
+    ]
+    assert (request.attributes or {})["gen_ai.response.finish_reasons"] == ("length",)

@@ -4,6 +4,8 @@ Fed byte by byte and in every two-way split: the output is the same bytes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from streamproxy.apis.anthropic.spec import ANTHROPIC
@@ -180,3 +182,58 @@ def test_a_broken_responses_stream_ends_as_serve_ends_one_numbered_after_the_eve
     assert b'"status":"failed"' in failed
     # Nothing relayed yet (no response.created): the error alone.
     assert SSERelay(RESPONSES, served="m", public="m", strip_usage=False).error(exc).count(b"event: ") == 1
+
+
+def _choice_end(index: int, reason: str, spaced: bool = False) -> bytes:
+    colon = b": " if spaced else b":"
+    return (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":%d,"delta":{},'
+            b'"finish_reason"%s"%s"}]}\n\n' % (index, colon, reason.encode()))
+
+
+def test_why_each_choice_ended_is_read_from_its_finish_chunk_only():
+    finishes: dict[int, str] = {}
+    relay = SSERelay(OPENAI, served="m", public="m", strip_usage=False, finishes=finishes)
+    for piece in (ROLE, TEXT, _choice_end(1, "length"), _choice_end(0, "stop", spaced=True), USAGE, DONE):
+        for k in range(len(piece)):  # every two-way split of each event
+            relay.feed(piece[:k])
+            relay.feed(piece[k:])
+    assert finishes == {1: "length", 0: "stop"} and relay.finishes is finishes
+    assert SSERelay(OPENAI, served="m", public="m", strip_usage=False).finishes == {}  # its own when none is shared
+    quiet: dict[int, str] = {}
+    SSERelay(OPENAI, served="m", public="m", strip_usage=False, finishes=quiet).feed(ROLE + TEXT + DONE)
+    assert quiet == {}  # a stream cut before its finish says none
+
+
+def test_why_a_messages_or_responses_stream_ended_in_the_access_log_s_words():
+    for reason, logged in (("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length"), ("tool_use", "tool_calls"),
+                           ("refusal", "refusal")):
+        finishes: dict[int, str] = {}
+        relay = SSERelay(ANTHROPIC, served="m", public="m", strip_usage=False, finishes=finishes)
+        relay.feed(b'event: message_start\ndata: {"type":"message_start","message":{"stop_reason":null}}\n\n')
+        assert finishes == {}
+        relay.feed(b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"%s"}}\n\n' % reason.encode())
+        assert finishes == {0: logged}
+    for terminal, logged in ((b'response.completed","response":{"status":"completed"', "stop"),
+                             (b'response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}',
+                              "length"),
+                             (b'response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"content_filter"}',
+                              "content_filter")):
+        finishes = {}
+        event = terminal.split(b'"', 1)[0]
+        SSERelay(RESPONSES, served="m", public="m", strip_usage=False, finishes=finishes).feed(
+            b"event: " + event + b'\ndata: {"type":"' + terminal + b"}}\n\n")
+        assert finishes == {0: logged}
+
+
+def test_why_a_non_stream_answer_ended():
+    cases: tuple[tuple[Any, bytes, dict[int, str]], ...] = (
+        (OPENAI, b'{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}', {0: "stop", 1: "length"}),
+        (OPENAI, b'{"data":[{"embedding":[0.5]}]}', {}),
+        (ANTHROPIC, b'{"type":"message","stop_reason":"max_tokens"}', {0: "length"}),
+        (RESPONSES, b'{"object":"response","status":"completed"}', {0: "stop"}),
+        (RESPONSES, b'{"object":"response","status":"failed"}', {}),
+    )
+    for api, body, expected in cases:
+        finishes: dict[int, str] = {}
+        meter_body(api, body, Usage(), finishes)
+        assert finishes == expected, body

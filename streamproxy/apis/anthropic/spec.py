@@ -19,6 +19,8 @@ from streamproxy.core import sse
 from streamproxy.errors import APIError
 
 PING = sse.event_frame(b"ping", b'{"type":"ping"}')
+# Anthropic's stop reasons in the access log's (serve's) words; others as they are.
+FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
 class _Anthropic(ApiSpec):
@@ -26,6 +28,13 @@ class _Anthropic(ApiSpec):
     done = (b"event: message_stop",)
     deltas = (b"event: content_block_delta",)
     keepalive = PING
+    finish = (b'"stop_reason":"', b'"stop_reason": "')  # message_delta's (message_start's is null)
+
+    def read_finish(self, body: dict[str, Any], into: dict[int, str]) -> None:
+        delta = body.get("delta")  # message_delta's; a non-stream Message has it at the top
+        reason = delta.get("stop_reason") if isinstance(delta, dict) else body.get("stop_reason")
+        if isinstance(reason, str):
+            into[0] = FINISH.get(reason, reason)
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")  # message_delta's, a non-stream Message's

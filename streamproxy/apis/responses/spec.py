@@ -47,6 +47,21 @@ class _Responses(ApiSpec):
     deltas = (b"event: response.output_text.delta", b"event: response.reasoning_text.delta",
               b"event: response.function_call_arguments.delta")
     kept = (b"event: response.created", b"event: response.output_item.")
+    finish = (b"event: response.completed", b"event: response.incomplete")
+
+    def read_finish(self, body: dict[str, Any], into: dict[int, str]) -> None:
+        """The terminal event's response (a non-stream answer: the Response): completed is `stop`,
+        incomplete its reason (`max_output_tokens`: `length`); failed says none."""
+        response = body.get("response") if "response" in body else body
+        if not isinstance(response, dict):
+            return
+        status = response.get("status")
+        if status == "completed":
+            into[0] = "stop"
+        elif status == "incomplete":
+            details = response.get("incomplete_details")
+            reason = details.get("reason") if isinstance(details, dict) else None
+            into[0] = "length" if reason == "max_output_tokens" else reason if isinstance(reason, str) else "incomplete"
 
     def read_usage(self, body: dict[str, Any], into: Usage) -> None:
         usage = body.get("usage")  # a non-stream answer is the Response itself
