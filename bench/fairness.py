@@ -14,7 +14,10 @@ phase `--seconds` long). Phases, in one run, their order rotating per round:
      flood in a lower band touches a higher band's TTFT, with tenant
      fairness unable to help (the same key for both).
 
-The light tenant's arrivals are the same in a, b and c of a round.
+The light tenant's arrivals are the same in a, b and c of a round. Each
+phase starts after `--settle` s of quiet (past a health probe: the
+flow-control gateway reads the replicas' own queues, which phase b leaves
+long, at its probes).
 
 Replicas (`--engine fake`, the default): `streamproxy serve --engine fake`
 processes with a fixed concurrency (`--max-concurrent-requests`
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         for rnd in range(args.rounds):
             order = PHASES[rnd % len(PHASES):] + PHASES[: rnd % len(PHASES)]
             for phase in order:
+                time.sleep(args.settle)  # (see --settle)
                 load = arrivals(args, args.seed + rnd, prompt, light_rate, phase)
                 peer = S.Peer(phase, [fcfs if phase.startswith("b.") else fair])
                 uvloop.run(S.open_loop(peer, load))
@@ -237,4 +241,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fake-token-delay", type=float, default=0.025, help="fairness, fake: seconds between tokens")
     ap.add_argument("--max-wait", type=float, default=10.0, help="fairness: flow_control.max_wait")
     ap.add_argument("--max-queued", type=int, default=1024, help="fairness: flow_control.max_queued")
+    ap.add_argument("--settle", type=float, default=6.0,
+                    help="fairness: seconds of quiet before each phase: more than the gateways' health-probe interval (5 s), "
+                         "after which the flow-control gateway reads the replicas' own queues again (phase b, through the other "
+                         "gateway, leaves them long; until the next probe that gateway admits no more than it has in flight)")
     ap.add_argument("--system-words", type=int, default=120, help="fairness: words in each tenant's system prompt")
