@@ -20,13 +20,10 @@ nothing, the requests alternating. Per peer: cached-prompt-token ratio
 (usage.prompt_tokens_details.cached_tokens / prompt_tokens), TTFT p50 and
 p90, errors.
 
---fairness: two tenants (two keys) on saturated replicas (`--max-num-seqs`
-small), the heavy one at `--heavy-ratio` (10) times the light one's rate;
-the light tenant alone, then both through a gateway without flow control
-(first come, first served: the replicas' own queues) and with it
-(`flow_control.max_concurrency` = `--max-num-seqs`); then a flood in a low
-band (priority 5) beside a high band (0). Per phase: each tenant's TTFT
-p50/p90, 429s (with Retry-After), errors.
+--fairness: bench/fairness.py (its arguments below too): two tenants on
+saturated replicas (fake ones with a fixed concurrency by default), the light
+one alone, both first come first served, both with flow control, and a flood
+in a low band beside a high band, in rounds.
 
 `--smoke`: a tiny size that checks the harness, not a measurement.
 Results: bench/results/gateway-<kv-pressure|fairness>-<time>.{json,md}.
@@ -50,7 +47,7 @@ from typing import Any
 
 from harness.process import free_port
 
-from . import affinity
+from . import affinity, fairness
 from .compare import _git_rev, model_path
 from .servers import RESULTS, SERVED_NAME, Server, stop_on_signals, streamproxy_server
 
@@ -129,6 +126,7 @@ async def one(session: Any, url: str, tenant: str, body: dict[str, Any], headers
     """A streamed chat completion: TTFT (the first content chunk), usage from the last chunk."""
     began = time.perf_counter()
     out = Outcome(tenant, 0)
+    done = False
     try:
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
             out.status = resp.status
@@ -137,7 +135,9 @@ async def one(session: Any, url: str, tenant: str, body: dict[str, Any], headers
                 out.error = (await resp.text())[:200]
                 return out
             async for line in resp.content:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                if line.startswith(b"data: [DONE]"):
+                    done = True
+                if not line.startswith(b"data: ") or done:
                     continue
                 chunk = json.loads(line[6:])
                 choices = chunk.get("choices")
@@ -147,6 +147,8 @@ async def one(session: Any, url: str, tenant: str, body: dict[str, Any], headers
                 if usage:
                     out.prompt_tokens = usage.get("prompt_tokens") or 0
                     out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if not done:
+            out.error = "the stream ended without [DONE]"
     except Exception as exc:  # a benchmark counts what went wrong, and goes on
         out.error = f"{type(exc).__name__}: {exc}"
     return out
@@ -162,7 +164,8 @@ async def open_loop(peer: Peer, arrivals: list[tuple[float, str, dict[str, Any],
     """Each request at its arrival time (s from now), whatever the others do; `midway()` at half time."""
     import aiohttp
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+    # (no bound on connections: aiohttp's default of 100 would queue requests in the client, unmeasured)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900), connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
         tasks = []
         half = arrivals[len(arrivals) // 2][0] if arrivals else 0.0
@@ -289,55 +292,6 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
     return rows, {}
 
 
-def fairness(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], tmp: Path, tag: str,
-             started: list[Server]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    import uvloop
-
-    keys = [{"id": "heavy", "key": "sk-heavy"}, {"id": "light", "key": "sk-light"}]
-    fcfs = gateway("gw-fcfs", reps, tmp, tag, keys=keys)
-    fair = gateway("gw-fair", reps, tmp, tag, keys=keys,
-                   flow={"max_concurrency": args.max_num_seqs, "max_wait": 600, "max_queued": 100_000})
-    for s in (fcfs, fair):
-        s.start()
-        started.append(s)
-    for s in (fcfs, fair):
-        s.wait_ready(120)  # (its /health: with keys, /v1/models would want one)
-    prompt = system_prompts(tokenizer, 1, args.system_tokens, tag, args.seed)[0]
-    light_rate = args.rate / (1 + args.heavy_ratio)
-
-    def load(seed: int, heavy: bool, light: bool, heavy_extra: dict[str, Any],
-             light_extra: dict[str, Any]) -> list[tuple[float, str, dict[str, Any], dict[str, str]]]:
-        rng = random.Random(seed)
-        arrivals: list[tuple[float, str, dict[str, Any], dict[str, str]]] = []
-        if light:
-            arrivals += [(at, "light", body(prompt, f"light {n}", args.max_tokens, **light_extra), {"Authorization": "Bearer sk-light"})
-                         for n, at in enumerate(poisson(int(args.requests // (1 + args.heavy_ratio)) or 1, light_rate, rng))]
-        if heavy:
-            span = arrivals[-1][0] if arrivals else args.requests / args.rate
-            heavy_times = [t for t in poisson(args.requests * 2, light_rate * args.heavy_ratio, rng) if t <= span]
-            arrivals += [(at, "heavy", body(prompt, f"heavy {n}", args.max_tokens, **heavy_extra), {"Authorization": "Bearer sk-heavy"})
-                         for n, at in enumerate(heavy_times)]
-        return sorted(arrivals, key=lambda a: a[0])
-
-    rows = []
-    phases = [("light alone", fair, load(args.seed, False, True, {}, {})),
-              ("both, first come first served", fcfs, load(args.seed, True, True, {}, {})),
-              ("both, flow control", fair, load(args.seed, True, True, {}, {})),
-              ("low-band flood, flow control", fair, load(args.seed, True, True, {"priority": 5}, {"priority": 0}))]
-    for label, server, arrivals in phases:
-        peer = Peer(label, [server])
-        uvloop.run(open_loop(peer, arrivals))
-        for tenant in ("light", "heavy"):
-            mine = [o for o in peer.outcomes if o.tenant == tenant]
-            if mine:
-                row = {"phase": label, "tenant": tenant, **summary(mine)}
-                rows.append(row)
-                print(f"{label:>32} {tenant:>5}: TTFT p50 {row['ttft_p50_ms']:8.1f} ms  p90 {row['ttft_p90_ms']:8.1f} ms  "
-                      f"ok {row['ok']}/{row['requests']}  429 {row['refused_429']}  errors {row['errors']} {row['first_error']}",
-                      flush=True)
-    return rows, {}
-
-
 def markdown(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     smoke = " — SMOKE RUN (`--smoke`): checks the harness, not a measurement" if meta.get("smoke") else ""
     lines = [f"# Gateway {kind} ({meta['when']}){smoke}", ""] + [f"- {k}: {v}" for k, v in meta.items() if k not in ("when", "smoke")]
@@ -363,7 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--system-tokens", type=int, default=1500)
     ap.add_argument("--cache-share", type=float, default=0.3, help="each replica's KV cache: this share of all prefixes")
     ap.add_argument("--rate", type=float, default=0.7, help="requests/s (Poisson)")
-    ap.add_argument("--requests", type=int, default=320, help="per peer (fairness: the light tenant's share of it)")
+    ap.add_argument("--requests", type=int, default=320, help="kv-pressure: requests per peer")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--zipf", type=float, default=0.0, help="tenant popularity skew (0: uniform)")
     ap.add_argument("--restart-mid", action="store_true", help="restart replica 0 halfway through each peer's run")
@@ -376,11 +330,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=4, help="fairness: each replica's batch (its saturation)")
     ap.add_argument("--heavy-ratio", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=35)
+    fairness.add_arguments(ap)
     ap.add_argument("--smoke", action="store_true", help="a tiny run: tiny model, 2 replicas, few short requests")
     args = ap.parse_args(argv)
     if args.kv_pressure == args.fairness:
         ap.error("give one of --kv-pressure and --fairness")
-    if args.smoke:
+    if args.smoke and args.fairness:
+        args.model, args.replicas, args.rounds, args.seconds = "tiny", 2, 1, 4.0
+    elif args.smoke:
         args.model, args.replicas, args.tenants, args.system_tokens, args.requests = "tiny", 2, 4, 128, 12
         args.rate, args.max_tokens = 4.0, 4
         if args.engine_args == ENGINE_ARGS:
@@ -391,31 +348,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_on_signals()
+    if args.fairness:
+        return fairness.run(args)
     from transformers import AutoTokenizer
 
-    kind = "kv-pressure" if args.kv_pressure else "fairness"
+    kind = "kv-pressure"
     model = model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tag = f"gateway-{kind}-{stamp}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
-    extra = ["--block-size", str(args.block_size)]
-    if args.kv_pressure:
-        # (vLLM wants room for one request of --max-model-len at least)
-        max_len = int(shlex.split(args.engine_args)[shlex.split(args.engine_args).index("--max-model-len") + 1]) \
-            if "--max-model-len" in args.engine_args else 4096
-        blocks = max(math.ceil(max_len / args.block_size) + 1, math.ceil(args.cache_share * args.tenants * args.system_tokens / args.block_size))
-        extra += ["--num-gpu-blocks-override", str(blocks)]
-    else:
-        extra += ["--max-num-seqs", str(args.max_num_seqs)]
+    # (vLLM wants room for one request of --max-model-len at least)
+    max_len = int(shlex.split(args.engine_args)[shlex.split(args.engine_args).index("--max-model-len") + 1]) \
+        if "--max-model-len" in args.engine_args else 4096
+    blocks = max(math.ceil(max_len / args.block_size) + 1, math.ceil(args.cache_share * args.tenants * args.system_tokens / args.block_size))
+    extra = ["--block-size", str(args.block_size), "--num-gpu-blocks-override", str(blocks)]
     reps = [replica(model, shlex.split(args.engine_args), tag, i, extra) for i in range(args.replicas)]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "smoke": args.smoke, "streamproxy": _git_rev(),
             "replicas": f"{args.replicas} x `streamproxy serve` {args.model}, {args.engine_args} {' '.join(extra)}, KV events on",
             "load": (f"{args.tenants} tenants, ~{args.system_tokens}-token system prompts, Poisson {args.rate}/s, "
                      f"{args.requests} requests per peer, max_tokens {args.max_tokens}, zipf {args.zipf}, "
-                     f"restart mid-run {args.restart_mid}, gateways per peer {args.gateways}") if args.kv_pressure else
-                    (f"light + heavy ({args.heavy_ratio}x) tenants, {args.rate}/s in all, max_num_seqs {args.max_num_seqs}")}
+                     f"restart mid-run {args.restart_mid}, gateways per peer {args.gateways}")}
     started: list[Server] = []
     rows: list[dict[str, Any]] = []
     try:
@@ -424,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             started.append(r.server)
             r.server.wait_ready()
             print(f"{r.server.label} ready on :{r.server.port} in {r.server.ready_after:.0f} s", flush=True)
-        rows, _ = (kv_pressure if args.kv_pressure else fairness)(args, tokenizer, reps, tmp, tag, started)
+        rows, _ = kv_pressure(args, tokenizer, reps, tmp, tag, started)
     finally:
         for s in reversed(started):
             s.stop(30)

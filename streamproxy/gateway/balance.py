@@ -1,7 +1,7 @@
 """Choosing a replica: least outstanding requests, prompt-prefix affinity, health.
 
 `Pool.choose(keys, exclude, now)`: among replicas whose `Health` lets a request through and not yet
-tried, with prefix affinity and loads balanced (SGLang's abs/rel thresholds), the one holding the
+tried (and below flow control's per-replica bound while one is), with prefix affinity and loads balanced (SGLang's abs/rel thresholds), the one holding the
 longest share of the prefix keys (at least `cache_threshold`, load within `balance_abs_threshold`), or
 for an unknown prefix its `rendezvous` home (the same in every gateway process); else power of two
 choices on outstanding requests (or `policy: round_robin`). `dispatched`/`completed` keep counts, health
@@ -85,11 +85,16 @@ class Pool:
         replica.token_ids = False
         self.token_ids = any(r.token_ids is not False for r in self.replicas)
 
-    def choose(self, keys: list[int], exclude: set[str], now: float) -> tuple[Replica | None, int]:
-        """The replica for this attempt and how many of `keys` it holds (None: no replica can take it)."""
+    def choose(self, keys: list[int], exclude: set[str], now: float, max_outstanding: int = 0) -> tuple[Replica | None, int]:
+        """The replica for this attempt and how many of `keys` it holds (None: no replica can take it).
+        `max_outstanding` (flow control's per-replica bound, 0: none): while some replica is below it,
+        only those compete (a request sent to a full replica would wait in its queue, first come first
+        served, beside one with room)."""
         candidates = [r for r in self.replicas if r.url not in exclude and r.health.available(now)]
         if not candidates:
             return None, 0
+        if max_outstanding > 0:
+            candidates = [r for r in candidates if r.outstanding < max_outstanding] or candidates
         if len(candidates) == 1:
             only = candidates[0]
             return only, only.index.matched(keys) if keys else 0

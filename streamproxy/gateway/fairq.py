@@ -9,7 +9,9 @@ replica schedules it by.
 Fairness within a band is a virtual token counter per tenant (VTC, Sheng et
 al., "Fairness in Serving Large Language Models", OSDI 2024; AIBrix's
 fairness): the next request is the head of the backlogged tenant with the
-least counter (ties: the earlier arrival), and a dispatch adds its cost over
+least counter (ties: the tenant with fewer waiting, then the earlier
+arrival: a light tenant lifted to a heavy one's counter goes first, not one
+dispatch later), and a dispatch adds its cost over
 the tenant's weight to that tenant's counter. A tenant that becomes
 backlogged is lifted to the least counter of those already waiting, so
 being idle banks no credit. Chosen over deficit round robin because a
@@ -154,7 +156,7 @@ class FairQueue:
             return None
         band = self._bands[min(self._bands)]
         counters, flows = band.counters, band.flows
-        tenant = min(flows, key=lambda t: (counters[t], flows[t][0].seq))
+        tenant = min(flows, key=lambda t: (counters[t], len(flows[t]), flows[t][0].seq))
         w = flows[tenant][0]
         self._remove(w)
         counters[tenant] = counters.get(tenant, 0.0) + w.cost / w.weight

@@ -97,7 +97,7 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
     rendezvous home; `prompt`: its token ids."""
     candidates = [r for r in pool.replicas if r.url not in exclude and r.health.available(now)]
     if not pool.policy.affinity or not any(r.url in index for r in candidates):
-        replica, matched = pool.choose(keys, exclude, now)
+        replica, matched = pool.choose(keys, exclude, now, max_outstanding)
         return replica, (matched * len(prompt.token_ids) // len(keys) if keys and replica is not None else 0)
     if max_outstanding > 0:
         below = [r for r in candidates if r.outstanding < max_outstanding]

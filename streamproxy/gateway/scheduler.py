@@ -231,7 +231,7 @@ class Scheduler:
         tokens its events say it holds (None: not chosen by its events)."""
         if prompt is None or not self.subscribers:
             self.decisions["affinity"].inc()
-            return (*self.pool.choose(keys, exclude, now), None)
+            return (*self.pool.choose(keys, exclude, now, self.max_concurrency), None)
         if log.isEnabledFor(logging.DEBUG):
             self._explain(prompt, keys, exclude, now)
         replica, cached = choose(self.pool, self.index, prompt, keys, exclude, now, self.max_concurrency)

@@ -82,6 +82,21 @@ def test_a_hot_prefix_spreads_when_its_replica_is_busier_by_the_margin():
     assert elsewhere is not home
 
 
+def test_under_flow_controls_bound_a_prefix_goes_past_its_full_home_to_a_replica_with_room():
+    p = pool()
+    keys = prefix_keys(chat("q"), p.policy.prefix_block_bytes)
+    home, _ = p.choose(keys, set(), 0.0)
+    assert home is not None
+    for _ in range(4):  # within balance_abs_threshold (8) of the idle ones: affinity alone keeps it home
+        p.dispatched(home, keys)
+    assert p.choose(keys, set(), 0.0)[0] is home
+    elsewhere, _ = p.choose(keys, set(), 0.0, max_outstanding=4)
+    assert elsewhere is not None and elsewhere is not home
+    for r in p.replicas:
+        r.outstanding = 4
+    assert p.choose(keys, set(), 0.0, max_outstanding=4)[0] is home  # all full: the choice as without the bound
+
+
 def test_least_outstanding_without_affinity():
     p = pool(prefix_affinity=False)
     busy = p.replicas[0]

@@ -45,6 +45,15 @@ def test_a_light_tenants_wait_is_bounded_against_a_heavy_one_at_ten_times_its_ra
     assert len(q) >= 190
 
 
+def test_a_tenant_lifted_to_a_backlogged_ones_counter_goes_first_on_the_tie() -> None:
+    q = FairQueue(max_queued=100, max_wait=math.inf)
+    for _ in range(5):
+        q.push(Waiter("heavy"), 0.0)
+    q.push(Waiter("light"), 1.0)  # lifted to heavy's counter (0), arriving later
+    assert q.pop(1.0).tenant == "light"  # type: ignore[union-attr]
+    assert [w.tenant for w in drain(q, 1.0)] == ["heavy"] * 5
+
+
 def test_weights_share_a_band_in_proportion() -> None:
     q = FairQueue(max_queued=10_000)
     for _ in range(300):

@@ -111,8 +111,9 @@ async def test_a_saturated_deployment_serves_tenants_fairly_not_first_come(stub,
     await drain(gw, s, gates, len(sends))
     results = await asyncio.gather(*tasks)
     assert [status for status, _, _ in results] == [200] * 5
-    # First come, first served would be heavy-1..4 then light-1: the light tenant waits behind one of the heavy one's.
-    assert said(s) == ["heavy-1", "heavy-2", "light-1", "heavy-3", "heavy-4"]
+    # First come, first served would be heavy-1..4 then light-1: the light tenant, lifted to the heavy one's
+    # counter, goes first on the tie (it has fewer waiting), next after the one in flight.
+    assert said(s) == ["heavy-1", "light-1", "heavy-2", "heavy-3", "heavy-4"]
 
 
 async def test_priority_bands_are_strict(stub, gateway, session) -> None:
