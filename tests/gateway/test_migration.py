@@ -15,13 +15,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from harness.waiting import wait_until
-from streamproxy.http import tracing
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, line_for, sample
+from tests.support.spans import recorded_spans
 from tests.support.sse import payloads
 from tests.support.token_replica import TokenReplica, next_token
 
@@ -276,13 +275,8 @@ async def test_the_ledger_record_names_every_replica_and_the_moves(pair, gateway
 
 @pytest.fixture
 def spans():
-    exporter = InMemorySpanExporter()
-    tracing.TRACER = tracing.Tracer("", "streamproxy-gateway", exporter=exporter)
-    try:
+    with recorded_spans("streamproxy-gateway") as exporter:
         yield exporter
-    finally:
-        tracing.TRACER.shutdown()
-        tracing.TRACER = None
 
 
 async def test_each_attempt_of_a_moved_stream_is_a_span_of_its_own(pair, gateway, session, spans):

@@ -17,6 +17,7 @@ from engine_adapter.fake import FakeScript
 from streamproxy.http import tracing
 from tests.http.conftest import Serve
 from tests.support.fake import USER_HI, USER_HI_PROMPT_TOKENS
+from tests.support.spans import recorded_spans
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -24,13 +25,8 @@ PARENT = "00f067aa0ba902b7"
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.TRACER = tracing.Tracer("", "streamproxy", exporter=exporter)
-    try:
+    with recorded_spans("streamproxy") as exporter:
         yield exporter
-    finally:
-        tracing.TRACER.shutdown()
-        tracing.TRACER = None
 
 
 def _attrs(span: Any) -> dict[str, Any]:
