@@ -65,30 +65,21 @@ typecheck: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/mypy
 
-# Three runs: the vLLM releases' engine-free checks (check-vllm); then, at the same time, the tests without
-# the real engine in parallel (pytest-xdist, TEST_WORKERS processes, each with its own session servers on
-# free ports) and the real-engine tests (marker `engine`) in one process, so they share one engine server
-# per session (tests/conftest.py). A real engine leaves a core idle much of the time (its servers waiting on
-# their own steps, the tests on them), which the other run fills; the engine run's output goes to
-# ENGINE_LOG and is shown once both are done. `make test-fast` also leaves out the `slow` tests (client
-# processes, fuzzers, process storms).
+# Two runs: the tests without the real engine in parallel (pytest-xdist, TEST_WORKERS processes,
+# each with its own session servers on free ports), then the real-engine tests (marker `engine`)
+# in one process, so they share one engine server per session (tests/conftest.py).
+# `make test-fast` also leaves out the `slow` tests (client processes, fuzzers, process storms).
 # Twice as many workers as the two cores: the slowest tests wait on timers (heartbeats, idle and
 # request timeouts, a fake engine's delays), not on a core, and overlap there.
 TEST_WORKERS ?= 4
-ENGINE_LOG   ?= $(VENV)/test-engine.log
 
 # (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
 # even imported by the run without the engine, which saves each worker its imports.)
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
+	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine
 	$(MAKE) --no-print-directory check-vllm
-	@echo "the real-engine tests run beside the others; their output: $(ENGINE_LOG)"
-	@$(BIN)/pytest -q tests -m engine -p no:cacheprovider > $(ENGINE_LOG) 2>&1 & engine=$$!; \
-	trap 'kill $$engine 2>/dev/null' INT TERM; \
-	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine; others=$$?; \
-	wait $$engine; status=$$?; \
-	echo "== the real-engine tests ($(ENGINE_LOG)):"; cat $(ENGINE_LOG); \
-	test $$others -eq 0 && test $$status -eq 0
+	$(BIN)/pytest -q tests -m engine
 
 # Every supported vLLM release (engine_adapter/vllm_compat.py's SUPPORTED, pyproject.toml's gpu extra), also
 # those with no CPU build: the GPU wheel's Python sources (tests/support/vllm_sources.py; pip caches the wheel)
