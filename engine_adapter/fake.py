@@ -36,15 +36,20 @@ from .base import (
     GenerationParams,
     ModelInfo,
 )
-from .fake_text import char, prompt_logprobs, release, sample_logprobs, script_words
+from .fake_text import (
+    SCRIPT_IDS,
+    char,
+    is_script_id,
+    prompt_logprobs,
+    release,
+    resumes_at,
+    sample_logprobs,
+    script_id,
+    script_words,
+    split_tail,
+)
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-SCRIPT_IDS = 0xF0000  # generated token ids: this + the token's position in the script (U+F0000 .. U+FFFFD)
-_POSITIONS = 0xFFFFE - SCRIPT_IDS
-
-
-def script_id(position: int) -> int:
-    return SCRIPT_IDS + position % _POSITIONS
 
 
 def _text(content: Any) -> str:
@@ -107,27 +112,10 @@ class _Running:
         self.crash = crash
         self.start = start  # the script position it continues from (the prompt ended with the one before)
         # The bytes of a character the prompt's last generated tokens split: sent with the first token.
-        self.carried = _split_tail(self.tokens, start) if start and not self.repeat else b""
+        self.carried = split_tail(self.tokens, start) if start and not self.repeat else b""
         # One choice, no stop strings, no logprobs, no injected failure: `FakeEngine._advance_plain`.
         self.plain = (params.n == 1 and not params.stop and params.logprobs is None and fail_after is None and not crash
                       and not start)
-
-
-def _split_tail(tokens: Sequence[str | bytes], end: int) -> bytes:
-    """The bytes of an unfinished character at the end of the script's first `end` tokens (b"": none)."""
-    data = b"".join(t if isinstance(t, bytes) else t.encode() for t in tokens[max(0, end - 4) : end])
-    for back in range(1, min(4, len(data)) + 1):
-        lead = data[-back]
-        if lead & 0xC0 != 0x80:  # the last character's first byte
-            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
-            return data[-back:] if back < need else b""
-    return b""
-
-
-def _resumes_at(prompt_ids: list[int]) -> int:
-    """The script position after the prompt's last generated token (0: the prompt ends with none)."""
-    last = prompt_ids[-1] if prompt_ids else 0
-    return last - SCRIPT_IDS + 1 if SCRIPT_IDS <= last < SCRIPT_IDS + _POSITIONS else 0
 
 
 class FakeEngine:
@@ -210,12 +198,12 @@ class FakeEngine:
         return [ord(c) for c in text]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        if not any(SCRIPT_IDS <= t < SCRIPT_IDS + _POSITIONS for t in token_ids):
+        if not any(is_script_id(t) for t in token_ids):
             return "".join(map(char, token_ids))
         tokens = self.script.tokens or script_words(self.script.text)
         data = b""
         for t in token_ids:
-            piece = tokens[(t - SCRIPT_IDS) % len(tokens)] if SCRIPT_IDS <= t < SCRIPT_IDS + _POSITIONS else char(t)
+            piece = tokens[(t - SCRIPT_IDS) % len(tokens)] if is_script_id(t) else char(t)
             data += piece if isinstance(piece, bytes) else piece.encode("utf-8", "surrogatepass")
         return data.decode("utf-8", "replace")
 
@@ -270,7 +258,7 @@ class FakeEngine:
                 fail_after = None
             crash = script.crash_on is not None and script.crash_on in prompt
         self._running[request_id] = _Running(request_id, stream, params, time.monotonic() + script.ttft, script, fail_after, crash,
-                                             _resumes_at(prompt_ids))
+                                             resumes_at(prompt_ids))
         self._wakeup.set()
         return stream
 
@@ -345,7 +333,7 @@ class FakeEngine:
                     if emitted < run.params.max_tokens and (
                         run.repeat or emitted < len(tokens) or run.params.ignore_eos
                     ):
-                        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, None, [SCRIPT_IDS + position % _POSITIONS])])
+                        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, None, [script_id(position)])])
                         continue
                     choice.emitted = position  # the last token: `_advance_plain` finishes the request
                 if not self._advance_plain(run):
@@ -425,7 +413,7 @@ class FakeEngine:
             finish = "stop"
         else:
             finish = None
-        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, finish, [SCRIPT_IDS + position % _POSITIONS])])
+        run.stream.put([Delta(0, tokens[position % len(tokens)], 1, finish, [script_id(position)])])
         if finish is None:
             return False
         choice.done = True

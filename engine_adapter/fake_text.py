@@ -76,3 +76,33 @@ def release(text: str, sent: int, stops: Sequence[str], include_stop: bool, *, f
     if safe <= sent:
         return "", sent, False
     return text[sent:safe], safe, False
+
+
+# The fake's generated token ids (fake.py): a script position as an id inside the vocabulary, and back.
+SCRIPT_IDS = 0xF0000  # generated token ids: this + the token's position in the script (U+F0000 .. U+FFFFD)
+_POSITIONS = 0xFFFFE - SCRIPT_IDS
+
+
+def is_script_id(token: int) -> bool:
+    return SCRIPT_IDS <= token < SCRIPT_IDS + _POSITIONS
+
+
+def script_id(position: int) -> int:
+    return SCRIPT_IDS + position % _POSITIONS
+
+
+def split_tail(tokens: Sequence[str | bytes], end: int) -> bytes:
+    """The bytes of an unfinished character at the end of the script's first `end` tokens (b"": none)."""
+    data = b"".join(t if isinstance(t, bytes) else t.encode() for t in tokens[max(0, end - 4) : end])
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 != 0x80:  # the last character's first byte
+            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
+            return data[-back:] if back < need else b""
+    return b""
+
+
+def resumes_at(prompt_ids: list[int]) -> int:
+    """The script position after the prompt's last generated token (0: the prompt ends with none)."""
+    last = prompt_ids[-1] if prompt_ids else 0
+    return last - SCRIPT_IDS + 1 if SCRIPT_IDS <= last < SCRIPT_IDS + _POSITIONS else 0
