@@ -7,7 +7,9 @@ prompts), each engine's worker on core i % 2, behind one `streamproxy gateway` (
 (chat and completions in turn, a prompt of its own each), `max_tokens` `--max-tokens`,
 `ignore_eos`, `return_token_ids` asked by the client (so it can check the ids it reads) and
 usage. The same streams run twice: unbroken (the reference), then with replica 0 broken once
-`--at` of all the tokens came and every stream read its first (`--mode`):
+every stream read its first token and the furthest one `--at` of its tokens (`--mode`), so that
+every stream is under way whichever replica is quickest (a share of all tokens, as before, let a
+quick replica 0 finish its streams first):
 
   - kill: replica 0's process group SIGKILLed (front end and engine);
   - reset / stall / error: replica 0 behind harness/fault_proxy.py, which then resets every
@@ -78,8 +80,8 @@ class Load:
 
     def __init__(self, base: str, tag: str, reqs: list[tuple[str, dict[str, Any]]], at_tokens: int | None, fault: Any) -> None:
         self.base, self.tag, self.reqs = base, tag, reqs
-        self.at_tokens, self.fault = at_tokens, fault
-        self.tokens = 0
+        self.at_tokens, self.fault = at_tokens, fault  # at_tokens: of the furthest stream
+        self.lead = 0  # the most ids one stream read
         self.begun = 0  # streams that read a token: the fault waits for all (a stream broken before its first
         # event is another case: the gateway bounds that silence by `upstream.read_timeout` only)
         self.fault_at: float | None = None
@@ -133,8 +135,8 @@ class Load:
                             self.begun += not rec["ids"]
                             rec["ids"] += ids
                             rec["arrivals"].append((now, len(ids)))
-                            self.tokens += len(ids)
-                    if (self.at_tokens is not None and self.fault_at is None and self.tokens >= self.at_tokens
+                            self.lead = max(self.lead, len(rec["ids"]))
+                    if (self.at_tokens is not None and self.fault_at is None and self.lead >= self.at_tokens
                             and self.begun == len(self.reqs)):
                         self.fault()
                         self.fault_at, self.fault_wall = time.perf_counter(), time.time()
@@ -232,6 +234,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         return r["ids"] == ref[r["i"]]["ids"] and r["text"] == ref[r["i"]]["text"]
 
     stalls: list[float] = []
+    breaks: list[float] = []  # ids read before the break, per migrated stream
     recover: list[float] = []  # from the fault to the first token after the break
     differ: list[dict[str, Any]] = []
     resent = 0
@@ -242,6 +245,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
             continue
         b, gap, _ = at
         resent += b == 0
+        breaks.append(b)
         stalls.append(gap)
         recover.append(at[2] - (fault_at - r["start"]))
         if not same(r):
@@ -262,6 +266,7 @@ def analyse(ref: list[dict[str, Any]], run: list[dict[str, Any]], lines: dict[st
         "reference_ok": sum(r["finish"] == "length" and not r["errors"] and len(r["ids"]) == max_tokens for r in ref),
         "stall_ms": {"p50": pct(stalls, 50) * 1e3, "p99": pct(stalls, 99) * 1e3, "max": max(stalls, default=float("nan")) * 1e3,
                      "n": len(stalls)},
+        "break_index": {"min": min(breaks, default=float("nan")), "p50": pct(breaks, 50), "max": max(breaks, default=float("nan"))},
         "fault_to_next_token_ms": {"p50": pct(recover, 50) * 1e3, "p99": pct(recover, 99) * 1e3},
         "others_gap_at_fault_ms": {"p50": pct(paused, 50) * 1e3, "p99": pct(paused, 99) * 1e3},
         "reference_itl_ms": {"p50": pct(itl, 50) * 1e3, "p99": pct(itl, 99) * 1e3},
@@ -279,6 +284,8 @@ def markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
               f"| migrated streams whose prompt tokens equal the reference's (counted once) | {s['migrated_prompt_tokens_once']} of {m} |",
               f"| migrated streams with ids and text equal to the unbroken run | {s['migrated_equal_reference']} of {m} |",
               f"| streams that did not migrate, equal to the unbroken run (control) | {s['others_equal_reference']} of {s['others']} |",
+              f"| ids read before the break, migrated streams: min / median / max | {s['break_index']['min']} / "
+              f"{s['break_index']['p50']} / {s['break_index']['max']} |",
               f"| stall at the break p50 / p99 / max (ms, n={s['stall_ms']['n']}) | {s['stall_ms']['p50']:.0f} / "
               f"{s['stall_ms']['p99']:.0f} / {s['stall_ms']['max']:.0f} |",
               f"| from the fault to the first token after the break p50 / p99 (ms) | "
@@ -308,7 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(one start-up and one unbroken run for all; default kill)")
     ap.add_argument("--streams", type=int, default=120)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--at", type=float, default=0.5, help="break replica 0 once this share of all tokens came (default 0.5)")
+    ap.add_argument("--at", type=float, default=0.5, help="break replica 0 once the furthest stream read this share of its tokens and every stream its first (default 0.5)")
     ap.add_argument("--idle-timeout", type=float, default=30.0, help="the deployment's migration.stream_idle_timeout (default 30)")
     ap.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE per replica (default 1)")
     ap.add_argument("--engine-args", default=shlex.join(ENGINE_ARGS), help=f"each replica's (default {shlex.join(ENGINE_ARGS)!r})")
@@ -343,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": f"3 x vLLM api_server {DEFAULT_MODEL_NAME}, {args.engine_args}, VLLM_CPU_KVCACHE_SPACE={args.kv_cache_gib}, "
                     "worker on core i % 2",
         "load": f"{args.streams} streams at once (chat and completions in turn), max_tokens {args.max_tokens}, greedy, "
-                f"ignore_eos, return_token_ids; replica 0 broken at {args.at:.0%} of the tokens",
+                f"ignore_eos, return_token_ids; replica 0 broken once every stream read a token and "
+                f"the furthest {args.at:.0%} of its tokens",
         "gateway": f"round robin, migration: defaults but stream_idle_timeout {args.idle_timeout:g}; a new gateway per mode"}
     started: list[ServerProcess] = []
     whole = True
@@ -402,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(proxy.pid, signal.SIGUSR1)
 
             tag = f"run-{mode}-{stamp}"
-            load = Load(gw.base, tag, reqs, int(args.at * args.streams * args.max_tokens), fault)
+            load = Load(gw.base, tag, reqs, max(1, int(args.at * args.max_tokens)), fault)
             t = time.monotonic()
             run = uvloop.run(load.run())
             meta["fault run s"] = round(time.monotonic() - t, 1)
@@ -421,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
             md = markdown(meta, s)
             out.with_suffix(".md").write_text(md + "\n")
             print("\n" + md + f"\n\nwrote {out}.json and .md\n", flush=True)
-            whole = whole and s["length_no_error"] == s["streams"]
+            if not s["migrated"]:
+                print(f"{mode}: no stream migrated: the fault did not break a stream under way, so this mode shows nothing",
+                      flush=True)
+            whole = whole and s["length_no_error"] == s["streams"] and s["migrated"] > 0
             gw.stop(30)
             if proxy is not None:
                 proxy.stop(10)

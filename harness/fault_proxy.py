@@ -9,9 +9,11 @@ Until the signal it relays bytes both ways (the replica's /health too). On SIGUS
   - stall: nothing more goes to the client on any connection, none is closed (the replica's
     side is closed when the client's is); later connections are read and never answered:
     a replica that stops sending without closing;
-  - error: every response whose chunked body is under way gets, after its current chunk, vLLM's
-    in-band engine error event (`{"error": {..., "code": 500}}`), `[DONE]` and the last chunk,
-    then both sides are closed; later requests are relayed as before: an engine error in-band.
+  - error: every response whose chunked body is under way gets at once (the proxy relays whole
+    chunks, so it is always between two) vLLM's in-band engine error event (`{"error": {...,
+    "code": 500}}`), `[DONE]` and the last chunk, then both sides are closed; later requests are
+    relayed as before: an engine error in-band, sent when the fault happens, as vLLM sends it when
+    its engine core dies, not with the replica's next token (a replica pausing would add its pause).
 
 Responses are followed as HTTP/1.1 (head, then a chunked body chunk by chunk, or Content-Length
 bytes) only in `error` mode, where the error must go in at a chunk boundary. It prints one line
@@ -47,12 +49,12 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 class _Conn:
-    __slots__ = ("client", "replica", "in_body", "doomed")
+    __slots__ = ("client", "replica", "in_body", "ended")
 
     def __init__(self, client: asyncio.StreamWriter, replica: asyncio.StreamWriter) -> None:
         self.client, self.replica = client, replica
         self.in_body = False  # error mode: a chunked body is under way
-        self.doomed = False  # error mode: it was at the fault: the error goes in after its current chunk
+        self.ended = False  # error mode: it was under way at the fault, and ended with the error
 
 
 class FaultProxy:
@@ -76,9 +78,13 @@ class FaultProxy:
             self.stalled = True
             n = len(self.conns)
         else:
-            for c in self.conns:
-                c.doomed = c.in_body
-                n += c.in_body
+            for c in list(self.conns):
+                if c.in_body:
+                    c.ended = True
+                    c.client.write(_chunk(ERROR_EVENT) + _chunk(DONE_EVENT) + b"0\r\n\r\n")
+                    _reset(c.replica)  # the request ends on the replica
+                    c.client.close()  # (after the buffered bytes)
+                    n += 1
         print(f"faulted {n} connections ({self.fault})", flush=True)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -130,6 +136,8 @@ class FaultProxy:
                 head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 break
+            if conn.ended:
+                return
             client.write(head)
             lower = head.lower()
             if b"transfer-encoding: chunked" not in lower:
@@ -146,11 +154,7 @@ class FaultProxy:
                 size_line = await reader.readuntil(b"\r\n")
                 size = int(size_line.split(b";", 1)[0], 16)
                 data = await reader.readexactly(size + 2)  # the chunk and its CRLF
-                if conn.doomed and size and data[:-2].endswith(b"\n\n"):
-                    client.write(size_line + data + _chunk(ERROR_EVENT) + _chunk(DONE_EVENT) + b"0\r\n\r\n")
-                    await client.drain()
-                    _reset(conn.replica)  # the request ends on the replica
-                    client.close()
+                if conn.ended:
                     return
                 client.write(size_line + data)
                 await client.drain()

@@ -1,8 +1,9 @@
 """harness/fault_proxy.py (bench/failover.py's variants) in front of a replica, through the gateway.
 
 A token replica (tests/support/token_replica.py) behind the fault proxy holds a chat stream after
-its second event; the proxy is made faulty (SIGUSR1), the stream released: the gateway continues it
-on the other replica and the client reads the bytes of the unbroken run, whatever the fault.
+its second event; the proxy is made faulty (SIGUSR1): the gateway continues the stream on the other
+replica while the first still holds it (the break is the fault's, whatever the replica does next),
+and the client reads the bytes of the unbroken run, whatever the fault.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ async def test_a_stream_through_the_faulty_proxy_reads_as_the_unbroken_one(fault
         reads = [asyncio.ensure_future(read(session, gw.url(path), body)) for _ in range(2)]  # one of them on `a`
         assert await wait_until(lambda: a.held == 1, 10)
         os.kill(proxy.pid, signal.SIGUSR1)
-        assert await wait_until(lambda: "faulted " in proxy.log(), 10)
+        assert await wait_until(lambda: "faulted 1 connections" in proxy.log(), 10)
+        # the break is the fault's, not the held replica's next event: the stream moves while `a` still holds it
+        assert await wait_until(lambda: [p for p, _ in b.seen if p == "/v1/completions"], 10)
         a.gate.set()
         assert await asyncio.gather(*reads) == [whole, whole]
         assert len([p for p, _ in b.seen if p == "/v1/completions"]) == 1  # the continuation
