@@ -10,7 +10,10 @@ own `KVIndex`. The choice is the gateway's own code: `rr` round robin,
 `aff` today's affinity (`Pool.choose`), `kv` KV-event routing
 (`kv_score.choose`, speculation held while the request lasts). `--tenants`
 prompts of `--system-tokens` sharing their first block (a chat template's
-header), Poisson arrivals at `--rate`. Prints the cached-token ratio and
+header), Poisson arrivals at `--rate`, tenants uniform or Zipf-skewed (`--zipf S`);
+`--gateways N` gateways sharing nothing (each its own pool and index, every index fed the same
+events, requests alternating); `--wipe-mid`: replica 0's cache wiped halfway (AllBlocksCleared to
+every index; the restart's downtime is not modelled). Prints the cached-token ratio and
 TTFT p50/p90 per seed: a quick check of a choice rule, not a measurement.
 """
 
@@ -63,23 +66,30 @@ def run(args: argparse.Namespace, seed: int) -> tuple[float, float, float]:
     rng = random.Random(seed)
     bs = args.block_size
     urls = [f"http://r{i}" for i in range(args.replicas)]
-    pool = Pool(Deployment(name="d", id="dep-d", upstreams=urls),
-                UpstreamPolicy(policy="round_robin" if args.policy == "rr" else "prefix"), rng=random.Random(seed))
-    for r in pool.replicas:
-        r.health.probed_healthy = True
-    index = KVIndex()
-    for u in urls:
-        index.add(u)
+    pools, indexes = [], []
+    for g in range(args.gateways):
+        pool = Pool(Deployment(name="d", id="dep-d", upstreams=urls),
+                    UpstreamPolicy(policy="round_robin" if args.policy == "rr" else "prefix"), rng=random.Random(seed + g))
+        for r in pool.replicas:
+            r.health.probed_healthy = True
+        index = KVIndex()
+        for u in urls:
+            index.add(u)
+        pools.append(pool)
+        indexes.append(index)
     caches = {u: Cache(args.capacity, bs) for u in urls}
     busy = dict.fromkeys(urls, 0.0)
-    queues: dict[str, list[tuple[float, list[int], Replica]]] = {u: [] for u in urls}
+    queues: dict[str, list[tuple[float, list[int], Replica, int]]] = {u: [] for u in urls}
     prompts = [[1] * bs + [1000 * (t + 1) + i for i in range(args.system_tokens - bs)] for t in range(args.tenants)]
     events: list[tuple[float, int, str, Any]] = []
     t, n = 0.0, 0
+    weights = [1.0 / (k + 1) ** args.zipf for k in range(args.tenants)]
     for n in range(args.requests):
         t += rng.expovariate(args.rate)
-        tenant = rng.randrange(args.tenants)
-        heapq.heappush(events, (t, n, "arrive", (t, tenant, prompts[tenant] + [5_000_000 + n] * 12)))
+        tenant = rng.choices(range(args.tenants), weights)[0]
+        heapq.heappush(events, (t, n, "arrive", (t, tenant, prompts[tenant] + [5_000_000 + n] * 12, n % args.gateways)))
+    if args.wipe_mid:
+        heapq.heappush(events, (t / 2, -1, "wipe", None))
     order = n + 1
     prompt_total = cached_total = 0
     ttfts: list[float] = []
@@ -88,19 +98,24 @@ def run(args: argparse.Namespace, seed: int) -> tuple[float, float, float]:
         nonlocal prompt_total, cached_total, order
         if busy[u] > now or not queues[u]:
             return
-        at, tokens, replica = queues[u].pop(0)
+        at, tokens, replica, g = queues[u].pop(0)
         keys = caches[u].keys(tokens)
         hit = min(caches[u].hit(keys), (len(tokens) - 1) // bs)
         cached_total += hit * bs
         prompt_total += len(tokens)
         busy[u] = now + 0.3 + (len(tokens) - hit * bs) / args.prefill_rate
         order += 1
-        heapq.heappush(events, (busy[u], order, "done", (u, tokens, keys, hit, at, replica)))
+        heapq.heappush(events, (busy[u], order, "done", (u, tokens, keys, hit, at, replica, g)))
 
     while events:
         now, _, kind, data = heapq.heappop(events)
-        if kind == "arrive":
-            at, tenant, tokens = data
+        if kind == "wipe":
+            caches[urls[0]].blocks.clear()
+            for index in indexes:
+                index.reset(urls[0])
+        elif kind == "arrive":
+            at, tenant, tokens, g = data
+            pool, index = pools[g], indexes[g]
             pkeys = prefix_keys({"messages": [{"role": "system", "content": f"tenant {tenant} " + "x" * 600}]}, 256)
             if args.policy == "kv":
                 chosen, _ = kv_score.choose(pool, index, PromptKeys(tokens), pkeys, set(), now)
@@ -111,20 +126,21 @@ def run(args: argparse.Namespace, seed: int) -> tuple[float, float, float]:
             if args.policy == "kv":
                 index.speculate(replica.url, PromptKeys(tokens), now, hold=600.0)
             pool.dispatched(replica, pkeys)
-            queues[replica.url].append((at, tokens, replica))
+            queues[replica.url].append((at, tokens, replica, g))
             start(replica.url, now)
         else:
-            u, tokens, keys, hit, at, replica = data
+            u, tokens, keys, hit, at, replica, g = data
             evicted = caches[u].store(keys)
-            if keys[hit:]:
-                index.stored(u, BlockStored(block_hashes=keys[hit:], parent_block_hash=keys[hit - 1] if hit else None,
-                                            token_ids=tokens[hit * bs : len(keys) * bs], block_size=bs))
-            if evicted:
-                index.removed(u, BlockRemoved(block_hashes=list[bytes | int](evicted)))
+            for index in indexes:
+                if keys[hit:]:
+                    index.stored(u, BlockStored(block_hashes=keys[hit:], parent_block_hash=keys[hit - 1] if hit else None,
+                                                token_ids=tokens[hit * bs : len(keys) * bs], block_size=bs))
+                if evicted:
+                    index.removed(u, BlockRemoved(block_hashes=list[bytes | int](evicted)))
             ttfts.append(now - at)
-            pool.completed(replica)
+            pools[g].completed(replica)
             if args.policy == "kv":
-                index.speculate(u, PromptKeys(tokens), now)
+                indexes[g].speculate(u, PromptKeys(tokens), now)
             start(u, now)
     ttfts.sort()
     return cached_total / prompt_total, ttfts[len(ttfts) // 2], ttfts[int(0.9 * len(ttfts))]
@@ -141,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tenants", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=1500)
     ap.add_argument("--rate", type=float, default=0.7)
+    ap.add_argument("--zipf", type=float, default=0.0, help="tenant popularity skew (0: uniform)")
+    ap.add_argument("--gateways", type=int, default=1, help="gateways sharing nothing")
+    ap.add_argument("--wipe-mid", action="store_true", help="replica 0's cache wiped halfway")
     ap.add_argument("--prefill-rate", type=float, default=200.0, help="uncached prompt tokens per second")
     args = ap.parse_args(argv)
     for seed in range(1, args.seeds + 1):
