@@ -11,7 +11,7 @@ default: `--cache-share` 0.3 of all tenants' shared prefixes, in blocks),
 short user turns, Poisson arrivals at `--rate` requests/s (open loop),
 tenants uniform or Zipf-skewed (`--zipf S`). The peers, in the same run, each
 in front of the same replicas with fresh prompts (a salt at their start, so
-no peer finds another's prefixes): round robin, our rendezvous affinity
+no peer finds another's prefixes) and the same arrival times and tenant sequence: round robin, our rendezvous affinity
 (today's default), KV-event routing (`kv_events:`), and `vllm-router`
 (`--vllm-router PATH`: its `round_robin`, `cache_aware` and `kv_aware`
 policies, the last on the same events) when given. `--restart-mid`: replica 0 restarted halfway through each peer's
@@ -250,7 +250,7 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
             peers.append((f"vllm-router {policy}", [router(f"vllm-router-{policy}-{g}", args.vllm_router, reps, policy, tag,
                                                            args.block_size) for g in range(args.gateways)]))
     rows = []
-    for i, (label, servers) in enumerate(peers):
+    for label, servers in peers:
         if args.peers and label not in args.peers.split(","):
             continue
         try:  # one peer at a time: the others' processes would take the cores from it
@@ -265,8 +265,8 @@ def kv_pressure(args: argparse.Namespace, tokenizer: Any, reps: list[Replica], t
             for s in servers:
                 s.stop(10)
             continue
-        rng = random.Random(args.seed + i)
-        prompts = system_prompts(tokenizer, args.tenants, args.system_tokens, f"{label}-{tag}", args.seed + i)
+        rng = random.Random(args.seed)  # every peer the same arrivals and tenants; its own prompts (the salt)
+        prompts = system_prompts(tokenizer, args.tenants, args.system_tokens, f"{label}-{tag}", args.seed)
         weights = zipf_weights(args.tenants, args.zipf)
         arrivals: list[tuple[float, str, dict[str, Any], dict[str, str]]] = []
         for n, at in enumerate(poisson(args.requests, args.rate, rng)):
