@@ -36,7 +36,10 @@ with no routable replica admits at once (the call's 503 says why). A
 replica whose /metrics (read after each health probe, flow control on)
 reports `queue_depth_threshold` or more requests waiting of its own
 (`vllm:num_requests_waiting`, streamproxy's `streamproxy_requests_queued`)
-takes no more than it has now (`fairq.replica_limit`).
+takes no more than it has now (`fairq.replica_limit`); while it is held so,
+its /metrics is read again every `HELD_RELOOK` seconds (not only at the next
+probe), so another client's burst in its queue holds our requests back no
+longer than it lasts.
 
 Metrics at scrape time (a collector over the live schedulers: nothing per
 event): each subscriber's state and counters, blocks indexed, queue lengths
@@ -75,6 +78,7 @@ log = logging.getLogger("streamproxy.gateway")
 
 SPECULATIVE_HOLD = 600.0  # seconds a request's blocks count on its replica at most before it ends
 TOKENIZE_TIMEOUT = 2.0  # seconds for a replica's /tokenize; past it the request keeps today's affinity
+HELD_RELOOK = 1.0  # seconds between reads of a held-back replica's /metrics, between its probes
 _decode_tokens = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
@@ -144,6 +148,7 @@ class Scheduler:
         self.tokenize_seconds = M.KV_TOKENIZE.labels(pool.deployment.name)
         self.tokenize_failures = 0
         self.waiting: dict[str, int] = {}  # a replica's own requests waiting, from its /metrics (flow control on)
+        self._relooks: dict[str, asyncio.Task[None]] = {}  # a held-back replica's next read of its /metrics
         pool.listeners.append(self.sync)
         self.sync()
         _LIVE.add(self)
@@ -187,7 +192,11 @@ class Scheduler:
     async def stop(self) -> None:
         self.running = False
         _LIVE.discard(self)  # (a reload's replacement of the same name reports alone)
-        await asyncio.gather(*(sub.stop() for sub in self.subscribers.values()), *list(self._stopping), return_exceptions=True)
+        relooks = list(self._relooks.values())
+        for task in relooks:
+            task.cancel()
+        await asyncio.gather(*(sub.stop() for sub in self.subscribers.values()), *list(self._stopping), *relooks,
+                             return_exceptions=True)
 
     @property
     def publishing(self) -> bool:
@@ -287,8 +296,24 @@ class Scheduler:
             self.waiting.pop(replica.url, None)
         else:
             self.waiting[replica.url] = found
-        if self.running:
-            self.flow.poke()
+        if not self.running:
+            return
+        self.flow.poke()
+        held = found is not None and found >= self.pool.deployment.flow_control.queue_depth_threshold
+        if held and replica.url not in self._relooks and replica in self.pool.replicas:
+            task = asyncio.get_running_loop().create_task(self._relook(upstreams, replica, headers, tls, timeout),
+                                                          name=f"flow-relook-{replica.url}")
+            self._relooks[replica.url] = task
+
+    async def _relook(self, upstreams: Upstreams, replica: Replica, headers: dict[str, str], tls: ClientTLS | None,
+                      timeout: float) -> None:
+        """A held-back replica's /metrics read again in `HELD_RELOOK` seconds (another then, while it stays held)."""
+        try:
+            await asyncio.sleep(HELD_RELOOK)
+        finally:
+            self._relooks.pop(replica.url, None)
+        if replica.health.available(time.monotonic()):
+            await self.look(upstreams, replica, headers, tls, timeout)
 
     async def admit(self, tenant: str, band: int, cost: float, weight: float) -> Ticket | None:
         """A place for a generating request (None: no flow control, or no replica to wait for); 429 if refused."""

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from harness.waiting import wait_until
+from streamproxy.gateway import scheduler as scheduler_module
 from tests.gateway.conftest import Gateway, StartGateway, Stub
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, error_body, fits, post
 
@@ -238,3 +239,25 @@ async def test_a_replica_reporting_its_own_queue_takes_no_more_until_it_drains(s
     assert [line for line, _, _ in posts(s)] == ["POST /v1/chat/completions HTTP/1.1"]
     gates.waiting = None  # no such gauge: the bound alone
     assert await wait_until(lambda: s.base not in scheduler.waiting, 10.0)
+
+
+async def test_a_held_back_replica_is_read_again_before_its_next_probe(stub, gateway, session, monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "HELD_RELOOK", 0.05)
+    s, gates = await gated(stub)
+    gates.waiting = 9
+    gw = await gateway(deployments=[{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": [s.base],
+                                     "flow_control": {"max_concurrency": 4}}], keys=KEYS,
+                       upstream={"health_check_interval": 3600})  # one probe, at the start
+    scheduler = gw.state.schedulers[DEPLOYMENT]
+    assert await wait_until(lambda: scheduler.waiting.get(s.base) == 9, 10.0)
+    task = send(session, gw, "heavy", "queued")
+    assert await wait_until(lambda: waiting(gw) == 1, 10.0)
+    assert await wait_until(lambda: sum(line.startswith("GET /metrics ") for line, _, _ in s.requests) > 2, 10.0)  # while held
+    gates.waiting = 0  # its queue drained: the next read (every HELD_RELOOK, not the probe an hour away) lets ours in
+    assert await wait_until(lambda: len(gates.gates) == 1, 10.0)
+    assert scheduler.limit() == 4
+    gates.gates[0].set()
+    assert (await task)[0] == 200
+    reads = [line for line, _, _ in s.requests if line.startswith("GET /metrics ")]
+    await asyncio.sleep(6 * scheduler_module.HELD_RELOOK)  # not held now: no more reads until the next probe
+    assert [line for line, _, _ in s.requests if line.startswith("GET /metrics ")] == reads
