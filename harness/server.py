@@ -46,8 +46,10 @@ from harness.waiting import wait_until_sync
 
 FAKE_ARGS = ("--engine", "fake", "--access-log", "off")
 # The real engine's flags for the tests' session servers (tests/conftest.py) and bench/lmeval_compare.py: vLLM's own
-# server takes the first, streamproxy the second (-O0: up in ~20 s instead of ~60 s).
-VLLM_ENGINE_ARGS = ["-O0", "--max-model-len", "2048", "--max-num-seqs", "32"]
+# server takes the first, streamproxy the second (-O0: up in ~20 s instead of ~60 s; float32: the default model's
+# bfloat16 is emulated on CPUs without AVX512-BF16 or AMX, several times slower in a batch, and no test depends on it).
+CPU_DTYPE = ["--dtype", "float32"]
+VLLM_ENGINE_ARGS = ["-O0", *CPU_DTYPE, "--max-model-len", "2048", "--max-num-seqs", "32"]
 ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 LISTENING = "streamproxy.server: listening on"  # an API server's line once it listens (--api-server-count N)

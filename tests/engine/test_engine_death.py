@@ -28,7 +28,7 @@ from tests.support.engine_death import engine_dies_under_load
 pytestmark = pytest.mark.engine
 
 GRACE = 2.0
-ARGS = ["-O0", "--max-model-len", "1024", "--max-num-seqs", "64", "--engine-death-grace", str(GRACE), "--access-log", "off"]
+ARGS = ["-O0", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "64", "--engine-death-grace", str(GRACE), "--access-log", "off"]
 
 
 def engine_core(pid: int) -> psutil.Process:

@@ -42,7 +42,7 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     return dest
 
 
-ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", "--max-model-len", "512", "--max-num-seqs", "4",
+ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4",
                "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
 
 

@@ -22,7 +22,7 @@ def test_a_parked_model_deployment_boots_on_demand_and_the_sdk_waits_through_it(
         "deployments:\n"
         "  - name: smol\n    id: dep-smol\n    launch:\n"
         f"      model: {model}\n"
-        '      args: ["-O0", "--max-model-len", "1024", "--max-num-seqs", "4"]\n'
+        '      args: ["-O0", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"]\n'
         "      idle_park_after: 0\n      boot_guess: 5\n"
     )
     with gateway_process(tmp_path, yaml) as gw:
