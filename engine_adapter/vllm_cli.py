@@ -129,6 +129,7 @@ def engine(ns: argparse.Namespace, *, direct_outputs: bool, client: tuple[int, i
         model = str(ensure_default_model(progress=True))
         if not ns.served_model_name:
             ns.served_model_name = [DEFAULT_MODEL_NAME]
+        _default_model_dtype(ns)
     ns.model = model
     ns.served_model_name = ns.served_model_name or [model]
     _default_cpu_kv_cache(ns)
@@ -146,3 +147,26 @@ def _default_cpu_kv_cache(ns: argparse.Namespace) -> None:
     if current_platform.is_cpu():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GIB)
         log.info("CPU engine: KV cache %d GiB (set VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes to change)", DEFAULT_CPU_KV_CACHE_GIB)
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """The CPU computes bfloat16 natively (AVX512-BF16 or AMX); unknown (no /proc/cpuinfo) counts as yes."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError:
+        return True
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is None or "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _default_model_dtype(ns: argparse.Namespace) -> None:
+    """The default model (bfloat16 weights) in float32 on a CPU engine that would emulate bfloat16, unless
+    --dtype says otherwise: several times faster in a batch there, and 135M parameters fit either way."""
+    if getattr(ns, "dtype", "auto") != "auto":
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and not cpu_has_native_bf16():
+        ns.dtype = "float32"
+        log.info("CPU engine without native bfloat16: the default model in float32 (--dtype to change)")
