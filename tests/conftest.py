@@ -22,12 +22,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from harness.server import ENGINE_ARGS, VLLM_ENGINE_ARGS, serve_process, vllm_process
+from harness.server import ENGINE_ARGS, ENGINE_IN_CORE, VLLM_ENGINE_ARGS, serve_process, vllm_process
 from tests.support.push import spy_pushes
 
 # `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
@@ -45,9 +47,10 @@ pytest_plugins = ["tests.support.ledger_store"]
 def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
     """`python -m streamproxy serve ARGS` (a real engine unless ARGS say otherwise), its base URL
     once /health is 200. The server exits 1 when its engine cannot start, so a dead engine
-    fails the fixture at once."""
+    fails the fixture at once. Its model runs in the engine-core process (ENGINE_IN_CORE)."""
     with serve_process(
-        args, log_dir=tmp_path_factory.mktemp(name), name=name, timeout=START_TIMEOUT, interval=0.5, stop_timeout=60
+        args, log_dir=tmp_path_factory.mktemp(name), name=name, timeout=START_TIMEOUT, interval=0.5, stop_timeout=60,
+        env=ENGINE_IN_CORE,
     ) as server:
         yield server.base
 
@@ -73,8 +76,33 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     args = ["--model", str(ensure_default_model(progress=False)), "--served-model-name", DEFAULT_MODEL_NAME, *VLLM_ENGINE_ARGS,
             "--enable-scale-out"]
     with vllm_process(args, log_dir=tmp_path_factory.mktemp("vllm"), name="vllm", timeout=START_TIMEOUT, interval=0.5,
-                      stop_timeout=60) as server:
+                      stop_timeout=60, env=ENGINE_IN_CORE) as server:
         yield server.base
+
+
+@dataclass
+class TracedServer:
+    base: str
+    receiver: Any  # tests.gateway.test_tracing.Receiver: every span the server and its engine core exported
+
+
+@pytest.fixture(scope="session")
+def traced_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedServer]:
+    """`serve` with `engine_server`'s flags and `--otlp-traces-endpoint` (to an OTLP receiver in this process).
+    Every request it serves is traced, and a traced request takes vLLM's own output path (its OutputProcessor
+    makes vLLM's `llm_request` span; the direct route does not), behind the installed direct route: one engine
+    start for engine/test_tracing_engine.py and for engine/test_real_engine.py's comparison of the two routes."""
+    from tests.gateway.test_tracing import OTLP_HTTP, Receiver
+
+    receiver = Receiver()
+    try:
+        # The OTLP variables reach the server and its engine core (which exports vLLM's spans) through the environment.
+        with serve_process([*ENGINE_ARGS, "--otlp-traces-endpoint", receiver.url], log_dir=tmp_path_factory.mktemp("traced"),
+                           name="traced", timeout=START_TIMEOUT, interval=0.5, stop_timeout=60,
+                           env={**OTLP_HTTP, **ENGINE_IN_CORE}) as server:
+            yield TracedServer(server.base, receiver)
+    finally:
+        receiver.close()
 
 
 @pytest.fixture(scope="session")

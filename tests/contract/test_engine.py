@@ -26,6 +26,7 @@ import pytest
 
 from engine_adapter.base import Adapter, Delta, EngineFailure, EngineRejected, GenerationParams, ModelInfo, OutputStream, TokenLogprob
 from engine_adapter.fake import FakeEngine, FakeScript
+from harness.server import ENGINE_IN_CORE
 from harness.waiting import wait_until
 
 T = TypeVar("T")
@@ -65,6 +66,8 @@ def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
     make = _fake if request.param == "fake" else _vllm
     with pytest.MonkeyPatch.context() as mp, asyncio.Runner() as runner:
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+        for key, value in ENGINE_IN_CORE.items():  # the model in the engine-core process (harness.server)
+            mp.setenv(key, value)
         engine = make()
         subject = Subject(request.param, engine, runner, make)
         try:

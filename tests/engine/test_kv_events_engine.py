@@ -23,7 +23,7 @@ import requests
 
 from harness.kv_publisher import loopback_endpoints
 from harness.process import ServerProcess
-from harness.server import start_server
+from harness.server import ENGINE_IN_CORE, start_server
 from harness.waiting import wait_until
 from streamproxy.gateway.kv_feed import Feed, FeedPolicy
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
@@ -45,7 +45,7 @@ def start_replica(pub: str, replay: str, log_dir: Path) -> ServerProcess:
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
     log_dir.mkdir(parents=True, exist_ok=True)
     return start_server([*ENGINE_ARGS, "--kv-events-config", json.dumps(config)], log_dir, name="kv-replica",
-                        timeout=START_TIMEOUT, interval=0.5, attempts=1)
+                        timeout=START_TIMEOUT, interval=0.5, attempts=1, env=ENGINE_IN_CORE)
 
 
 def complete(server: ServerProcess, prompt: list[int]) -> dict[str, Any]:

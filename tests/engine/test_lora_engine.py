@@ -51,14 +51,14 @@ def servers(tmp_path_factory):
     """streamproxy and vLLM's api_server, both on the tiny model with adapter `rand`, started side by
     side; (streamproxy's URL, vLLM's URL, the second adapter's folder)."""
     from engine_adapter.default_model import build_tiny_model
-    from harness.server import VLLM_SERVER, launch
+    from harness.server import ENGINE_IN_CORE, VLLM_SERVER, launch
 
     base = build_tiny_model(progress=False)
     folder = tmp_path_factory.mktemp("adapters")
     first, second = _adapter(base, folder / "rand", 0), _adapter(base, folder / "rand2", 1)
     args = [*ENGINE_ARGS, "--lora-modules", f"rand={first}"]
     logs = tmp_path_factory.mktemp("lora")
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", **ENGINE_IN_CORE}
     ours = launch([str(base), *args], logs, "lora", env)
     theirs = launch(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)
     try:

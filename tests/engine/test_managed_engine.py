@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from engine_adapter.default_model import ensure_default_model
+from harness.server import ENGINE_IN_CORE
 from tests.support.gateway import gateway_process
 
 pytestmark = pytest.mark.engine
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.engine
 
 def test_a_parked_model_deployment_boots_on_demand_and_the_sdk_waits_through_it(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # the replica inherits it; the session engine holds its own
+    for key, value in ENGINE_IN_CORE.items():  # the replica's model in its engine-core process (harness.server)
+        monkeypatch.setenv(key, value)
     model = ensure_default_model()
     yaml = (
         "deployments:\n"

@@ -204,8 +204,8 @@ def _metric(base: str, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
-# The same requests to the shared server (every generation request takes the direct route) and to one
-# started with --no-direct-outputs (every request takes vLLM's OutputProcessor): the same answers, whatever
+# The same requests to the shared server (every generation request takes the direct route) and to the traced
+# one (tests/conftest.py; every request takes vLLM's OutputProcessor): the same answers, whatever
 # the model says. Sampling is greedy, or seeded for n = 2 (vLLM refuses n > 1 with greedy sampling; a seed
 # per child); stop strings on FORCED text.
 ROUTE_KINDS = {
@@ -282,25 +282,19 @@ def _uncached(usage: dict) -> dict:
     return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
 
 
-@pytest.fixture(scope="module")
-def vllm_path_server(launch_server):
-    from harness.server import ENGINE_ARGS
-
-    with launch_server("vllm-path", [*ENGINE_ARGS, "--no-direct-outputs"]) as base:
-        yield base
-
-
-def test_direct_route_answers_as_vllms_path(engine_server, vllm_path_server, model_name):
+def test_direct_route_answers_as_vllms_path(engine_server, traced_server, model_name):
     """n = 2, logprobs, prompt logprobs and stop strings on the direct route (the shared server) against vLLM's
-    OutputProcessor (a --no-direct-outputs server), streamed and not: same text, token logprobs with their top-k,
-    prompt logprobs, finish reasons and usage. streamproxy_direct_requests tells the routes apart."""
+    OutputProcessor (the session's traced server: a traced request takes vLLM's path), streamed and not: same
+    text, token logprobs with their top-k, prompt logprobs, finish reasons and usage. streamproxy_direct_requests
+    tells the routes apart."""
     direct_count = "streamproxy_direct_requests_total"
+    path_server = traced_server.base
     for kind in ROUTE_KINDS:
         for stream in (False,) if "prompt_logprobs" in kind else (False, True):  # prompt logprobs: non-stream only
-            before = _metric(engine_server, direct_count), _metric(vllm_path_server, direct_count)
+            before = _metric(engine_server, direct_count), _metric(path_server, direct_count)
             direct = _answer(engine_server, model_name, kind, stream)
-            vllm_path = _answer(vllm_path_server, model_name, kind, stream)
-            assert (_metric(engine_server, direct_count) - before[0], _metric(vllm_path_server, direct_count) - before[1]) == (1, 0)
+            vllm_path = _answer(path_server, model_name, kind, stream)
+            assert (_metric(engine_server, direct_count) - before[0], _metric(path_server, direct_count) - before[1]) == (1, 0)
             assert _differences(direct, vllm_path) == [], (kind, stream)
             choices = direct["choices"]
             assert direct["usage"]["completion_tokens"] >= len(choices) >= 1
