@@ -52,13 +52,13 @@ CPU_DTYPE = ["--dtype", "float32"]
 VLLM_ENGINE_ARGS = ["-O0", *CPU_DTYPE, "--max-model-len", "2048", "--max-num-seqs", "32"]
 ENGINE_ARGS = [*VLLM_ENGINE_ARGS, "--sse-heartbeat", "5"]
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
-LISTENING = "streamproxy.server: listening on"
+LISTENING = "streamproxy.server: listening on"  # an API server's line once it listens (--api-server-count N)
 # For a test engine whose process tree is not what the test checks: vLLM's uniproc executor runs the model in the
 # engine-core process (with VLLM_ENABLE_V1_MULTIPROCESSING=0 vLLM's CPU platform keeps it instead of starting a
 # worker process), so one Python process fewer imports torch and vLLM (about 15 s of a 50 s start on 2 cores).
 # AsyncLLM still runs its engine core in a process of its own. The tests of the process tree (engine death, an
 # aborted start, shared engine cores, data parallel) start vLLM's default, with its worker process.
-ENGINE_IN_CORE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # an API server's line once it listens (--api-server-count N)
+ENGINE_IN_CORE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def command_line(module: str, command: str | None, port: int, args: Sequence[str]) -> list[str]:
