@@ -16,8 +16,9 @@ Until the signal it relays bytes both ways (the replica's /health too). On SIGUS
     its engine core dies, not with the replica's next token (a replica pausing would add its pause).
 
 Responses are followed as HTTP/1.1 (head, then a chunked body chunk by chunk, or Content-Length
-bytes) only in `error` mode, where the error must go in at a chunk boundary. It prints one line
-per fault (`faulted N connections`) to stdout.
+bytes) in `error` and `stall` mode: the error must go in at a chunk boundary, and both count the
+responses under way. It prints one line per fault (`faulted N connections`: reset, every
+connection; stall and error, those with a chunked body under way) to stdout.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class FaultProxy:
                 n += 1
         elif self.fault == "stall":
             self.stalled = True
-            n = len(self.conns)
+            n = sum(c.in_body for c in self.conns)
         else:
             for c in list(self.conns):
                 if c.in_body:
@@ -103,7 +104,7 @@ class FaultProxy:
             return
         conn = _Conn(writer, up_writer)
         self.conns.add(conn)
-        down = self._chunked(conn, up_reader) if self.fault == "error" else self._raw(conn, up_reader)
+        down = self._raw(conn, up_reader) if self.fault == "reset" else self._chunked(conn, up_reader)
         try:
             await asyncio.gather(self._up(conn, reader), down)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
@@ -122,12 +123,15 @@ class FaultProxy:
 
     async def _raw(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         while data := await reader.read(65536):
-            if self.stalled:
-                continue  # dropped: never again a byte to the client, until its side closes (`_up`)
             conn.client.write(data)
             await conn.client.drain()
-        if not self.stalled:
-            conn.client.close()
+        conn.client.close()
+
+    async def _send(self, conn: _Conn, data: bytes) -> None:
+        if self.stalled:
+            return  # dropped: never again a byte to the client, until its side closes (`_up`)
+        conn.client.write(data)
+        await conn.client.drain()
 
     async def _chunked(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         client = conn.client
@@ -138,17 +142,15 @@ class FaultProxy:
                 break
             if conn.ended:
                 return
-            client.write(head)
             lower = head.lower()
             if b"transfer-encoding: chunked" not in lower:
                 length = 0
                 for line in lower.split(b"\r\n"):
                     if line.startswith(b"content-length:"):
                         length = int(line.split(b":", 1)[1])
-                if length:
-                    client.write(await reader.readexactly(length))
-                await client.drain()
+                await self._send(conn, head + (await reader.readexactly(length) if length else b""))
                 continue
+            await self._send(conn, head)
             conn.in_body = True
             while True:
                 size_line = await reader.readuntil(b"\r\n")
@@ -156,12 +158,12 @@ class FaultProxy:
                 data = await reader.readexactly(size + 2)  # the chunk and its CRLF
                 if conn.ended:
                     return
-                client.write(size_line + data)
-                await client.drain()
+                await self._send(conn, size_line + data)
                 if size == 0:
                     break
             conn.in_body = False
-        client.close()
+        if not self.stalled:
+            client.close()
 
 
 async def main(port: int, target: int, fault: str) -> None:

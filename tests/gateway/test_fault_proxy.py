@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 import pytest
@@ -26,7 +27,9 @@ async def test_a_stream_through_the_faulty_proxy_reads_as_the_unbroken_one(fault
                    module="harness.fault_proxy")
     try:
         await asyncio.to_thread(proxy.wait_ready, 30.0, 0.05)  # its /health is the replica's, on this loop
-        deployments = deployment([b], stream_idle_timeout=0.2)
+        # the idle bound: past the time to the fault (a loaded machine's), so that the break is the fault's; in
+        # stall mode the bound is what ends the stalled stream, so short, but not shorter than that time either
+        deployments = deployment([b], stream_idle_timeout=2.0 if fault == "stall" else 60.0)
         deployments[0]["upstreams"] = [proxy.base, b.base]
         gw = await gateway(deployments=deployments, upstream={**NO_EJECTION, "policy": "round_robin"})
         path, body = BODIES["chat-usage"]
@@ -35,7 +38,9 @@ async def test_a_stream_through_the_faulty_proxy_reads_as_the_unbroken_one(fault
         reads = [asyncio.ensure_future(read(session, gw.url(path), body)) for _ in range(2)]  # one of them on `a`
         assert await wait_until(lambda: a.held == 1, 10)
         os.kill(proxy.pid, signal.SIGUSR1)
-        assert await wait_until(lambda: "faulted 1 connections" in proxy.log(), 10)
+        # (reset: every connection, the idle kept-alive ones too; stall, error: those with a body under way)
+        faulted = re.compile(r"faulted [1-9]\d* connections" if fault == "reset" else r"faulted 1 connections")
+        assert await wait_until(lambda: faulted.search(proxy.log()) is not None, 30), proxy.log()
         # the break is the fault's, not the held replica's next event: the stream moves while `a` still holds it
         assert await wait_until(lambda: [p for p, _ in b.seen if p == "/v1/completions"], 10)
         a.gate.set()
