@@ -106,7 +106,10 @@ def test_idle_parking_and_waking_again_and_admin_wake_and_park(tmp_path):
 
 
 def test_a_replica_killed_mid_stream_ends_the_stream_in_band_and_is_restarted(tmp_path):
-    yaml = config(managed("smol", args='"--fake-token-delay", "0.05"', more="      restart_backoff: 0.1\n"))
+    # Migration off: with it on, the stream may go on on the restarted replica, when the supervisor has seen the
+    # exit before the gateway the break (a race; either way the client gets one stream, whole or ended in-band).
+    more = "      restart_backoff: 0.1\n    migration: {enabled: false}\n"
+    yaml = config(managed("smol", args='"--fake-token-delay", "0.05"', more=more))
     with gateway_process(tmp_path, yaml) as gw:
         info = wait_state(gw, "dep-smol", "ready")  # idle 0: always on, woken at start
         (pid,) = pids_of(info)
@@ -118,7 +121,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_in_band_and_is_restarted(tm
             os.kill(pid, signal.SIGKILL)
             rest = [line for line in lines if line.startswith(b"data: ")]
         assert rest[-1] == b"data: [DONE]"
-        assert json.loads(rest[-2][6:])["error"]["code"] == "upstream_unavailable"
+        assert json.loads(rest[-2][6:]).get("error", {}).get("code") == "upstream_unavailable", (rest[-3:], gw.log()[-3000:])
         wait_until_sync(lambda: gw.deployment("dep-smol")["restarts"] == 1 and gw.state("dep-smol") == "ready", 60)
         info = gw.deployment("dep-smol")
         assert info["restarts"] == 1 and pids_of(info) and pids_of(info)[0] != pid, info
