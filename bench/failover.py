@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.process import ServerProcess
-from harness.server import VLLM_SERVER, launch, start_gateway
+from harness.server import CPU_DTYPE, VLLM_SERVER, launch, start_gateway
 
 from .compare import _git_rev
 from .servers import RESULTS, SERVED_NAME, stop_on_signals
@@ -54,7 +54,7 @@ TOPICS = ("a lighthouse keeper", "the river Danube", "bread baking", "a chess en
           "honeybees", "a night train", "glaciers", "the violin", "tide pools", "a mountain village", "comets",
           "the Silk Road", "paper making", "owls", "a desert oasis", "clockmakers", "coral reefs", "the first bicycle")
 # The tests' engine flags (harness.server) with room for the streams of a dead replica: no queue on the others.
-ENGINE_ARGS = ["-O0", "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "64"]
+ENGINE_ARGS = ["-O0", *CPU_DTYPE, "--max-model-len", "2048", "--max-num-seqs", "64"]
 
 
 def prompts(n: int) -> list[tuple[str, dict[str, Any]]]:

@@ -54,7 +54,7 @@ class _Conn:
 
     def __init__(self, client: asyncio.StreamWriter, replica: asyncio.StreamWriter) -> None:
         self.client, self.replica = client, replica
-        self.in_body = False  # error mode: a chunked body is under way
+        self.in_body = False  # error and stall mode: a chunked body is under way
         self.ended = False  # error mode: it was under way at the fault, and ended with the error
 
 

@@ -265,12 +265,17 @@ class FairQueue:
 # -- saturation: how many requests a deployment may have in flight ----------------------
 
 
+def saturated(waiting: int | None, queue_depth_threshold: int = 5) -> bool:
+    """A replica reporting `queue_depth_threshold` or more requests waiting of its own is held back."""
+    return waiting is not None and waiting >= queue_depth_threshold
+
+
 def replica_limit(outstanding: int, bound: int, waiting: int | None = None, queue_depth_threshold: int = 5) -> float:
     """One replica's concurrency bound now: `bound` (0: none), and no more than it has while it
     reports `queue_depth_threshold` or more requests waiting of its own (`vllm:num_requests_waiting`,
     the saturation detector's queue-depth test of the Gateway API Inference Extension)."""
     limit = float(bound) if bound > 0 else math.inf
-    if waiting is not None and waiting >= queue_depth_threshold:
+    if saturated(waiting, queue_depth_threshold):
         limit = min(limit, float(outstanding))
     return limit
 

@@ -64,7 +64,7 @@ from prometheus_client.registry import Collector
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
 from streamproxy.gateway.config import KVEventsEndpoint
-from streamproxy.gateway.fairq import FairQueue, deployment_limit
+from streamproxy.gateway.fairq import FairQueue, deployment_limit, saturated
 from streamproxy.gateway.flowcontrol import FlowControl, Ticket
 from streamproxy.gateway.kv_feed import Feed
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
@@ -299,7 +299,7 @@ class Scheduler:
         if not self.running:
             return
         self.flow.poke()
-        held = found is not None and found >= self.pool.deployment.flow_control.queue_depth_threshold
+        held = saturated(found, self.pool.deployment.flow_control.queue_depth_threshold)
         if held and replica.url not in self._relooks and replica in self.pool.replicas:
             task = asyncio.get_running_loop().create_task(self._relook(upstreams, replica, headers, tls, timeout),
                                                           name=f"flow-relook-{replica.url}")

@@ -26,12 +26,12 @@ import pytest
 
 from engine_adapter.base import Adapter, Delta, EngineFailure, EngineRejected, GenerationParams, ModelInfo, OutputStream, TokenLogprob
 from engine_adapter.fake import FakeEngine, FakeScript
-from harness.server import ENGINE_IN_CORE
+from harness.server import CPU_DTYPE, ENGINE_IN_CORE
 from harness.waiting import wait_until
 
 T = TypeVar("T")
 
-VLLM_ARGS = ["-O0", "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8"]
+VLLM_ARGS = ["-O0", *CPU_DTYPE, "--max-model-len", "2048", "--max-num-seqs", "8"]
 START_TIMEOUT = 600.0
 BOUND = 120.0  # for one request to end; a passing test is far quicker
 MESSAGES = [{"role": "user", "content": "Count from one to twenty, in words, separated by commas."}]

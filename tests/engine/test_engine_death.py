@@ -21,14 +21,14 @@ import psutil
 import pytest
 import requests
 
-from harness.server import start_server
+from harness.server import CPU_DTYPE, start_server
 from tests.conftest import START_TIMEOUT
 from tests.support.engine_death import engine_dies_under_load
 
 pytestmark = pytest.mark.engine
 
 GRACE = 2.0
-ARGS = ["-O0", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "64", "--engine-death-grace", str(GRACE), "--access-log", "off"]
+ARGS = ["-O0", *CPU_DTYPE, "--max-model-len", "1024", "--max-num-seqs", "64", "--engine-death-grace", str(GRACE), "--access-log", "off"]
 
 
 def engine_core(pid: int) -> psutil.Process:

@@ -21,6 +21,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.server import CPU_DTYPE
 from harness.waiting import wait_until_sync
 
 pytestmark = pytest.mark.engine
@@ -42,7 +43,7 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     return dest
 
 
-ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4",
+ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", *CPU_DTYPE, "--max-model-len", "512", "--max-num-seqs", "4",
                "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
 
 
