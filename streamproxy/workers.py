@@ -111,7 +111,8 @@ def check(settings: Settings) -> None:
 
 
 def bind(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` sockets bound to one address with SO_REUSEPORT (port 0: the first one's port for all).
+    """`count` sockets bound to one address, with SO_REUSEPORT when more than one (port 0: the first
+    one's port for all).
 
     They do not listen yet: each worker's server calls listen() once it serves, so the kernel
     never queues a connection for a worker still starting (a bound socket that does not listen
@@ -123,7 +124,8 @@ def bind(host: str, port: int, count: int) -> list[socket.socket]:
             sock = socket.socket(family, socket.SOCK_STREAM)
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if count > 1:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             port = sock.getsockname()[1]
     except BaseException:

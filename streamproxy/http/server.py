@@ -30,6 +30,7 @@ import uvloop
 from aiohttp import web
 
 from engine_adapter.base import Engine
+from streamproxy import workers
 from streamproxy.config import Settings
 from streamproxy.http import accesslog, tls, tracing
 from streamproxy.http.app import ENGINE_TASK_KEY, create_app
@@ -195,9 +196,10 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
 
     The signal handlers are in place before the app starts its engine (`runner.setup`), so a
     signal at any moment of the start-up reaches the clean-up, which stops the engine however far
-    it got (its `close`). As a worker (`sock` given) SIGINT is left to the parent, and SIGUSR1
-    means the engine the workers share died (the parent saw it): the engine's death path
-    (engine_watch.py)."""
+    it got (its `close`). The TCP port is bound (not yet listening) before that start, as vLLM does:
+    a free port chosen for a process the start launches (a managed replica) cannot be ours. As a
+    worker (`sock` given) SIGINT is left to the parent, and SIGUSR1 means the engine the workers
+    share died (the parent saw it): the engine's death path (engine_watch.py)."""
     runner = make_runner(app, settings)
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
@@ -211,10 +213,13 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
             log.info("%s again: ending in-flight requests now", sig.name)
             app[INFLIGHT_KEY].begin_drain(loop.time())
 
-    handled = (signal.SIGTERM, signal.SIGINT) if sock is None else (signal.SIGTERM,)
+    worker = sock is not None
+    if sock is None and not settings.uds:
+        sock = workers.bind(settings.host, settings.port, 1)[0]
+    handled = (signal.SIGTERM, signal.SIGINT) if not worker else (signal.SIGTERM,)
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
-    if sock is not None:
+    if worker:
         loop.add_signal_handler(signal.SIGUSR1, engine_lost, app[STATE_KEY].engine, "the shared engine core died")
     freezer: asyncio.Task[None] | None = None
     refresher: asyncio.Task[None] | None = None
@@ -224,10 +229,8 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
         ctx = tls.server_context(settings)
         if sock is not None:
             site = web.SockSite(runner, sock, backlog=2048, ssl_context=ctx)
-        elif settings.uds:
-            site = web.UnixSite(runner, settings.uds, backlog=2048, ssl_context=ctx)
         else:
-            site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True, backlog=2048, ssl_context=ctx)
+            site = web.UnixSite(runner, settings.uds or "", backlog=2048, ssl_context=ctx)
         if ctx is not None and settings.enable_ssl_refresh:
             refresher = asyncio.create_task(tls.Refresher(ctx, settings).run(), name="tls-refresh")
         await site.start()
@@ -249,7 +252,9 @@ async def run_app(app: web.Application, settings: Settings, *, stop: asyncio.Eve
             if task is not None:
                 task.cancel()
         await runner.cleanup()
-        for sig in (*handled, *((signal.SIGUSR1,) if sock is not None else ())):
+        if sock is not None:
+            sock.close()  # the site's server closed it, unless the start failed before the site started
+        for sig in (*handled, *((signal.SIGUSR1,) if worker else ())):
             loop.remove_signal_handler(sig)
         log.info("stopped")
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from aiohttp import web
 
 from engine_adapter.fake import FakeEngine
 from engine_adapter.vllm_engine import VllmEngine
@@ -28,7 +31,8 @@ from harness.process import free_port
 from harness.procs import Descendants, describe, running
 from harness.server import FAKE_ARGS, launch
 from streamproxy.config import Settings
-from streamproxy.http.server import serve
+from streamproxy.http.app import create_app
+from streamproxy.http.server import run_app, serve
 from streamproxy.workers import Parent
 from tests.support import wait_until, wait_until_sync
 
@@ -49,6 +53,29 @@ async def test_engine_start_timeout_exits_1():
     started = loop.time()
     assert await asyncio.wait_for(serve(settings, FakeEngine(load_delay=30)), timeout=20) == 1
     assert loop.time() - started < 10
+
+
+async def test_the_port_is_bound_before_the_app_starts():
+    # As vLLM does: no process the start launches (a gateway's managed replica, given a free port)
+    # can be handed the server's port between the start and the listen.
+    port = free_port()
+    seen: list[int] = []
+
+    async def on_startup(app: web.Application) -> None:
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port))
+            except OSError as e:
+                seen.append(e.errno or 0)
+        stop.set()
+
+    app = create_app(Settings(engine="fake"), FakeEngine())
+    app.on_startup.insert(0, on_startup)
+    stop = asyncio.Event()
+    await asyncio.wait_for(run_app(app, Settings(engine="fake", host="127.0.0.1", port=port), stop=stop), timeout=20)
+    assert seen == [errno.EADDRINUSE]
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # and given back when the server ends
 
 
 # -- a signal while the engine starts ---------------------------------------------------------
