@@ -12,6 +12,10 @@ marked `engine` in any folder shares the same server.
 `vllm_server` is vLLM's own OpenAI server on the same model with the same engine
 flags, the reference to compare streamproxy's answers with on this machine (also
 started once, and only when a test asks for it).
+
+Each is launched ahead of its first test, while earlier tests run, and waited
+for only when that test needs it (tests/support/prestart.py; `pytest_runtest_setup`
+below launches the next server a later test needs).
 """
 
 from __future__ import annotations
