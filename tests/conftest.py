@@ -151,7 +151,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish() -> None:
-    prestart.stop_untaken()
+    prestart.finish()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

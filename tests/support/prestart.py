@@ -16,11 +16,14 @@ which test needs which is read from each test's fixture closure (`item.fixturena
 fixture asked for by name at run time (`request.getfixturevalue`) is not seen, and starts its
 server when it asks, as does any fixture when the test runs alone.
 
-`ready(key, timeout)` takes the key's servers (launching them now if nothing did) and waits
-for each to be ready, as `harness.server.start_server` does: a server that lost its free port
-to another process before it listened is launched again (all of the key's servers, on new
-ports). What a test sees is the same fresh server as before, only started earlier: no request
-reaches it before the test's. `stop_untaken()` (the session's end) stops what no test took.
+A launch ahead runs its launcher in a thread (LoRA's builds its adapters first), so the test
+before goes on meanwhile. `ready(key, timeout)` takes the key's servers (launching them now if
+nothing did) and waits for each to be ready, as `harness.server.start_server` does: a server
+that lost its free port to another process before it listened is launched again (all of the
+key's servers, on new ports). What a test sees is the same fresh server as before, only started
+earlier: no request reaches it before the test's. After the `with` block each server gets its
+SIGTERM at once and the wait for its exit (seconds: an engine core's shutdown) goes on in a
+thread; `finish()` (the session's end) stops what no test took and waits for every stop.
 Logs go to a folder of the session's (`log_dir()`), named after the key.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +57,11 @@ class _Spec:
     launched: bool = False
     taken: bool = False
     attempt: int = 0
+    thread: threading.Thread | None = None  # a launch ahead runs `launch` here (a launcher may take a while itself)
+    error: BaseException | None = None  # what `launch` raised there
+
+
+_STOPS: list[threading.Thread] = []  # servers being stopped after their tests (a stop may take seconds)
 
 
 _SPECS: dict[str, _Spec] = {}
@@ -72,14 +81,36 @@ def define(key: str, launch: Launcher) -> None:
     _SPECS[key] = _Spec(key, launch)
 
 
-def _launch(spec: _Spec) -> None:
+def _launch(spec: _Spec, background: bool = False) -> None:
     folder = log_dir() / (spec.key if spec.attempt == 0 else f"{spec.key}-{spec.attempt}")
     folder.mkdir(parents=True, exist_ok=True)
-    spec.launched = True
-    spec.servers = list(spec.launch(folder))
+    spec.launched, spec.servers, spec.error = True, [], None
+
+    def run() -> None:
+        try:
+            spec.servers = list(spec.launch(folder))
+        except BaseException as exc:  # raised again in the test that takes it
+            spec.error = exc
+
+    if background:
+        spec.thread = threading.Thread(target=run, name=f"prestart-{spec.key}", daemon=True)
+        spec.thread.start()
+    else:
+        run()
+
+
+def _launched(spec: _Spec) -> list[ServerProcess]:
+    if spec.thread is not None:
+        spec.thread.join()
+        spec.thread = None
+    if spec.error is not None:
+        raise spec.error
+    return spec.servers
 
 
 def _starting(spec: _Spec) -> bool:
+    if spec.thread is not None and spec.thread.is_alive():
+        return True
     for server in spec.servers:
         try:
             if not server.healthy():
@@ -87,6 +118,15 @@ def _starting(spec: _Spec) -> bool:
         except ServerFailed:  # exited: the test that takes it fails with its log
             pass
     return False
+
+
+def _stop(servers: Sequence[ServerProcess], timeout: float) -> None:
+    """Each server's SIGTERM now, and the wait for its exit (SIGKILL after `timeout`) in a thread: the next test
+    need not wait for it. `finish()` waits for them all."""
+    for server in servers:
+        stop = threading.Thread(target=server.stop, args=(timeout,), name=f"stop-{server.label}", daemon=True)
+        stop.start()
+        _STOPS.append(stop)
 
 
 def _plan(items: list[pytest.Item]) -> tuple[dict[str, int], list[tuple[int, str]]]:
@@ -112,42 +152,49 @@ def ahead(item: pytest.Item) -> None:
     if not later:
         return
     waiting = [spec for spec in _SPECS.values() if spec.launched and not spec.taken]
-    if sum(len(spec.servers) for spec in waiting) >= HELD or any(_starting(spec) for spec in waiting):
+    if sum(max(1, len(spec.servers)) for spec in waiting) >= HELD or any(_starting(spec) for spec in waiting):
         return
-    _launch(_SPECS[later[0]])
+    _launch(_SPECS[later[0]], background=True)
 
 
 @contextmanager
 def ready(key: str, timeout: float, interval: float = 0.5, stop_timeout: float = 60.0) -> Iterator[list[ServerProcess]]:
-    """The key's servers, ready, for the `with` block; stopped after it."""
+    """The key's servers, ready, for the `with` block; stopped after it (the wait for their exit in the background)."""
     spec = _SPECS[key]
     if spec.taken:  # taken before (its servers stopped): fresh ones
         spec.launched, spec.attempt = False, 0
     spec.taken = True
     if not spec.launched:
         _launch(spec)
+    servers: list[ServerProcess] = []
     try:
         while True:
+            servers = _launched(spec)
             try:
-                for server in spec.servers:
+                for server in servers:
                     server.wait_ready(timeout, interval)
                 break
             except ServerFailed as exc:
                 if "address already in use" not in exc.log.lower() or spec.attempt == ATTEMPTS - 1:
                     raise
-                for server in spec.servers:
+                for server in servers:
                     server.stop(stop_timeout)
                 spec.attempt += 1
                 _launch(spec)
-        yield spec.servers
+        yield servers
     finally:
-        for server in spec.servers:
-            server.stop(stop_timeout)
+        _stop(servers, stop_timeout)
 
 
-def stop_untaken() -> None:
+def finish() -> None:
+    """The session's end: stop what no test took, and wait for every stop."""
     for spec in _SPECS.values():
         if spec.launched and not spec.taken:
             spec.taken = True
-            for server in spec.servers:
-                server.stop(60)
+            try:
+                servers = _launched(spec)
+            except BaseException:  # a launch that failed has nothing to stop
+                continue
+            _stop(servers, 60)
+    while _STOPS:
+        _STOPS.pop().join()
