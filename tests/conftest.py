@@ -154,6 +154,11 @@ def pytest_sessionfinish() -> None:
     prestart.finish()
 
 
+# The folders that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
+# others' imports cost that run ~8 s of a core), so an `engine` test anywhere else fails every collection.
+ENGINE_FOLDERS = ("compat/", "contract/", "engine/", "unit/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         where = item.path.relative_to(TESTS).as_posix()
@@ -161,6 +166,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if where.startswith(ENGINE):
             item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("engine") and not where.startswith(ENGINE_FOLDERS):
+            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_FOLDERS)}: the Makefile's "
+                                    "real-engine run (ENGINE_TESTS) would not collect it; add its folder to both")
 
 
 @pytest.fixture
