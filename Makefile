@@ -75,11 +75,15 @@ TEST_WORKERS ?= 4
 
 # (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
 # even imported by the run without the engine, which saves each worker its imports.)
+# The real-engine run collects only the folders that hold `engine` tests (tests/conftest.py's ENGINE_FOLDERS: an
+# `engine` test elsewhere fails every collection); its servers start ahead of their tests (tests/support/prestart.py).
+ENGINE_TESTS := tests/compat tests/contract tests/engine tests/unit
+
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
 	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine
 	$(MAKE) --no-print-directory check-vllm
-	$(BIN)/pytest -q tests -m engine
+	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine
 
 # Every supported vLLM release (engine_adapter/vllm_compat.py's SUPPORTED, pyproject.toml's gpu extra), also
 # those with no CPU build: the GPU wheel's Python sources (tests/support/vllm_sources.py; pip caches the wheel)

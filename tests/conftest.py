@@ -12,12 +12,15 @@ marked `engine` in any folder shares the same server.
 `vllm_server` is vLLM's own OpenAI server on the same model with the same engine
 flags, the reference to compare streamproxy's answers with on this machine (also
 started once, and only when a test asks for it).
+
+Each is launched ahead of its first test, while earlier tests run, and waited
+for only when that test needs it (tests/support/prestart.py; `pytest_runtest_setup`
+below launches the next server a later test needs).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import shutil
 import tempfile
@@ -29,7 +32,9 @@ from typing import Any
 import pytest
 import requests
 
-from harness.server import ENGINE_ARGS, ENGINE_IN_CORE, VLLM_ENGINE_ARGS, serve_process, vllm_process
+from harness.process import ServerProcess
+from harness.server import ENGINE_ARGS, ENGINE_IN_CORE, VLLM_ENGINE_ARGS, VLLM_SERVER, launch
+from tests.support import prestart
 from tests.support.push import spy_pushes
 
 # `streamproxy gateway` processes the tests start keep their default ledger (on: SQLite) here, not in
@@ -44,39 +49,33 @@ START_TIMEOUT = 600
 pytest_plugins = ["tests.support.ledger_store"]
 
 
-def run_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[str]:
-    """`python -m streamproxy serve ARGS` (a real engine unless ARGS say otherwise), its base URL
-    once /health is 200. The server exits 1 when its engine cannot start, so a dead engine
-    fails the fixture at once. Its model runs in the engine-core process (ENGINE_IN_CORE)."""
-    with serve_process(
-        args, log_dir=tmp_path_factory.mktemp(name), name=name, timeout=START_TIMEOUT, interval=0.5, stop_timeout=60,
-        env=ENGINE_IN_CORE,
-    ) as server:
+# The session's servers start ahead of their first test, while earlier tests run (tests/support/prestart.py).
+prestart.define("engine_server", lambda logs: [launch(ENGINE_ARGS, logs, "engine", ENGINE_IN_CORE)])
+
+
+@pytest.fixture(scope="session")
+def engine_server() -> Iterator[str]:
+    with prestart.ready("engine_server", START_TIMEOUT) as (server,):
         yield server.base
 
 
-@pytest.fixture(scope="session")
-def launch_server(tmp_path_factory: pytest.TempPathFactory):
-    """`with launch_server(name, args) as base_url:` for a test module's own server."""
-    return lambda name, args: contextlib.contextmanager(run_server)(tmp_path_factory, name, args)
-
-
-@pytest.fixture(scope="session")
-def engine_server(tmp_path_factory: pytest.TempPathFactory):
-    yield from run_server(tmp_path_factory, "engine", ENGINE_ARGS)
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`python -m vllm.entrypoints.openai.api_server` on the default model, served under the same name
-    and engine flags as `engine_server`; its base URL once its /health is 200."""
+def _vllm_server(logs: Path) -> list[ServerProcess]:
     from engine_adapter.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
     # --enable-scale-out: vLLM's render routes (test_vllm_routes_engine.py compares them), which it serves only with it.
     args = ["--model", str(ensure_default_model(progress=False)), "--served-model-name", DEFAULT_MODEL_NAME, *VLLM_ENGINE_ARGS,
             "--enable-scale-out"]
-    with vllm_process(args, log_dir=tmp_path_factory.mktemp("vllm"), name="vllm", timeout=START_TIMEOUT, interval=0.5,
-                      stop_timeout=60, env=ENGINE_IN_CORE) as server:
+    return [launch(args, logs, "vllm", ENGINE_IN_CORE, command=None, module=VLLM_SERVER)]
+
+
+prestart.define("vllm_server", _vllm_server)
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[str]:
+    """`python -m vllm.entrypoints.openai.api_server` on the default model, served under the same name
+    and engine flags as `engine_server`; its base URL once its /health is 200."""
+    with prestart.ready("vllm_server", START_TIMEOUT) as (server,):
         yield server.base
 
 
@@ -86,23 +85,33 @@ class TracedServer:
     receiver: Any  # tests.gateway.test_tracing.Receiver: every span the server and its engine core exported
 
 
+_RECEIVERS: list[Any] = []  # traced_server's OTLP receiver, made when the server is launched
+
+
+def _traced_server(logs: Path) -> list[ServerProcess]:
+    from tests.gateway.test_tracing import OTLP_HTTP, Receiver
+
+    if not _RECEIVERS:
+        _RECEIVERS.append(Receiver())
+    # The OTLP variables reach the server and its engine core (which exports vLLM's spans) through the environment.
+    return [launch([*ENGINE_ARGS, "--otlp-traces-endpoint", _RECEIVERS[0].url], logs, "traced", {**OTLP_HTTP, **ENGINE_IN_CORE})]
+
+
+prestart.define("traced_server", _traced_server)
+
+
 @pytest.fixture(scope="session")
-def traced_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedServer]:
+def traced_server() -> Iterator[TracedServer]:
     """`serve` with `engine_server`'s flags and `--otlp-traces-endpoint` (to an OTLP receiver in this process).
     Every request it serves is traced, and a traced request takes vLLM's own output path (its OutputProcessor
     makes vLLM's `llm_request` span; the direct route does not), behind the installed direct route: one engine
     start for engine/test_tracing_engine.py and for engine/test_real_engine.py's comparison of the two routes."""
-    from tests.gateway.test_tracing import OTLP_HTTP, Receiver
-
-    receiver = Receiver()
     try:
-        # The OTLP variables reach the server and its engine core (which exports vLLM's spans) through the environment.
-        with serve_process([*ENGINE_ARGS, "--otlp-traces-endpoint", receiver.url], log_dir=tmp_path_factory.mktemp("traced"),
-                           name="traced", timeout=START_TIMEOUT, interval=0.5, stop_timeout=60,
-                           env={**OTLP_HTTP, **ENGINE_IN_CORE}) as server:
-            yield TracedServer(server.base, receiver)
+        with prestart.ready("traced_server", START_TIMEOUT) as (server,):
+            yield TracedServer(server.base, _RECEIVERS[0])
     finally:
-        receiver.close()
+        while _RECEIVERS:
+            _RECEIVERS.pop().close()
 
 
 @pytest.fixture(scope="session")
@@ -135,6 +144,21 @@ def pytest_report_header() -> str:
     return f"aiohttp {aiohttp.__version__}"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The next real-engine server a later test needs starts now, while this test runs (tests/support/prestart.py)."""
+    prestart.ahead(item)
+
+
+def pytest_sessionfinish() -> None:
+    prestart.finish()
+
+
+# The folders that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
+# others' imports cost that run ~8 s of a core), so an `engine` test anywhere else fails every collection.
+ENGINE_FOLDERS = ("compat/", "contract/", "engine/", "unit/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         where = item.path.relative_to(TESTS).as_posix()
@@ -142,6 +166,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if where.startswith(ENGINE):
             item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("engine") and not where.startswith(ENGINE_FOLDERS):
+            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_FOLDERS)}: the Makefile's "
+                                    "real-engine run (ENGINE_TESTS) would not collect it; add its folder to both")
 
 
 @pytest.fixture

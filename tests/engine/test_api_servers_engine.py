@@ -15,14 +15,18 @@ coordinator itself and balances requests between them: both engines generate
 from __future__ import annotations
 
 import concurrent.futures
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 import requests
 
 from engine_adapter.default_model import build_tiny_model
-from harness.server import serve_process
-from tests.support import wait_until_sync
+from harness.process import ServerProcess
+from harness.server import launch
+from tests.support import prestart, wait_until_sync
 from tests.support.workers import api_servers
 
 pytestmark = pytest.mark.engine
@@ -82,22 +86,47 @@ def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None
         assert not alive, alive
 
 
-def test_data_parallel_two_engine_cores_in_one_process() -> None:
+def _one_core_each() -> dict[str, str]:
+    """VLLM_CPU_OMP_THREADS_BIND with half of this process's CPUs for each of the two engines' workers: by default
+    ("auto") vLLM binds each engine's worker to the first CPUs of the first NUMA node less one kept for the scheduler,
+    so on 2 cores both workers ran on CPU 0."""
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    if half == 0:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{','.join(map(str, cpus[:half]))}|{','.join(map(str, cpus[half:]))}"}
+
+
+def _dp2(logs: Path) -> list[ServerProcess]:
     args = ["--model", str(build_tiny_model(progress=False)), *TINY, "--data-parallel-size", "2", "--access-log", "off"]
-    with serve_process(args, name="dp2", timeout=600, stop_timeout=60) as srv:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: _complete(srv.base, 32), range(16)))
-        assert all(a["usage"]["completion_tokens"] == 32 for a in answers)
-        text = requests.get(srv.url("/metrics"), timeout=10).text
-        per_engine: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("vllm:generation_tokens_total{"):
-                engine = line.split('engine="', 1)[1].split('"', 1)[0]
-                per_engine[engine] = per_engine.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
-        assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values()), per_engine
-        assert sum(per_engine.values()) == 16 * 32
-        # Each engine's inter-token latencies in its own series: a gap per token after a request's first.
-        for engine, tokens in per_engine.items():
-            gaps = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:inter_token_latency_seconds_count{") and f'engine="{engine}"' in line)
-            assert gaps == tokens * 31 / 32, (engine, gaps, tokens)
+    return [launch(args, logs, "dp2", _one_core_each())]
+
+
+# Started ahead, while earlier tests run (tests/support/prestart.py).
+prestart.define("dp2_server", _dp2)
+
+
+@pytest.fixture
+def dp2_server() -> Iterator[ServerProcess]:
+    with prestart.ready("dp2_server", 600) as (server,):
+        yield server
+
+
+def test_data_parallel_two_engine_cores_in_one_process(dp2_server: ServerProcess) -> None:
+    srv = dp2_server
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _complete(srv.base, 32), range(16)))
+    assert all(a["usage"]["completion_tokens"] == 32 for a in answers)
+    text = requests.get(srv.url("/metrics"), timeout=10).text
+    per_engine: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:generation_tokens_total{"):
+            engine = line.split('engine="', 1)[1].split('"', 1)[0]
+            per_engine[engine] = per_engine.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
+    assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values()), per_engine
+    assert sum(per_engine.values()) == 16 * 32
+    # Each engine's inter-token latencies in its own series: a gap per token after a request's first.
+    for engine, tokens in per_engine.items():
+        gaps = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:inter_token_latency_seconds_count{") and f'engine="{engine}"' in line)
+        assert gaps == tokens * 31 / 32, (engine, gaps, tokens)

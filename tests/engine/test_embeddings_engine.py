@@ -11,6 +11,10 @@ import openai
 import pytest
 import requests
 
+from harness.server import ENGINE_IN_CORE, launch
+from tests.conftest import START_TIMEOUT
+from tests.support import prestart
+
 pytestmark = pytest.mark.engine
 
 
@@ -20,11 +24,15 @@ def _model_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
+ARGS = ["--served-model-name", "all-MiniLM-L6-v2", "-O0"]
+# Started ahead, while earlier tests run (tests/support/prestart.py); its model in the engine-core process.
+prestart.define("embed_server", lambda logs: [launch(["--model", str(_model_dir()), *ARGS], logs, "embed", ENGINE_IN_CORE)])
+
+
 @pytest.fixture(scope="module")
-def embed_server(launch_server):
-    args = ["--model", str(_model_dir()), "--served-model-name", "all-MiniLM-L6-v2", "-O0"]
-    with launch_server("embed", args) as base:
-        yield base
+def embed_server():
+    with prestart.ready("embed_server", START_TIMEOUT) as (server,):
+        yield server.base
 
 
 def _cos(a, b):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,13 @@ import requests
 
 from harness.kv_publisher import loopback_endpoints
 from harness.process import ServerProcess
-from harness.server import ENGINE_IN_CORE, start_server
+from harness.server import ENGINE_IN_CORE, launch, start_server
 from harness.waiting import wait_until
 from streamproxy.gateway.kv_feed import Feed, FeedPolicy
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 from streamproxy.gateway.kv_subscriber import KVSubscriber
 from tests.conftest import ENGINE_ARGS, START_TIMEOUT
+from tests.support import prestart
 
 pytestmark = pytest.mark.engine
 
@@ -36,16 +39,49 @@ R = "replica"
 SYSTEM = list(range(1000, 1000 + 150))  # a shared prefix of token ids, several blocks long
 
 
-@pytest.fixture
-def endpoints() -> Iterator[tuple[str, str]]:
-    yield loopback_endpoints()
+def replica_args(pub: str, replay: str) -> list[str]:
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    return [*ENGINE_ARGS, "--kv-events-config", json.dumps(config)]
 
 
 def start_replica(pub: str, replay: str, log_dir: Path) -> ServerProcess:
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
     log_dir.mkdir(parents=True, exist_ok=True)
-    return start_server([*ENGINE_ARGS, "--kv-events-config", json.dumps(config)], log_dir, name="kv-replica",
-                        timeout=START_TIMEOUT, interval=0.5, attempts=1, env=ENGINE_IN_CORE)
+    return start_server(replica_args(pub, replay), log_dir, name="kv-replica", timeout=START_TIMEOUT, interval=0.5,
+                        attempts=1, env=ENGINE_IN_CORE)
+
+
+@dataclass
+class First:
+    """The first replica's endpoints. The subscriber's port is held (bound, not listening: no other socket binds
+    it or gets it as an ephemeral port) from the launch until the test lets it go and its subscriber binds it."""
+
+    pub: str
+    replay: str
+    hold: socket.socket
+
+
+FIRST: list[First] = []
+
+
+def _first_replica(logs: Path) -> list[ServerProcess]:
+    while FIRST:
+        FIRST.pop().hold.close()
+    hold = socket.socket()
+    hold.bind(("127.0.0.1", 0))
+    FIRST.append(First(f"tcp://127.0.0.1:{hold.getsockname()[1]}", loopback_endpoints()[1], hold))
+    return [launch(replica_args(FIRST[0].pub, FIRST[0].replay), logs, "kv-replica", ENGINE_IN_CORE)]
+
+
+# Launched ahead, while earlier tests run (tests/support/prestart.py): vLLM's publisher connects its PUB
+# to an endpoint that nothing listens on yet (ZeroMQ connects again until the subscriber binds it); its
+# engine makes no event before this test's first request.
+prestart.define("first_replica", _first_replica)
+
+
+@pytest.fixture
+def first_replica() -> Iterator[tuple[ServerProcess, First]]:
+    with prestart.ready("first_replica", START_TIMEOUT) as (server,):
+        yield server, FIRST[0]
 
 
 def complete(server: ServerProcess, prompt: list[int]) -> dict[str, Any]:
@@ -73,15 +109,16 @@ async def predicted_then_reported(server: ServerProcess, sub: KVSubscriber, prom
 
 
 async def test_the_index_predicts_a_real_replicas_prefix_hits_across_a_crash_and_restart(
-        endpoints: tuple[str, str], tmp_path: Path) -> None:
-    pub, replay = endpoints
+        first_replica: tuple[ServerProcess, First], tmp_path: Path) -> None:
+    server, endpoints = first_replica
+    pub, replay = endpoints.pub, endpoints.replay
     index = KVIndex(speculative_ttl=0.0)
     feed = Feed(R, index, replay=True, policy=FeedPolicy(idle_probe=1.0, replay_timeout=1.0))
     sub = KVSubscriber(feed, pub, replay_endpoint=replay, bind=True, heartbeat=0.5)
+    endpoints.hold.close()  # the subscriber's port, bound next
     sub.start()
-    server: ServerProcess | None = None
     try:
-        server = await asyncio.to_thread(start_replica, pub, replay, tmp_path / "first")
+        assert await wait_until(lambda: sub.connected, 30.0)  # the running replica's publisher connected to it
         first = SYSTEM + list(range(5000, 5040))
         await asyncio.to_thread(complete, server, first)
         assert await wait_until(lambda: index.blocks(R) > 0, 30.0), (feed.batches, feed.last_error)
@@ -106,5 +143,4 @@ async def test_the_index_predicts_a_real_replicas_prefix_hits_across_a_crash_and
         assert feed.decode_errors == 0 and sub.malformed == 0 and index.orphaned == 0
     finally:
         await sub.stop()
-        if server is not None:
-            await asyncio.to_thread(server.stop, 60)
+        await asyncio.to_thread(server.stop, 60)

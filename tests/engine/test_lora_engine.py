@@ -21,8 +21,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.server import CPU_DTYPE
+from harness.process import ServerProcess
+from harness.server import CPU_DTYPE, ENGINE_IN_CORE, VLLM_SERVER, launch
 from harness.waiting import wait_until_sync
+from tests.conftest import START_TIMEOUT
+from tests.support import prestart
 
 pytestmark = pytest.mark.engine
 
@@ -43,42 +46,43 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     return dest
 
 
+SECOND = "rand2"  # the second adapter's folder, beside the servers' logs
 ENGINE_ARGS = ["--served-model-name", "tiny", "-O0", *CPU_DTYPE, "--max-model-len", "512", "--max-num-seqs", "4",
                "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """streamproxy and vLLM's api_server, both on the tiny model with adapter `rand`, started side by
-    side; (streamproxy's URL, vLLM's URL, the second adapter's folder)."""
+def _launch(logs: Path) -> list[ServerProcess]:
+    """streamproxy and vLLM's api_server, both on the tiny model with adapter `rand`, launched side by side."""
     from engine_adapter.default_model import build_tiny_model
-    from harness.server import ENGINE_IN_CORE, VLLM_SERVER, launch
 
     base = build_tiny_model(progress=False)
-    folder = tmp_path_factory.mktemp("adapters")
-    first, second = _adapter(base, folder / "rand", 0), _adapter(base, folder / "rand2", 1)
+    first = _adapter(base, logs / "rand", 0)
+    _adapter(base, logs / SECOND, 1)  # for the run-time load route
     args = [*ENGINE_ARGS, "--lora-modules", f"rand={first}"]
-    logs = tmp_path_factory.mktemp("lora")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", **ENGINE_IN_CORE}
-    ours = launch([str(base), *args], logs, "lora", env)
-    theirs = launch(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)
-    try:
-        ours.wait_ready(600, 0.5)
-        theirs.wait_ready(600, 0.5)
-        yield ours.base, theirs.base, second
-    finally:
-        ours.stop(60)
-        theirs.stop(60)
+    return [launch([str(base), *args], logs, "lora", env),
+            launch(["--model", str(base), *args], logs, "vllm-lora", env, command=None, module=VLLM_SERVER)]
+
+
+# Started ahead, while earlier tests run (tests/support/prestart.py).
+prestart.define("lora_servers", _launch)
 
 
 @pytest.fixture(scope="module")
-def lora_server(servers):
-    return servers[0], servers[2]
+def lora_servers():
+    """(streamproxy's URL, vLLM's URL, the second adapter's folder), both ready."""
+    with prestart.ready("lora_servers", START_TIMEOUT) as (ours, theirs):
+        yield ours.base, theirs.base, ours.stdout_path.parent / SECOND
 
 
 @pytest.fixture(scope="module")
-def vllm_lora_server(servers):
-    return servers[1]
+def lora_server(lora_servers):
+    return lora_servers[0], lora_servers[2]
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_server(lora_servers):
+    return lora_servers[1]
 
 
 def _texts(base_url: str, model: str, **extra) -> list[str]:
