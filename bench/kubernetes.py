@@ -33,7 +33,8 @@ from engine_adapter.fake import FakeEngine, FakeScript
 from harness.fake_kube import FakeKube
 from streamproxy.config import Settings
 from streamproxy.gateway.app import create_gateway_app
-from streamproxy.gateway.config import GatewayConfig, check
+from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.config_file import check
 from streamproxy.gateway.state import STATE_KEY
 from streamproxy.http.app import create_app
 from streamproxy.http.server import make_runner

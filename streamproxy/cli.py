@@ -180,7 +180,8 @@ def load_gateway(path: str, flags: list[str], *, strict: bool = False) -> tuple[
     """The gateway's settings and config from the file at `path` and the command line's other `flags`:
     `ConfigFileError` for the file, `ConfigError` for the rest; `strict` (a reload): a flag argparse
     refuses is a `ConfigError` too, where at start it is argparse's usage message and exit 2."""
-    from streamproxy.gateway.config import ConfigError, split
+    from streamproxy.gateway.config import ConfigError
+    from streamproxy.gateway.config_file import split
 
     try:
         config, from_file = split(Path(path).read_text(encoding="utf-8"))

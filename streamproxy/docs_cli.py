@@ -128,13 +128,13 @@ def _table() -> str:
 
 def render() -> str:
     """The whole page, as `make docs` writes it."""
-    from streamproxy.gateway.config import _SECTIONS
+    from streamproxy.gateway.config_file import SECTIONS
 
     return "\n".join([
         _HEADER.format(usage=USAGE),
         _VLLM,
         _table(),
-        _GATEWAY.format(sections=", ".join(f"`{s}`" for s in _SECTIONS)),
+        _GATEWAY.format(sections=", ".join(f"`{s}`" for s in SECTIONS)),
     ])
 
 

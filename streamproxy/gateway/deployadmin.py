@@ -24,7 +24,8 @@ from aiohttp import web
 from streamproxy.config import add_arguments
 from streamproxy.errors import APIError, InvalidRequest, ModelNotFound, NotFound
 from streamproxy.gateway.books import read_store
-from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig, check
+from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig
+from streamproxy.gateway.config_file import check
 from streamproxy.gateway.reload import merged, swap
 from streamproxy.gateway.state import STATE_KEY, Current, gateway_state
 from streamproxy.http.routes.body import read_body

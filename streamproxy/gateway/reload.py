@@ -21,7 +21,8 @@ from aiohttp import web
 from streamproxy.config import Settings
 from streamproxy.errors import ServerShuttingDown
 from streamproxy.gateway import metrics as M
-from streamproxy.gateway.config import Deployment, GatewayConfig, check
+from streamproxy.gateway.config import Deployment, GatewayConfig
+from streamproxy.gateway.config_file import check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
 
 log = logging.getLogger("streamproxy.gateway")

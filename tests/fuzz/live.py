@@ -27,7 +27,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine_adapter.fake import FakeEngine, FakeScript
 from streamproxy.config import Settings
 from streamproxy.gateway.app import create_gateway_app
-from streamproxy.gateway.config import GatewayConfig, check
+from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.config_file import check
 from streamproxy.http.app import create_app
 from tests.support.served import serve_app
 

@@ -43,7 +43,8 @@ from streamproxy.config import Settings
 from streamproxy.gateway import probes
 from streamproxy.gateway.app import create_gateway_app
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import GatewayConfig, check
+from streamproxy.gateway.config import GatewayConfig
+from streamproxy.gateway.config_file import check
 from streamproxy.gateway.state import STATE_KEY, GatewayState
 from streamproxy.http.app import create_app
 from streamproxy.http.context import CONTEXT

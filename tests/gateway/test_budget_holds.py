@@ -24,7 +24,8 @@ from streamproxy.apis.responses.spec import RESPONSES
 from streamproxy.apis.spec import OPENAI
 from streamproxy.errors import QuotaExceeded
 from streamproxy.gateway import keyring as keyring_module
-from streamproxy.gateway.config import Budgets, ConfigError, split
+from streamproxy.gateway.config import Budgets, ConfigError
+from streamproxy.gateway.config_file import split
 from streamproxy.gateway.holds import NOTHING, Holds, WorstCase, worst_case
 from streamproxy.gateway.keyring import Keyring
 from streamproxy.ledger.keys import StoredKey, period_start

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import ConfigError, Deployment, UpstreamPolicy, split
+from streamproxy.gateway.config import ConfigError, Deployment, UpstreamPolicy
+from streamproxy.gateway.config_file import split
 from streamproxy.gateway.health import Breaker, Health
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.prefix import PrefixIndex, canonical, prefix_keys

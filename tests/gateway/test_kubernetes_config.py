@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from streamproxy.gateway.config import ConfigError, split
+from streamproxy.gateway.config import ConfigError
+from streamproxy.gateway.config_file import split
 from streamproxy.gateway.kube_pods import Backoff, PodTable, parse
 from streamproxy.gateway.lifecycle import Lifecycle, Phase
 

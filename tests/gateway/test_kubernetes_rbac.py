@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from harness.fake_kube import FakeKube
-from streamproxy.gateway.config import split
+from streamproxy.gateway.config_file import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, post
 from tests.gateway.test_kubernetes import BOUND, CHAT, LABELS, source, urls
 from tests.support import wait_until

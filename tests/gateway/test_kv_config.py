@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig, KVEventsEndpoint, UpstreamPolicy, check
+from streamproxy.gateway.config import ConfigError, Deployment, GatewayConfig, KVEventsEndpoint, UpstreamPolicy
+from streamproxy.gateway.config_file import check
 from streamproxy.gateway.replicas import kv_events_for, replica_command
 
 

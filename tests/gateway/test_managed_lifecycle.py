@@ -7,7 +7,8 @@ import random
 import pytest
 
 from streamproxy.gateway.balance import Pool
-from streamproxy.gateway.config import ConfigError, Deployment, Launch, UpstreamPolicy, seconds, split
+from streamproxy.gateway.config import ConfigError, Deployment, Launch, UpstreamPolicy, seconds
+from streamproxy.gateway.config_file import split
 from streamproxy.gateway.lifecycle import Lifecycle, Phase
 
 

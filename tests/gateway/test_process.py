@@ -19,7 +19,7 @@ import yaml
 from harness.process import ROOT
 from harness.server import FAKE_ARGS, serve_process, start_gateway
 from streamproxy.cli import build_gateway
-from streamproxy.gateway.config import split
+from streamproxy.gateway.config_file import split
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat
 from tests.support import sse
 from tests.support.fake import USER_HI

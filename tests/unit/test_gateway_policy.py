@@ -7,7 +7,8 @@ import random
 import pytest
 
 from streamproxy.gateway.balance import Pool, Replica
-from streamproxy.gateway.config import ConfigError, split
+from streamproxy.gateway.config import ConfigError
+from streamproxy.gateway.config_file import split
 
 URLS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
 
