@@ -1,6 +1,6 @@
 """The edge: everything that touches aiohttp and the socket.
 
-`app`/`server`/`connection` build and run the aiohttp application; `body` is a response's one
+`app`/`server`/`connection` build and run the aiohttp application (`client_clock` a connection's client timeouts); `body` is a response's one
 writer (framing, heartbeat, flow control, stall bound), `writer` serve's stream loop over it,
 `nonstream` a slow JSON answer's; `routes/` are thin handlers; the rest are the edge's policies
 (admission, drain, auth, CORS, deprecation, access log, metrics, tracing).

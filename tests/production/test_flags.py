@@ -59,7 +59,7 @@ def test_environment_and_yaml(tmp_path, monkeypatch):
 
 
 def test_client_timeouts_and_connection_cap(monkeypatch):
-    from streamproxy.http.connection import Limits, default_max_connections
+    from streamproxy.http.client_clock import Limits, default_max_connections
 
     settings, _ = build(["--engine", "fake"])
     assert (settings.client_header_timeout, settings.client_body_timeout, settings.keepalive_timeout) == (60.0, 60.0, 75.0)
