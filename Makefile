@@ -78,12 +78,13 @@ TEST_WORKERS ?= 4
 # The real-engine run collects only the folders that hold `engine` tests (tests/conftest.py's ENGINE_FOLDERS: an
 # `engine` test elsewhere fails every collection); its servers start ahead of their tests (tests/support/prestart.py).
 ENGINE_TESTS := tests/compat tests/contract tests/engine tests/unit
+# (--durations: each run ends with its slowest tests, for make test's 15-minute budget.)
 
 test: typecheck $(COMPAT)
 	$(BIN)/python -m engine_adapter.default_model
-	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine
+	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine --durations=15
 	$(MAKE) --no-print-directory check-vllm
-	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine
+	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine --durations=30
 
 # Every supported vLLM release (engine_adapter/vllm_compat.py's SUPPORTED, pyproject.toml's gpu extra), also
 # those with no CPU build: the GPU wheel's Python sources (tests/support/vllm_sources.py; pip caches the wheel)
