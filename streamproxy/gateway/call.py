@@ -26,13 +26,13 @@ from streamproxy.apis.spec import ApiSpec, Usage
 from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
+from streamproxy.gateway.exchange import Exchange, UpstreamClosed
 from streamproxy.gateway.flowcontrol import Ticket
 from streamproxy.gateway.kv_index import PromptKeys
 from streamproxy.gateway.limits import KeyLimiter
 from streamproxy.gateway.resume import Stream
 from streamproxy.gateway.state import GatewayState
 from streamproxy.gateway.upstream import CONNECT_ERRORS, UpstreamError, ask, read_error
-from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http import tracing
 from streamproxy.http.context import RequestContext
 

@@ -25,11 +25,12 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment, Kubernetes
+from streamproxy.gateway.exchange import UpstreamClosed
 from streamproxy.gateway.kube_api import UNREACHABLE, ApiStatus, Gone, KubeApi, KubeConfigMissing, WatchCut, refused
 from streamproxy.gateway.kube_pods import Backoff, PodActivity, PodTable, activity
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 from streamproxy.gateway.source import wake_or_refuse
-from streamproxy.gateway.wire import UpstreamClosed, Upstreams
+from streamproxy.gateway.wire import Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
 

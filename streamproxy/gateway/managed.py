@@ -25,10 +25,11 @@ from streamproxy.errors import ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool
 from streamproxy.gateway.config import Deployment
+from streamproxy.gateway.exchange import UpstreamClosed
 from streamproxy.gateway.lifecycle import GAUGE, Lifecycle, Phase
 from streamproxy.gateway.replicas import ReplicaProcess, spawn, watch
 from streamproxy.gateway.source import wake_or_refuse
-from streamproxy.gateway.wire import UpstreamClosed, Upstreams
+from streamproxy.gateway.wire import Upstreams
 
 log = logging.getLogger("streamproxy.gateway")
 

@@ -19,8 +19,8 @@ import time
 
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.balance import Pool, Replica
+from streamproxy.gateway.exchange import UpstreamClosed
 from streamproxy.gateway.state import Current, GatewayState
-from streamproxy.gateway.wire import UpstreamClosed
 
 log = logging.getLogger("streamproxy.gateway")
 

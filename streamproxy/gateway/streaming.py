@@ -24,10 +24,10 @@ from streamproxy.apis.spec import Usage
 from streamproxy.errors import APIError, ServiceUnavailable
 from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
+from streamproxy.gateway.exchange import Exchange, UpstreamClosed
 from streamproxy.gateway.relay import SSERelay
 from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, CONTINUES, EXHAUSTED, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
 from streamproxy.gateway.upstream import UpstreamError
-from streamproxy.gateway.wire import Exchange, UpstreamClosed
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
 from streamproxy.http.writer import client_gone
 

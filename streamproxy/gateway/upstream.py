@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 
 from streamproxy.errors import APIError
+from streamproxy.gateway.exchange import Exchange, UpstreamClosed
 from streamproxy.gateway.upstream_tls import ClientTLS
-from streamproxy.gateway.wire import Exchange, UpstreamClosed, Upstreams
+from streamproxy.gateway.wire import Upstreams
 
 CONNECT_ERRORS = (UpstreamClosed, OSError, asyncio.TimeoutError)
 

@@ -325,7 +325,7 @@ class Ended(Protocol):
 
 
 class Source(Protocol):
-    """What `RelayBody.follow` relays: the gateway's `wire.Exchange`."""
+    """What `RelayBody.follow` relays: the gateway's `exchange.Exchange`."""
 
     def stream(self, sink: Callable[[bytes], bool]) -> None: ...
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from streamproxy.gateway.exchange import UpstreamClosed
 from streamproxy.gateway.upstream_tls import ClientTLS
-from streamproxy.gateway.wire import Reply, UpstreamClosed, Upstreams
+from streamproxy.gateway.wire import Reply, Upstreams
 from tests.gateway.conftest import Stub, StubHandler, refused_url
 from tests.support.tls import make_certs
 

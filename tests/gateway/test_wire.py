@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
+from streamproxy.gateway.exchange import Connection, UpstreamClosed
 from streamproxy.gateway.upstream import ask
-from streamproxy.gateway.wire import Origin, UpstreamClosed, Upstreams, _Connection
+from streamproxy.gateway.wire import Origin, Upstreams
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -224,7 +225,7 @@ async def test_a_connection_closed_before_its_request_fails_the_request_at_once(
     """A replica over its connection cap accepts and closes at once; when the close lands between
     the connect and the request, nothing will ever come back: the exchange fails now, not after
     the read timeout."""
-    conn = _Connection(Origin("http://127.0.0.1:9", keepalive=1, loop=asyncio.get_running_loop()))
+    conn = Connection(Origin("http://127.0.0.1:9", keepalive=1, loop=asyncio.get_running_loop()))
     conn.connection_made(_ClosedTransport())
     conn.connection_lost(None)
     exchange = conn.start(b"POST / HTTP/1.1\r\n\r\n", read_timeout=30, reused=False, head_only=False)

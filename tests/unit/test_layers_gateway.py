@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.test_layers import ENGINES, ROOT, modules, offending
 
-GATEWAY_SANS_IO = ("config", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds",
+GATEWAY_SANS_IO = ("config", "config_file", "relay", "prefix", "balance", "health", "limits", "lifecycle", "h1", "kube_pods", "holds",
                    # issue 35: KV-cache-aware routing and tenant fairness
                    "kv_events", "kv_index", "kv_feed", "kv_score", "fairq",
                    # issue 36: stream migration

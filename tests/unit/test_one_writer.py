@@ -5,8 +5,9 @@ engine's step, the gateway's relayed events, keepalives, the 408 to an unread re
 every look at how much is still unsent there (flow control), is `body.py`'s; everything else
 goes through aiohttp's response (`Body.write`/`finish` call it). Reaching for a transport's
 `write`, `writelines` or `get_write_buffer_size` anywhere else, also by keeping the bound method
-in a name, fails here. The one exception is the gateway's HTTP client (`gateway/wire.py`): it
-writes requests to replicas on connections of its own, not a client's response.
+in a name, fails here. The one exception is the gateway's HTTP client (`gateway/exchange.py`'s
+connections, pooled by wire.py): it writes requests to replicas on connections of its own, not a
+client's response.
 (tests/production/test_one_writer.py and tests/gateway/test_one_writer.py check the same at
 run time: every write to a stream's transport comes through body.py.)
 """
@@ -21,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = "streamproxy/http/body.py"
 # Writes to connections that are not a client's: the gateway's own client to its replicas.
-CLIENT_SIDE = {"streamproxy/gateway/wire.py"}
+CLIENT_SIDE = {"streamproxy/gateway/exchange.py"}
 
 
 def transport_writes(source: str) -> list[tuple[int, str]]:
