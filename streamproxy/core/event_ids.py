@@ -1,8 +1,8 @@
 """`return_token_ids` on an item-based stream (Responses, Anthropic Messages): ids on its events. Sans-IO.
 
 `EventIds` wraps a `BlockEncoder` that a request asked for ids: the prompt's go once, as
-`"prompt_token_ids":[...]` at the end of the stream's first event (`response.created`, `message_start`);
-each step's as `"token_ids":[...]` at the end of the step's last event, its other events marked open
+`"prompt_token_ids":[...]` at the end of the stream's last opening event (`response.in_progress`,
+`message_start`; the ones before it marked open, below); each step's as `"token_ids":[...]` at the end of the step's last event, its other events marked open
 (`"token_ids":[]`), so a gateway that keeps what a client has (gateway/serve_chunks.py) holds a step's
 events until its ids come and the client only ever has whole steps. A step that sends nothing (a parser
 holds its text) passes its ids on to the next event out, and so does the step that finishes: its events
@@ -67,10 +67,10 @@ class EventIds:
     # -- the protocol ---------------------------------------------------
     def start(self) -> bytes:
         out = self.inner.start()
-        end = out.find(_END)
-        if end < 0:
+        if not out:
             return out  # (a continuation: no opening events)
-        return out[:end] + b',"prompt_token_ids":' + orjson.dumps(self.prompt_ids) + out[end:]
+        out = out.replace(_END, _OPEN)
+        return out[: -len(_OPEN)] + b',"prompt_token_ids":' + orjson.dumps(self.prompt_ids) + _END
 
     def step(self, deltas: Sequence[Delta]) -> bytes:
         out = self.inner.step(deltas)

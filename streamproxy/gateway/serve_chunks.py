@@ -6,6 +6,12 @@ they are removed, not made null (serve sends no field unasked), and so are its i
 chunks before its last are held until it comes, so the client only ever has whole steps: a break
 drops what is held and the continuation (`continue_token_ids`) makes the step again. A continuation's
 chunks are the unbroken stream's but for their head (id, created): the client's is put back.
+
+Responses and Messages streams (`blocks`: core/event_ids.py puts the ids on their events) hold the same
+way, every event marked open; their ids (items, calls, tool_use) follow from the response's id, which
+the gateway's request id makes the same on every replica. A Responses continuation's events are
+numbered from 0 and carry its own `created_at`: they are numbered on from the client's next
+`sequence_number` and given its `created_at` (the head kept from its `response.created`).
 """
 
 from __future__ import annotations
@@ -19,19 +25,30 @@ _EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
 _SERVE_IDS = re.compile(rb',"(prompt_)?token_ids":\[([0-9, ]*)\]')
 _HEAD = re.compile(rb'data: \{"id":"[^"]*","object":"[^"]*","created":\d+,')
 _OPEN_STEP = b',"token_ids":[]'  # a serve chunk of a step whose ids come on a later chunk
+_CREATED_AT = re.compile(rb'"created_at":\d+')  # a Responses stream's head (its response.created's)
+_MESSAGE_ID = re.compile(rb'"id":"[^"]*"')  # a Messages stream's (its message_start's)
+_SEQ = b'"sequence_number":'
+_SEQ_NUMBER = re.compile(rb'"sequence_number":(\d+)')
+RESPONSES_KIND, MESSAGES_KIND = "responses", "messages"
+# The events a block API's stream ends with (after one, the stream is whole: nothing is continued).
+_ENDS = {RESPONSES_KIND: (b"event: response.completed\n", b"event: response.incomplete\n", b"event: response.failed\n"),
+         MESSAGES_KIND: (b"event: message_stop\n",)}
 
 
 class ServeChunks:
     """`Stream`'s serve-replica part (its attributes are Stream's)."""
 
-    __slots__ = ("serve", "head_bytes", "rehead", "held")
+    __slots__ = ("serve", "head_bytes", "rehead", "held", "blocks", "next_seq", "seq_base")
     tracking: bool
     strip: bool
     generated: array[int]
     prompt: array[int] | None
     limit: int
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: str | None = None) -> None:
+        self.blocks = blocks  # RESPONSES_KIND or MESSAGES_KIND: a block API's stream; None: chat or completions
+        self.next_seq = 0  # Responses: the client's next event's sequence_number
+        self.seq_base: int | None = None  # a Responses continuation's: what its numbers are moved by
         self.serve = False  # the attempt's replica is a `streamproxy serve` (its `CONTINUES` header)
         self.head_bytes = b""  # the client's chunks' head (`_HEAD`: id, object, created)
         self.rehead: tuple[bytes, bytes] | None = None  # a serve continuation's head, and the client's
@@ -51,7 +68,7 @@ class ServeChunks:
         if self.tracking:
             out: list[bytes] = []
             for event in _EVENT.findall(block):
-                if _OPEN_STEP in event and b'"finish_reason":null' in event:
+                if _OPEN_STEP in event and (self.blocks is not None or b'"finish_reason":null' in event):
                     self.held.append(event)
                     continue
                 if self.held:
@@ -69,10 +86,40 @@ class ServeChunks:
                 self._untracked()
         if not self.strip:
             return block
+        if self.blocks is not None:
+            return _SERVE_IDS.sub(b"", block)  # (a block API's stream has no id-only events)
         return b"".join(e for e in _EVENT.findall(_SERVE_IDS.sub(b"", block)) if not _id_only(e))
+
+    def _block_head(self, block: bytes) -> bytes:
+        """A block API's head, from its first event: Responses' `created_at`, Messages' id."""
+        found = (_CREATED_AT if self.blocks == RESPONSES_KIND else _MESSAGE_ID).search(block)
+        return found[0] if found else b""
+
+    def _block_ended(self, block: bytes) -> bool:
+        """The block holds the stream's last event (nothing is continued after it)."""
+        assert self.blocks is not None
+        return any(end in block for end in _ENDS[self.blocks])
+
+    def _renumbered(self, block: bytes) -> bytes:
+        """A Responses continuation's events numbered on from the client's and given its created_at."""
+        base = self.seq_base
+        if base is None:
+            base = self.seq_base = self.next_seq
+        block = _SEQ_NUMBER.sub(lambda m: _SEQ + str(int(m[1]) + base).encode(), block)
+        if b'"created_at":' in block:
+            block = _CREATED_AT.sub(lambda _: self.head_bytes, block)
+        return block
+
+    def _sequenced(self, block: bytes) -> None:
+        """A Responses block the client gets: its last event's number, plus one, is the next."""
+        found = _SEQ_NUMBER.search(block, max(0, block.rfind(_SEQ)))
+        if found is not None:
+            self.next_seq = int(found[1]) + 1
 
     def _reheaded(self, block: bytes) -> bytes:
         """A serve continuation's chunks with the client's stream's head (its id and created)."""
+        if self.blocks is not None:  # (a Messages stream's ids are the same: nothing to put back)
+            return self._renumbered(block) if self.blocks == RESPONSES_KIND else block
         if self.rehead is None:
             found = _HEAD.search(block)
             if found is None:

@@ -147,10 +147,10 @@ async def _follow(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes, 
     assert run.attempt is not None
     exchange = run.attempt.exchange
     relay_, resume = run.relay, call.resume
+    if resume is not None and not resume.continuing:  # a `streamproxy serve` replica says so (resume.py)
+        resume.replica(CONTINUES in exchange.headers)
     # The idle bound is for streams that can move on (a continuable one; else the read timeout's as before).
     idle = call.pool.deployment.migration.stream_idle_timeout if resume is not None and resume.why is None else 0.0
-    if resume is not None and not resume.continuing:  # a `streamproxy serve` replica says so (resume.py)
-        resume.serve = CONTINUES in exchange.headers
     body.feed = relay_.feed if resume is None else _Feed(relay_, resume, exchange, idle)
     tail = b""
     try:

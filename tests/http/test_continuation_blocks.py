@@ -33,7 +33,8 @@ def steps(raw: bytes) -> tuple[bytes, list[tuple[bytes, int]]]:
     """The opening events, and each step's events with how many ids end them (a step's ids are on its last
     event; the events before it, marked open, and the steps that sent nothing belong to it)."""
     out = events(raw)
-    at = next(i for i, e in enumerate(out) if b'"token_ids":' in e)
+    at = next(i for i, e in enumerate(out) if b'"prompt_token_ids":' in e) + 1
+    assert all(e.endswith(b',"token_ids":[]}\n\n') for e in out[: at - 1])  # (the opening's others are open)
     groups, pending = [], b""
     for event in out[at:]:
         pending += event
@@ -54,7 +55,7 @@ async def test_a_continuation_after_any_token_streams_what_the_unbroken_stream_s
     assert headers["Streamproxy-Continuation"] == "continue_token_ids"
     prompt = engine.submitted[-1][1]
     opening, groups = steps(whole)
-    assert orjson.loads(opening.split(b"data: ")[1].split(b"\n")[0])["prompt_token_ids"] == prompt
+    assert orjson.loads(opening.split(b"data: ")[-1].split(b"\n")[0])["prompt_token_ids"] == prompt
     assert sum(n for _, n in groups) == len(tokens)
     if case != "text":
         assert (b"function_call" in whole or b"tool_use" in whole) if case == "tool-calls" else (b"reasoning" in whole or b"thinking" in whole)

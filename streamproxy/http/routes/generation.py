@@ -26,9 +26,9 @@ import msgspec
 from aiohttp import web
 
 from engine_adapter.base import Delta, Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, Sink, TokenLogprob
+from streamproxy.core import continuation
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
-from streamproxy.core import continuation
 from streamproxy.core.continuation import PARAM as CONTINUE_PARAM
 from streamproxy.core.event_ids import EventIds
 from streamproxy.core.stream import StreamEncoder
