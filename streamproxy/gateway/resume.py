@@ -24,6 +24,8 @@ chunks carry the ids where it puts them, removed (not made null) for a client th
 id-only chunks dropped; a break goes on as the same request with `continue_token_ids` (the generated
 ids) on a serve replica, whose chunks are the unbroken stream's but for their id and created (the
 first chunk's head put back): parser-shaped streams too (`parser_refusal` is a vLLM replica's only).
+Responses and Anthropic Messages streams (`blocks`) go on on serve replicas only, the same way (their
+events held, stripped, renumbered: serve_chunks.py); on a vLLM replica they are not tracked (`replica`).
 
 Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
 stream stops being tracked, and so does one whose replica sends no ids (its first chunk has no
