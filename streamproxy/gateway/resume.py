@@ -44,7 +44,7 @@ import orjson
 from streamproxy.gateway.refusals import BLOCKS, CHAT, COMPLETIONS, CONTINUED, RESPONSES, parser_refusal, refusal
 from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, MESSAGES_KIND, RESPONSES_KIND, ServeChunks
 
-__all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "Stream", "parser_refusal", "refusal"]
+__all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "RESPONSES_KIND", "Stream", "parser_refusal", "refusal"]
 
 _IDS = re.compile(rb'"(prompt_)?token_ids":\[([0-9, ]*)\]')
 _TOKEN_IDS = b'"token_ids":['

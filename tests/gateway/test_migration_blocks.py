@@ -21,8 +21,9 @@ import pytest
 from harness.waiting import wait_until
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.writer import Ledger
+from tests.gateway.conftest import refused_url
 from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, line_for, sample
-from tests.support.block_cases import BODIES, CASES_BY_API, MESSAGES, RESPONSES, normalized, script
+from tests.support.block_cases import BODIES, CASES_BY_API, MESSAGES, RESPONSES, events, normalized, script
 
 UPSTREAM = {"consecutive_errors": 100_000, "prefix_affinity": False, "rendezvous": False}  # the first listed first
 CASES = [(api, case) for api, cases in CASES_BY_API.items() for case in cases]
@@ -158,3 +159,38 @@ async def test_a_moved_stream_is_one_access_log_line_and_one_ledger_record_of_th
     record = records["moved-1"]
     assert (record.replicas, record.replica, record.migrations, record.status) == ([front.base, b.base], b.base, 1, 200)
     assert (record.prompt_tokens, record.completion_tokens) == (records["whole-1"].prompt_tokens, len(tokens))
+
+
+async def test_a_responses_stream_no_replica_takes_on_ends_numbered_after_what_the_client_had(replica, gateway, stub, session):
+    a = await replica(script(RESPONSES, "text"))
+    dying = Dying(a.base)
+    front = dying.stub = await stub(dying)
+    gw = await gateway(deployments=deployment(front.base, refused_url()), upstream=UPSTREAM)
+    gw.in_order()
+    failed = migrations("failed")
+    dying.cut = 3  # response.created, .in_progress, and the item's output_item.added (held: its step's ids did not come)
+    got = await read(session, gw.url(RESPONSES), BODIES[RESPONSES]({}, model=DEPLOYMENT))
+    out = events(got)
+    assert [e.split(b"\n")[0] for e in out] == [b"event: response.created", b"event: response.in_progress", b"event: error",
+                                                  b"event: response.failed"]
+    assert [orjson.loads(e.split(b"data: ")[1])["sequence_number"] for e in out] == [0, 1, 2, 3]
+    assert orjson.loads(out[-1].split(b"data: ")[1])["response"]["output"] == []  # (the held item never reached the client)
+    assert migrations("failed") == failed + 1
+
+
+async def test_a_continued_responses_stream_that_breaks_again_fails_its_whole_response_in_band(replica, gateway, stub, session):
+    a = await replica(script(RESPONSES, "text"))
+    b = await replica(script(RESPONSES, "text"))
+    first, second = Dying(a.base), Dying(b.base)
+    first.stub, second.stub = await stub(first), await stub(second)
+    gw = await gateway(deployments=deployment(first.stub.base, second.stub.base, refused_url()), upstream=UPSTREAM)
+    gw.in_order()
+    first.cut, second.cut = 5, 1  # the opening, the item and its part, "Hel"; then the continuation's "lo"
+    got = await read(session, gw.url(RESPONSES), BODIES[RESPONSES]({}, model=DEPLOYMENT))
+    out = [orjson.loads(e.split(b"data: ")[1]) for e in events(got)]
+    assert [e["type"] for e in out][-4:] == ["response.output_text.delta", "response.output_text.delta", "error", "response.failed"]
+    assert [e["sequence_number"] for e in out] == list(range(8)) and [e["delta"] for e in out[4:6]] == ["Hel", "lo"]
+    assert "continue_token_ids" in second.bodies[-1]
+    failed = out[-1]["response"]
+    assert failed["id"] == "resp_cut-1" and failed["status"] == "failed"
+    assert [(item["id"], item["status"]) for item in failed["output"]] == [(out[2]["item"]["id"], "incomplete")]

@@ -16,11 +16,44 @@ from typing import Any
 import orjson
 import pytest
 
-from engine_adapter.fake import SCRIPT_IDS
+from engine_adapter.fake import SCRIPT_IDS, FakeScript
 from tests.support.block_cases import BODIES, CASES_BY_API, MESSAGES, RESPONSES, events, normalized, renumbered, script, stripped
 
 _STEP_IDS = re.compile(rb',"token_ids":\[([0-9,]+)\]\}\n\n$')
 CASES = [(api, case) for api, cases in CASES_BY_API.items() for case in cases]
+
+# A text stream asked for nothing (X-Request-Id req-1, created_at made 0): the bytes as before this
+# server took ids on these routes, but for the item's id, which follows from the response's now.
+SHELL = b'{"id":"resp_req-1","object":"response","created_at":0,"status":"in_progress","background":false,"error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,"max_tool_calls":null,"model":"fake","output":[],"parallel_tool_calls":true,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"service_tier":"default","store":false,"temperature":null,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_logprobs":0,"top_p":null,"truncation":"disabled","usage":null,"user":null,"metadata":{}}'
+_RESPONSES_EVENTS = (
+    b'event: response.created\ndata: {"type":"response.created","response":%(shell)s,"sequence_number":0}\n\n'
+    b'event: response.in_progress\ndata: {"type":"response.in_progress","response":%(shell)s,"sequence_number":1}\n\n'
+    b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_88124d8d6dcb0","type":"message","status":"in_progress","role":"assistant","content":[]},"sequence_number":2}\n\n'
+    b'event: response.content_part.added\ndata: {"type":"response.content_part.added","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]},"sequence_number":3}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"delta":"Hel","logprobs":[],"sequence_number":4}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"delta":"lo","logprobs":[],"sequence_number":5}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"delta":" world","logprobs":[],"sequence_number":6}\n\n'
+    b'event: response.output_text.done\ndata: {"type":"response.output_text.done","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"text":"Hello world","logprobs":[],"sequence_number":7}\n\n'
+    b'event: response.content_part.done\ndata: {"type":"response.content_part.done","item_id":"msg_88124d8d6dcb0","output_index":0,"content_index":0,"part":{"type":"output_text","text":"Hello world","annotations":[],"logprobs":[]},"sequence_number":8}\n\n'
+    b'event: response.output_item.done\ndata: {"type":"response.output_item.done","output_index":0,"item":{"id":"msg_88124d8d6dcb0","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello world","annotations":[],"logprobs":[]}]},"sequence_number":9}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_req-1","object":"response","created_at":0,"status":"completed","background":false,"error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,"max_tool_calls":null,"model":"fake","output":[{"id":"msg_88124d8d6dcb0","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello world","annotations":[],"logprobs":[]}]}],"parallel_tool_calls":true,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"service_tier":"default","store":false,"temperature":null,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_logprobs":0,"top_p":null,"truncation":"disabled","usage":{"input_tokens":24,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":27},"user":null,"metadata":{}},"sequence_number":10}\n\n'
+)
+MESSAGES_GOLDEN = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_req-1","type":"message","role":"assistant","model":"fake","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":24,"output_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" world"}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":24,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":3}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+COMPLETED = SHELL.replace(b'"status":"in_progress"', b'"status":"completed"').replace(
+    b'"usage":null', b'"usage":{"input_tokens":24,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0},"output_tokens":3,'
+    b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":27}').replace(
+    b'"output":[]', b'"output":[{"id":"msg_88124d8d6dcb0","type":"message","status":"completed","role":"assistant","content":'
+    b'[{"type":"output_text","text":"Hello world","annotations":[],"logprobs":[]}]}]')
+RESPONSES_GOLDEN = _RESPONSES_EVENTS.replace(b"%(shell)s", SHELL, 2).replace(b"%(shell)s", COMPLETED)
 
 
 async def post(client, path: str, body: dict[str, Any]) -> tuple[bytes, Any]:
@@ -78,6 +111,27 @@ async def test_a_continuation_after_any_token_streams_what_the_unbroken_stream_s
     rest, _ = await post(client, api, {**body, "return_token_ids": False, "continue_token_ids": generated[:cut]})
     expect = stripped(b"".join(e for e, _ in groups[1:]))
     assert rest == (renumbered(expect, 0) if api == RESPONSES else expect)
+
+
+@pytest.mark.parametrize("api", [RESPONSES, MESSAGES])
+async def test_a_stream_that_asks_nothing_is_the_golden_bytes_and_one_that_asks_has_the_ids_on_its_events(serve, api):
+    client, engine = await serve(FakeScript(tokens=["Hel", "lo", " world"], token_delay=0.01))
+    body = {"model": "fake", "input": "hi", "stream": True} if api == RESPONSES else \
+        {"model": "fake", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    plain, _ = await post(client, api, body)
+    golden = RESPONSES_GOLDEN if api == RESPONSES else MESSAGES_GOLDEN
+    assert plain == golden
+    asked, _ = await post(client, api, {**body, "return_token_ids": True})
+    prompt = b',"prompt_token_ids":' + orjson.dumps(engine.submitted[-1][1])
+    hel, lo, world = (b',"token_ids":[%d]' % (SCRIPT_IDS + i) for i in range(3))
+    opened = b',"token_ids":[]'
+    # Responses: created, in_progress, item and part added, the three deltas, the three done events, completed;
+    # Messages: message_start, block start, the three deltas, block stop, message_delta, message_stop.
+    # " world" finishes: its step's events stay open, its id comes on the last event.
+    marks = [opened, prompt, opened, opened, hel, lo, opened, opened, opened, opened, world] if api == RESPONSES else \
+        [prompt, opened, hel, lo, opened, opened, opened, world]
+    expect = b"".join(e[:-3] + mark + b"}\n\n" for e, mark in zip(events(golden), marks, strict=True))
+    assert asked == expect
 
 
 def _openai(status: int, raw: bytes) -> tuple[int, str | None, str]:
