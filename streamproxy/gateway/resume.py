@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from streamproxy.gateway.refusals import BLOCKS, CHAT, COMPLETIONS, CONTINUED, RESPONSES, parser_refusal, refusal
-from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, MESSAGES_KIND, RESPONSES_KIND, ServeChunks
+from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, BLOCK_ERROR, MESSAGES_KIND, RESPONSES_KIND, ServeChunks, block_error
 
 __all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "RESPONSES_KIND", "Stream", "parser_refusal", "refusal"]
 
@@ -130,7 +130,29 @@ class Stream(ServeChunks):
             block = self._reheaded(block)
         if _ERROR in block:
             return self._until_error(block)
+        if self.blocks is not None and (self.error_held or BLOCK_ERROR in block):
+            return self._block_until_error(block)
         return self._relayed(block)
+
+    def _block_until_error(self, block: bytes) -> bytes:
+        """A block API's `_until_error`: the replica's own failure (`block_error`) is the break unless the
+        stream cannot go on; a Responses error waits for its response.failed, which says whose it is."""
+        if self.error_held:
+            block, self.error_held = self.error_held + block, b""
+        events = _EVENT.findall(block)
+        at = next(i for i, e in enumerate(events) if e.startswith(BLOCK_ERROR))
+        before = self._relayed(b"".join(events[:at]))
+        if not (self.serve and self.tracking):
+            return before + b"".join(events[at:])
+        assert self.blocks is not None
+        server, error = block_error(self.blocks, events, at)
+        if server is None:
+            self.error_held = b"".join(events[at:])
+            return before
+        if server and self.plan()[0] != REFUSED:
+            self.failed = error
+            return before
+        return before + b"".join(events[at:])
 
     def _relayed(self, block: bytes) -> bytes:
         if b"data:" not in block:
@@ -331,7 +353,7 @@ class Stream(ServeChunks):
         self.failed = None
         self.replica_usage = self.passive = False
         self.rehead = self.seq_base = None
-        self.held = []
+        self.held, self.error_held = [], b""
         if action == CONTINUE:
             self.continuing = True
         else:

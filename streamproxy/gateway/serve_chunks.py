@@ -8,7 +8,8 @@ drops what is held and the continuation (`continue_token_ids`) makes the step ag
 chunks are the unbroken stream's but for their head (id, created): the client's is put back.
 
 Responses and Messages streams (`blocks`: core/event_ids.py puts the ids on their events) hold the same
-way, every event marked open; their ids (items, calls, tool_use) follow from the response's id, which
+way, every event marked open; the replica's in-band failure (`block_error`: Messages' error of a 5xx
+type, Responses' error whose response.failed says `server_error`) is the break, as chat's; their ids (items, calls, tool_use) follow from the response's id, which
 the gateway's request id makes the same on every replica. A Responses continuation's events are
 numbered from 0 and carry its own `created_at`: they are numbered on from the client's next
 `sequence_number` and given its `created_at` (the head kept from its `response.created`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from typing import Any
 
 import orjson
 
@@ -28,6 +30,8 @@ _OPEN_STEP = b',"token_ids":[]'  # a serve chunk of a step whose ids come on a l
 _CREATED_AT = re.compile(rb'"created_at":\d+')  # a Responses stream's head (its response.created's)
 _MESSAGE_ID = re.compile(rb'"id":"[^"]*"')  # a Messages stream's (its message_start's)
 _SEQ = b'"sequence_number":'
+BLOCK_ERROR = b"event: error\n"  # a block API's in-band error event (Responses: response.failed follows it)
+_SERVER_TYPES = ("api_error", "overloaded_error", "timeout_error")  # Anthropic's error types of a 5xx
 _SEQ_NUMBER = re.compile(rb'"sequence_number":(\d+)')
 RESPONSES_KIND, MESSAGES_KIND = "responses", "messages"
 # The events a block API's stream ends with (after one, the stream is whole: nothing is continued).
@@ -38,7 +42,7 @@ _ENDS = {RESPONSES_KIND: (b"event: response.completed\n", b"event: response.inco
 class ServeChunks:
     """`Stream`'s serve-replica part (its attributes are Stream's)."""
 
-    __slots__ = ("serve", "head_bytes", "rehead", "held", "blocks", "next_seq", "seq_base")
+    __slots__ = ("serve", "head_bytes", "rehead", "held", "blocks", "next_seq", "seq_base", "error_held")
     tracking: bool
     strip: bool
     generated: array[int]
@@ -49,6 +53,7 @@ class ServeChunks:
         self.blocks = blocks  # RESPONSES_KIND or MESSAGES_KIND: a block API's stream; None: chat or completions
         self.next_seq = 0  # Responses: the client's next event's sequence_number
         self.seq_base: int | None = None  # a Responses continuation's: what its numbers are moved by
+        self.error_held = b""  # a Responses error event whose response.failed has not come (`block_error`)
         self.serve = False  # the attempt's replica is a `streamproxy serve` (its `CONTINUES` header)
         self.head_bytes = b""  # the client's chunks' head (`_HEAD`: id, object, created)
         self.rehead: tuple[bytes, bytes] | None = None  # a serve continuation's head, and the client's
@@ -127,6 +132,32 @@ class ServeChunks:
             self.rehead = (found[0], self.head_bytes)
         theirs, ours = self.rehead
         return block.replace(theirs, ours) if theirs != ours else block
+
+
+def block_error(blocks: str, events: list[bytes], at: int) -> tuple[bool | None, dict[str, Any]]:
+    """Whether `events[at]`, a block API's in-band error, is the replica's own failure (True: the break)
+    or the request's (False: passed on), or not known yet (None: Responses' response.failed, which says,
+    has not come); and the error."""
+    data = _data(events[at])
+    if blocks == MESSAGES_KIND:
+        error = data.get("error")
+        error = error if isinstance(error, dict) else {}
+        return error.get("type") in _SERVER_TYPES, error
+    if at + 1 >= len(events):
+        return None, data
+    response = _data(events[at + 1]).get("response")
+    failure = response.get("error") if isinstance(response, dict) else None
+    return (failure.get("code") if isinstance(failure, dict) else None) == "server_error", data
+
+
+def _data(event: bytes) -> dict[str, Any]:
+    start = event.find(b"data:")
+    line_end = event.find(b"\n", start)
+    try:
+        data = orjson.loads(event[start + 5 : line_end if line_end >= 0 else len(event)])
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _id_only(event: bytes) -> bool:

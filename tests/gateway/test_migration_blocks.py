@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from engine_adapter.fake import FakeScript
 from harness.waiting import wait_until
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.writer import Ledger
@@ -194,3 +195,26 @@ async def test_a_continued_responses_stream_that_breaks_again_fails_its_whole_re
     failed = out[-1]["response"]
     assert failed["id"] == "resp_cut-1" and failed["status"] == "failed"
     assert [(item["id"], item["status"]) for item in failed["output"]] == [(out[2]["item"]["id"], "incomplete")]
+
+
+@pytest.mark.parametrize("fail_as", ["failure", "rejected"])
+@pytest.mark.parametrize("api", [RESPONSES, MESSAGES])
+async def test_a_replica_s_own_in_band_failure_is_the_break_and_the_request_s_error_is_passed_on(api, fail_as, replica, gateway, session):
+    tokens = CASES_BY_API[api]["text"][0]
+    a = await replica(FakeScript(tokens=tokens, fail_after=2, fail_as=fail_as))
+    b = await replica(FakeScript(tokens=tokens))
+    body = BODIES[api]({}, model=DEPLOYMENT)
+    reference = await gateway(b, deployments=deployment(b.base), upstream=UPSTREAM)
+    whole = await read(session, reference.url(api), body)
+    gw = await gateway(deployments=deployment(a.base, b.base), upstream=UPSTREAM)
+    gw.in_order()
+    continued = migrations("continued")
+    got = await read(session, gw.url(api), body)
+    if fail_as == "failure":  # the engine's failure (a 503 in-band): continued on b
+        assert got == whole and migrations("continued") == continued + 1
+        return
+    # The engine's refusal of the request (a 400 in-band): the client's, as the replica sent it.
+    assert b"event: error" in got and b"injected failure after 2 tokens" in got and migrations("continued") == continued
+    last = got.split(b"\n\n")[-2]
+    assert last.startswith(b"event: response.failed" if api == RESPONSES else b"event: error") and b"token_ids" not in got
+    assert got.count(b"event: error") == 1  # (the replica's alone: the stream ended there)
