@@ -9,7 +9,8 @@ chunks are the unbroken stream's but for their head (id, created): the client's 
 
 Responses and Messages streams (`blocks`: core/event_ids.py puts the ids on their events) hold the same
 way, every event marked open; the replica's in-band failure (`block_error`: Messages' error of a 5xx
-type, Responses' error whose response.failed says `server_error`) is the break, as chat's; their ids (items, calls, tool_use) follow from the response's id, which
+type, Responses' error whose response.failed says `server_error`) is the break, as chat's; their
+ids (items, calls, tool_use) follow from the response's id, which
 the gateway's request id makes the same on every replica. A Responses continuation's events are
 numbered from 0 and carry its own `created_at`: they are numbered on from the client's next
 `sequence_number` and given its `created_at` (the head kept from its `response.created`).
