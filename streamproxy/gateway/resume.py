@@ -152,7 +152,7 @@ class Stream(ServeChunks):
         if server and self.plan()[0] != REFUSED:
             self.failed = error
             return before
-        return before + b"".join(events[at:])
+        return before + self._released() + b"".join(events[at:])
 
     def _relayed(self, block: bytes) -> bytes:
         if b"data:" not in block:

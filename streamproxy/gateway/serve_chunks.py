@@ -96,6 +96,12 @@ class ServeChunks:
             return _SERVE_IDS.sub(b"", block)  # (a block API's stream has no id-only events)
         return b"".join(e for e in _EVENT.findall(_SERVE_IDS.sub(b"", block)) if not _id_only(e))
 
+    def _released(self) -> bytes:
+        """The held events, as the client gets them (the stream ends here: a request's own error)."""
+        held = b"".join(self.held)
+        self.held.clear()
+        return _SERVE_IDS.sub(b"", held) if self.strip else held
+
     def _block_head(self, block: bytes) -> bytes:
         """A block API's head, from its first event: Responses' `created_at`, Messages' id."""
         found = (_CREATED_AT if self.blocks == RESPONSES_KIND else _MESSAGE_ID).search(block)
