@@ -54,6 +54,7 @@ CONTINUES = "streamproxy-continuation"  # serve's header: it takes `continue_tok
 # Keys a tool-call or reasoning parser puts in a delta (its text is not plain content: not continued).
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
 _ERROR = b'data: {"error"'
+_PING = b"event: ping\n"  # what a silent Messages stream sends (a queued one, before its message_start)
 _DONE = b"data: [DONE]\n\n"
 FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
@@ -193,7 +194,7 @@ class Stream(ServeChunks):
                 self.head_bytes = self._block_head(block)
         if (self.tracking or self.strip) and b"token_ids" in block:
             block = self._serve_ids(block)
-        if b"data:" in block:
+        if not self.sent and block.count(b"data:") > block.count(_PING):  # (a Messages ping is not the answer's)
             self.sent = True
         self.passive = not (self.tracking or self.strip)
         if self.tracking:

@@ -218,3 +218,24 @@ async def test_a_replica_s_own_in_band_failure_is_the_break_and_the_request_s_er
     last = got.split(b"\n\n")[-2]
     assert last.startswith(b"event: response.failed" if api == RESPONSES else b"event: error") and b"token_ids" not in got
     assert got.count(b"event: error") == 1  # (the replica's alone: the stream ended there)
+
+
+async def test_a_messages_stream_that_had_only_pings_is_sent_again(replica, gateway, stub, session):
+    """A queued serve request pings before its message_start: a break then leaves the client nothing to continue."""
+    b = await replica(script(MESSAGES, "text"))
+    ping = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+    async def pings_then_dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                     b"Streamproxy-Continuation: continue_token_ids\r\n\r\n" + b"%x\r\n%s\r\n" % (len(ping), ping))
+        await writer.drain()
+
+    front = await stub(pings_then_dies)
+    body = BODIES[MESSAGES]({}, model=DEPLOYMENT)
+    reference = await gateway(b, deployments=deployment(b.base), upstream=UPSTREAM)
+    whole = await read(session, reference.url(MESSAGES), body)
+    gw = await gateway(deployments=deployment(front.base, b.base), upstream=UPSTREAM)
+    gw.in_order()
+    resent = migrations("resent")
+    assert await read(session, gw.url(MESSAGES), body) == ping + whole
+    assert migrations("resent") == resent + 1
