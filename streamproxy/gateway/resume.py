@@ -187,7 +187,7 @@ class Stream(ServeChunks):
 
     def _block_relayed(self, block: bytes) -> bytes:
         """A Responses or Messages stream's block: its head from the first (serve's), the ids kept and stripped,
-        the client's next sequence number noted, its last event seen (then `finished`). Nothing is decoded."""
+        the client's next sequence number noted, its last event seen (then `finished`). No event is decoded."""
         if self.head is None and not self.continuing:
             self.head = {}
             if self.serve:

@@ -122,6 +122,13 @@ class ServeChunks:
             block = _CREATED_AT.sub(lambda _: self.head_bytes, block)
         return block
 
+    def client_sequence(self) -> int | None:
+        """A tracked Responses stream's next sequence_number for the client (an in-band error's: after what
+        it had, held events dropped, a continuation's numbered on); None: the relay's count is it."""
+        if self.blocks == RESPONSES_KIND and self.serve and self.prompt is not None:
+            return self.next_seq
+        return None
+
     def _sequenced(self, block: bytes) -> None:
         """A Responses block the client gets: its last event's number, plus one, is the next."""
         found = _SEQ_NUMBER.search(block, max(0, block.rfind(_SEQ)))

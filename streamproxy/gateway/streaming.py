@@ -62,9 +62,9 @@ class _Run:
 def _relay(call: Call, kept: list[dict[str, Any]] | None = None) -> SSERelay:
     """The relay of an attempt; a migrating Responses stream's keeps the events its record lets through
     (`_Feed`), and a continuation's those of the attempts before (`kept`: its in-band error's response)."""
-    blocks = call.resume is not None and call.resume.blocks == RESPONSES_KIND
+    responses = call.resume is not None and call.resume.blocks == RESPONSES_KIND
     relay_ = SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage,
-                      finishes=call.finishes, keep=not blocks)
+                      finishes=call.finishes, keep=not responses)
     if kept is not None:
         relay_.kept = kept
     return relay_
@@ -234,10 +234,7 @@ async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: 
 def _broken(call: Call, run: _Run, reason: str) -> bytes:
     error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
     call.ctx.fail(error.code)
-    resume = call.resume
-    # A tracked Responses stream numbers its error after what the client had (held events dropped, a continuation's own).
-    tracked = resume is not None and resume.blocks == RESPONSES_KIND and resume.serve and resume.prompt is not None
-    return run.relay.error(error, resume.next_seq if tracked and resume is not None else None)
+    return run.relay.error(error, call.resume.client_sequence() if call.resume is not None else None)
 
 
 def _usage(call: Call, run: _Run) -> None:
