@@ -1,7 +1,7 @@
 """Each API's stream facts, one object per API: what serve's encoders and the gateway's relay share.
 
                  OPENAI (chat, completions)   RESPONSES                      ANTHROPIC (Messages)
-    end          data: [DONE]                 response.completed|incomplete  message_stop
+    end          data: [DONE]                 response.completed|incomplete  message_stop, error
                                               |failed
     deltas       (every data event)           output_text, reasoning_text,   content_block_delta
                                               function_call_arguments .delta

@@ -6,11 +6,16 @@ CONTENT/REASONING extend the open block of that kind or close and open one; TOOL
 block; TOOL_ARGS extends it. A subclass renders `_open`, `_delta`, `_close` and the framing (`start`,
 `finish`, `error`) as bytes, one bytes object per step. With `emit=False` it is the non-stream
 accumulator instead, so a JSON answer is exactly what the stream reassembles to: a `BlockEncoder` is a
-`stream.StreamEncoder` and an `accumulate.Accumulator`.
+`stream.StreamEncoder` and an `accumulate.Accumulator`. `prime(pieces)` (core/continuation.py) takes a
+continued stream's earlier tokens through the filters and the blocks without a byte out (no opening
+events either), so the blocks' text, positions and ids stand where the broken stream's stood.
+A call block's id is the parser's, or with `id_seed` (`seed_of(the response's id)`) `call_<seed><position>`:
+then a stream's ids follow from its response's id alone, and a continuation's equal the broken stream's.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from engine_adapter.base import Delta
@@ -25,6 +30,11 @@ REASONING: int | None = getattr(F, "REASONING", None)
 TEXT = "text"
 THINKING = "reasoning"
 CALL = "call"
+
+
+def seed_of(response_id: str) -> str:
+    """The id seed of a response (12 hex digits, as random seeds have): its ids follow from its own."""
+    return hashlib.blake2b(response_id.encode(), digest_size=6).hexdigest()
 
 
 class Block:
@@ -52,7 +62,8 @@ class Block:
 class BlockEncoder:
     keepalive = sse.KEEPALIVE
 
-    def __init__(self, filters: FilterFactory | None = None, *, emit: bool = True) -> None:
+    def __init__(self, filters: FilterFactory | None = None, *, emit: bool = True, id_seed: str | None = None) -> None:
+        self.id_seed = id_seed  # call ids derived from it (see the module's comment); None: the parser's
         self.pipeline = Pipeline(filters() if filters else ())
         self.emit = emit
         self.blocks: list[Block] = []
@@ -64,6 +75,7 @@ class BlockEncoder:
         self.reason: str | None = None  # the finish reason after the filters (stop, length, tool_calls)
         self.finish_reason: str | None = None  # the same in this API's words
         self.started = False
+        self.continued = False  # a continuation (`prime`): no opening events
 
     # -- what the writer, generation.run and the access log read ------
     @property
@@ -80,8 +92,23 @@ class BlockEncoder:
 
     # -- the protocol ---------------------------------------------------
     def start(self) -> bytes:
+        if self.continued:
+            return b""  # the opening went out with the stream's first part
         self.started = True
         return self._start() if self.emit else b""
+
+    def prime(self, pieces: Sequence[tuple[str, int]]) -> None:
+        """A continuation: these tokens (text, id) were generated and sent before; nothing goes out."""
+        self.started = self.continued = True
+        emit, self.emit = self.emit, False
+        try:
+            for text, token in pieces:
+                self.tokens += 1
+                parts = self.pipeline.feed(text, [token])
+                if parts:
+                    self._take([], parts)
+        finally:
+            self.emit = emit
 
     def step(self, deltas: Sequence[Delta]) -> bytes:
         out: list[bytes] = []
@@ -120,7 +147,8 @@ class BlockEncoder:
                 if block is None or not p.text:
                     continue
             elif kind == TOOL_CALL:
-                block = self._calls[p.index] = self._switch(out, Block(CALL, id=p.id or F.new_call_id(), name=p.name or ""))
+                call = Block(CALL, id=self.call_id(p.id, len(self.blocks)), name=p.name or "")
+                block = self._calls[p.index] = self._switch(out, call)
                 continue
             else:
                 if not p.text:
@@ -166,6 +194,12 @@ class BlockEncoder:
     # -- for subclasses -------------------------------------------------
     def map_finish_reason(self, reason: str) -> str:
         return reason
+
+    def call_id(self, parser_id: str | None, position: int) -> str:
+        """The id of the call block opening at `position`."""
+        if self.id_seed is not None:
+            return "call_" + self.id_seed + str(position)
+        return parser_id or F.new_call_id()
 
     def _start(self) -> bytes:
         return b""

@@ -30,7 +30,7 @@ from streamproxy.gateway.call import BROKEN, Call, Route
 from streamproxy.gateway.config import ApiKey, Deployment
 from streamproxy.gateway.prefix import prefix_keys
 from streamproxy.gateway.relay import meter_body
-from streamproxy.gateway.resume import CHAT, COMPLETIONS, Stream, parser_refusal, refusal
+from streamproxy.gateway.resume import CONTINUED, Stream, parser_refusal, refusal
 from streamproxy.gateway.scheduler import tokenize_request
 from streamproxy.gateway.state import gateway_state
 from streamproxy.gateway.streaming import stream
@@ -102,7 +102,7 @@ async def _prepare(request: web.Request, route: Route) -> Call:
     salt = data.get("cache_salt")
     resume = None
     migration = deployment.migration
-    if stream and migration.enabled and pool.token_ids and route.api is OPENAI and route.upstream_path in (CHAT, COMPLETIONS):
+    if stream and migration.enabled and pool.token_ids and route.upstream_path in CONTINUED:
         # Stream migration (resume.py): the replica is asked for token ids, stripped unless the client asked.
         asked = data.get("return_token_ids")
         why = refusal(route.upstream_path, data)

@@ -41,7 +41,7 @@ class SSERelay:
     )
 
     def __init__(self, api: ApiSpec, *, served: str, public: str, strip_usage: bool,
-                 finishes: dict[int, str] | None = None) -> None:
+                 finishes: dict[int, str] | None = None, keep: bool = True) -> None:
         self.api = api
         self.usage = Usage()
         self.finishes: dict[int, str] = {} if finishes is None else finishes  # choice index -> why it ended
@@ -53,7 +53,7 @@ class SSERelay:
         self._delta_markers = api.deltas
         self._done_markers = api.done
         self.kept: list[dict[str, Any]] = []  # the events the API's in-band error is made of (api.kept)
-        self._kept_markers = api.kept
+        self._kept_markers = api.kept if keep else ()  # (keep=False: the caller `keep`s what the client got)
         self._buf = b""
         self._sep: bytes | None = None  # b"\n\n", or b"\r\n\r\n" for a CRLF replica
         self._sep_comment = b"\n\n:"  # an event that starts as a comment, after a separator
@@ -82,7 +82,7 @@ class SSERelay:
             block = self._meter(block, sep)
         for marker in self._kept_markers:
             if marker in block:
-                self._keep(block, sep)
+                self._keep(block, sep, self._kept_markers)
                 break
         for marker in self._finish_markers:
             if marker in block:
@@ -94,9 +94,19 @@ class SSERelay:
                     self.done = True
         return block
 
-    def error(self, exc: APIError) -> bytes:
-        """The in-band error that ends the client's stream here, numbered after the events relayed."""
-        return self.api.error(exc, self.events - self.comments, self.kept)
+    def error(self, exc: APIError, sequence_number: int | None = None) -> bytes:
+        """The in-band error that ends the client's stream here, numbered after the events relayed (or
+        `sequence_number`: a migrating stream's, which knows what the client had)."""
+        number = self.events - self.comments if sequence_number is None else sequence_number
+        return self.api.error(exc, number, self.kept)
+
+    def keep(self, block: bytes) -> None:
+        """Keep the `kept` events of a block the client gets (a relay made with keep=False: a migrating
+        stream's, whose record may hold events back)."""
+        for marker in self.api.kept:
+            if marker in block:
+                self._keep(block, self._sep or b"\n\n", self.api.kept)
+                break
 
     @property
     def pending(self) -> bool:
@@ -136,9 +146,9 @@ class SSERelay:
             out.append(event + sep)
         return b"".join(out)
 
-    def _keep(self, block: bytes, sep: bytes) -> None:
+    def _keep(self, block: bytes, sep: bytes, markers: tuple[bytes, ...]) -> None:
         for event in block.split(sep)[:-1]:
-            if event.startswith(self._kept_markers):
+            if event.startswith(markers):
                 data = _json(event)
                 if data is not None:
                     self.kept.append(data)

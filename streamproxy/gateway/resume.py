@@ -24,6 +24,8 @@ chunks carry the ids where it puts them, removed (not made null) for a client th
 id-only chunks dropped; a break goes on as the same request with `continue_token_ids` (the generated
 ids) on a serve replica, whose chunks are the unbroken stream's but for their id and created (the
 first chunk's head put back): parser-shaped streams too (`parser_refusal` is a vLLM replica's only).
+Responses and Anthropic Messages streams (`blocks`) go on on serve replicas only, the same way (their
+events held, stripped, renumbered: serve_chunks.py); on a vLLM replica they are not tracked (`replica`).
 
 Ids are kept as 32-bit arrays, at most `limit` per stream (prompt and generated); a longer
 stream stops being tracked, and so does one whose replica sends no ids (its first chunk has no
@@ -39,10 +41,10 @@ from typing import Any
 
 import orjson
 
-from streamproxy.gateway.refusals import CHAT, COMPLETIONS, parser_refusal, refusal
-from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, ServeChunks
+from streamproxy.gateway.refusals import BLOCKS, CHAT, COMPLETIONS, CONTINUED, RESPONSES, parser_refusal, refusal
+from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, BLOCK_ERROR, MESSAGES_KIND, RESPONSES_KIND, ServeChunks, block_error
 
-__all__ = ["CHAT", "COMPLETIONS", "Stream", "parser_refusal", "refusal"]
+__all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "RESPONSES_KIND", "Stream", "parser_refusal", "refusal"]
 
 _IDS = re.compile(rb'"(prompt_)?token_ids":\[([0-9, ]*)\]')
 _TOKEN_IDS = b'"token_ids":['
@@ -52,10 +54,12 @@ CONTINUES = "streamproxy-continuation"  # serve's header: it takes `continue_tok
 # Keys a tool-call or reasoning parser puts in a delta (its text is not plain content: not continued).
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
 _ERROR = b'data: {"error"'
+_PING = b"event: ping\n"  # what a silent Messages stream sends (a queued one, before its message_start)
 _DONE = b"data: [DONE]\n\n"
 FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
 NO_IDS = "the replica sent no token ids (`return_token_ids`)"
+VLLM_EVENTS = "a vLLM replica's Responses and Messages streams carry no token ids"
 EXHAUSTED = "max_migrations reached"  # (a refusal the migrations metric counts apart: `exhausted`)
 
 # Chat-only request fields: what the prompt's ids already are, or what a completions request has not.
@@ -101,7 +105,19 @@ class Stream(ServeChunks):
         self.replica_usage = False  # the last attempt's replica reported usage
         self.passive = False  # events went out and nothing is kept or stripped: only the finish is watched
         self.vllm_why = vllm_why  # why a vLLM replica's stream of it cannot go on (`parser_refusal`)
-        super().__init__()
+        super().__init__(None if path not in BLOCKS else RESPONSES_KIND if path == RESPONSES else MESSAGES_KIND)
+
+    def replica(self, serve: bool) -> None:
+        """The attempt's replica is (not) a `streamproxy serve` (its `CONTINUES` header): a block API's
+        stream is not tracked on a vLLM replica (its events carry no ids; its chat streams still do)."""
+        self.serve = serve
+        if self.blocks is None:
+            return
+        if not serve and self.tracking:
+            self._untracked(VLLM_EVENTS)
+            self.strip = False
+        elif serve and self.why is VLLM_EVENTS:  # a resend, on a serve replica after a vLLM one
+            self.why, self.tracking, self.strip = None, True, not self.client_ids
 
     # -- the blocks the client gets ---------------------------------------------------------
     def feed(self, block: bytes) -> bytes:
@@ -115,11 +131,35 @@ class Stream(ServeChunks):
             block = self._reheaded(block)
         if _ERROR in block:
             return self._until_error(block)
+        if self.blocks is not None and (self.error_held or BLOCK_ERROR in block):
+            return self._block_until_error(block)
         return self._relayed(block)
+
+    def _block_until_error(self, block: bytes) -> bytes:
+        """A block API's `_until_error`: the replica's own failure (`block_error`) is the break unless the
+        stream cannot go on; a Responses error waits for its response.failed, which says whose it is."""
+        if self.error_held:
+            block, self.error_held = self.error_held + block, b""
+        events = _EVENT.findall(block)
+        at = next(i for i, e in enumerate(events) if e.startswith(BLOCK_ERROR))
+        before = self._relayed(b"".join(events[:at]))
+        if not (self.serve and self.tracking):
+            return before + b"".join(events[at:])
+        assert self.blocks is not None
+        server, error = block_error(self.blocks, events, at)
+        if server is None:
+            self.error_held = b"".join(events[at:])
+            return before
+        if server and self.plan()[0] != REFUSED:
+            self.failed = error
+            return before
+        return before + self._released() + b"".join(events[at:])
 
     def _relayed(self, block: bytes) -> bytes:
         if b"data:" not in block:
             return block
+        if self.blocks is not None:
+            return self._block_relayed(block)
         if self.head is None and not self.continuing:
             self._head(block)
             if self.tracking and _PROMPT_IDS not in block:  # a replica that does not send ids (serve's)
@@ -143,6 +183,25 @@ class Stream(ServeChunks):
             if self.prompt is None and self.tracking or _PROMPT_IDS in block:
                 return _IDS.sub(self._ids, block)  # the first chunk's prompt ids (once per stream)
             return self._generated_ids(block)
+        return block
+
+    def _block_relayed(self, block: bytes) -> bytes:
+        """A Responses or Messages stream's block: its head from the first (serve's), the ids kept and stripped,
+        the client's next sequence number noted, its last event seen (then `finished`). No event is decoded."""
+        if self.head is None and not self.continuing:
+            self.head = {}
+            if self.serve:
+                self.head_bytes = self._block_head(block)
+        if (self.tracking or self.strip) and b"token_ids" in block:
+            block = self._serve_ids(block)
+        if not self.sent and block.count(b"data:") > block.count(_PING):  # (a Messages ping is not the answer's)
+            self.sent = True
+        self.passive = not (self.tracking or self.strip)
+        if self.tracking:
+            if self.blocks == RESPONSES_KIND:
+                self._sequenced(block)
+            if self._block_ended(block):
+                self.finished = True
         return block
 
     def _generated_ids(self, block: bytes) -> bytes:
@@ -294,18 +353,20 @@ class Stream(ServeChunks):
         self.left -= 1
         self.failed = None
         self.replica_usage = self.passive = False
-        self.rehead = None
-        self.held = []
+        self.rehead = self.seq_base = None
+        self.held, self.error_held = [], b""
         if action == CONTINUE:
             self.continuing = True
         else:
             self.prompt, self.generated, self.head, self.parsed = None, array("i"), None, False
-            self.head_bytes, self.serve = b"", False
+            self.head_bytes, self.serve, self.next_seq = b"", False, 0
             self.tracking = self.why is None
 
     def ending(self) -> bytes:
         """The end of a stream whose finish chunk went out before the replica broke off: the usage chunk if
         asked, and [DONE]."""
+        if self.blocks is not None:
+            return b""  # (its last event went out: nothing follows it)
         if not self.usage_chunk or self.usage_sent or self.head is None:
             return _DONE
         usage = {"prompt_tokens": len(self.prompt or ()), "total_tokens": 0, "completion_tokens": len(self.generated)}

@@ -26,7 +26,18 @@ from streamproxy.gateway import metrics as M
 from streamproxy.gateway.call import BROKEN, Attempt, Call
 from streamproxy.gateway.exchange import Exchange, UpstreamClosed
 from streamproxy.gateway.relay import SSERelay
-from streamproxy.gateway.resume import COMPLETIONS, CONTINUE, CONTINUES, EXHAUSTED, FINISH_MARKER, FINISHED, NO_IDS, REFUSED, Stream
+from streamproxy.gateway.resume import (
+    COMPLETIONS,
+    CONTINUE,
+    CONTINUES,
+    EXHAUSTED,
+    FINISH_MARKER,
+    FINISHED,
+    NO_IDS,
+    REFUSED,
+    RESPONSES_KIND,
+    Stream,
+)
 from streamproxy.gateway.upstream import UpstreamError
 from streamproxy.http.body import RelayBody, WriteStalled, sse_response
 from streamproxy.http.writer import client_gone
@@ -48,9 +59,15 @@ class _Run:
         self.migrated = False
 
 
-def _relay(call: Call) -> SSERelay:
-    return SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage,
-                    finishes=call.finishes)
+def _relay(call: Call, kept: list[dict[str, Any]] | None = None) -> SSERelay:
+    """The relay of an attempt; a migrating Responses stream's keeps the events its record lets through
+    (`_Feed`), and a continuation's those of the attempts before (`kept`: its in-band error's response)."""
+    responses = call.resume is not None and call.resume.blocks == RESPONSES_KIND
+    relay_ = SSERelay(call.route.api, served=call.pool.deployment.upstream_model, public=call.public_model, strip_usage=call.strip_usage,
+                      finishes=call.finishes, keep=not responses)
+    if kept is not None:
+        relay_.kept = kept
+    return relay_
 
 
 async def stream(request: web.Request, call: Call) -> web.StreamResponse:
@@ -147,10 +164,10 @@ async def _follow(call: Call, run: _Run, body: RelayBody) -> tuple[bool, bytes, 
     assert run.attempt is not None
     exchange = run.attempt.exchange
     relay_, resume = run.relay, call.resume
+    if resume is not None and not resume.continuing:  # a `streamproxy serve` replica says so (resume.py)
+        resume.replica(CONTINUES in exchange.headers)
     # The idle bound is for streams that can move on (a continuable one; else the read timeout's as before).
     idle = call.pool.deployment.migration.stream_idle_timeout if resume is not None and resume.why is None else 0.0
-    if resume is not None and not resume.continuing:  # a `streamproxy serve` replica says so (resume.py)
-        resume.serve = CONTINUES in exchange.headers
     body.feed = relay_.feed if resume is None else _Feed(relay_, resume, exchange, idle)
     tail = b""
     try:
@@ -209,7 +226,7 @@ async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: 
         return False
     resume.migrating(action)
     call.ctx.migrated()
-    run.attempt, run.relay, run.migrated = attempt, _relay(call), True
+    run.attempt, run.relay, run.migrated = attempt, _relay(call, run.relay.kept if action == CONTINUE else None), True
     run.continued = run.continued or action == CONTINUE
     return True
 
@@ -217,7 +234,7 @@ async def _migrate(call: Call, run: _Run, body: RelayBody, action: str, reason: 
 def _broken(call: Call, run: _Run, reason: str) -> bytes:
     error = ServiceUnavailable(f"{reason}; the answer is incomplete", code="upstream_unavailable")
     call.ctx.fail(error.code)
-    return run.relay.error(error)
+    return run.relay.error(error, call.resume.client_sequence() if call.resume is not None else None)
 
 
 def _usage(call: Call, run: _Run) -> None:
@@ -237,10 +254,11 @@ class _Feed:
     """A read's whole events (`SSERelay.feed`) through the stream's record (`Stream.feed`); the
     first events bound the replica's silence from then on (`stream_idle_timeout`)."""
 
-    __slots__ = ("relay", "resume", "exchange", "idle")
+    __slots__ = ("relay", "resume", "exchange", "idle", "keep")
 
     def __init__(self, relay_: SSERelay, resume: Stream, exchange: Exchange, idle: float) -> None:
         self.relay, self.resume, self.exchange, self.idle = relay_, resume, exchange, idle
+        self.keep = resume.blocks == RESPONSES_KIND  # its relay keeps what the record lets through (`_relay`)
 
     def __call__(self, data: bytes) -> bytes:
         out = self.relay.feed(data)
@@ -248,6 +266,8 @@ class _Feed:
         # Per read: a passive stream's block skips the record until its finish chunk (two calls fewer).
         if not (resume.passive and not resume.finished and FINISH_MARKER not in out):
             out = resume.feed(out)
+        if self.keep and out:
+            self.relay.keep(out)
         if self.idle and out:
             self.exchange.bound_silence(self.idle)
             self.idle = 0.0

@@ -200,4 +200,29 @@ def test_tool_calls_are_refused_on_vllm_replicas_only():
 ])
 def test_refusal_of_completions(body, why):
     assert refusal(COMPLETIONS, body) == why
-    assert refusal("/v1/responses", body) == "only chat and completions streams are continued"
+    assert refusal("/v1/embeddings", body) == "only chat, completions, Responses and Messages streams are continued"
+
+
+_GRAMMAR = "(a grammar's state is the replica's)"
+_TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+
+
+@pytest.mark.parametrize(("path", "body", "why"), [
+    ("/v1/responses", {"input": "hi"}, None),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}], "tools": _TOOLS}, None),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_object"}}}, "structured outputs (the grammar's state is the replica's)"),
+    ("/v1/responses", {"input": "hi", "tools": _TOOLS, "tool_choice": "required"}, f"tool_choice required or named {_GRAMMAR}"),
+    ("/v1/responses", {"input": "hi", "background": True}, "background responses and previous_response_id (the replica's store)"),
+    ("/v1/responses", {"input": "hi", "previous_response_id": "resp_1"}, "background responses and previous_response_id (the replica's store)"),
+    ("/v1/responses", {"input": "hi", "include": ["message.output_text.logprobs"]}, "logprobs"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "multimodal input (the prompt's ids alone are not the input)"),
+    ("/v1/messages", {"messages": HI, "max_tokens": 5}, None),
+    ("/v1/messages", {"messages": HI, "tools": [{"name": "f"}], "tool_choice": {"type": "auto"}}, None),
+    ("/v1/messages", {"messages": HI, "stop_sequences": ["x"]}, "stop strings (the replica holds back text that may begin one)"),
+    ("/v1/messages", {"messages": HI, "tools": [{"name": "f"}], "tool_choice": {"type": "any"}}, f"tool_choice any or tool {_GRAMMAR}"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "multimodal input (the prompt's ids alone are not the input)"),
+])
+def test_refusal_of_responses_and_messages(path, body, why):
+    assert refusal(path, body) == why and parser_refusal(path, body) is None  # (vLLM's: their events carry no ids)

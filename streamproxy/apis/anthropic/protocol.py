@@ -104,6 +104,10 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     stream: bool = False
     metadata: Metadata | None = None
     service_tier: str | None = None
+    # Ours, as on chat (docs/api.md, "Token ids", "Continuing a stream"): the stream's events carry the
+    # prompt's and each step's token ids; the ids this same request already generated (a gateway's).
+    return_token_ids: bool | None = None
+    continue_token_ids: list[int] | None = None
 
 
 decode_request = msgspec.json.Decoder(MessagesRequest).decode

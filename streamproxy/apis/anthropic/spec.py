@@ -25,7 +25,7 @@ FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "
 
 class _Anthropic(ApiSpec):
     name = "anthropic"
-    done = (b"event: message_stop",)
+    done = (b"event: message_stop", b"event: error")  # (an error ends the stream: nothing follows it)
     deltas = (b"event: content_block_delta",)
     keepalive = PING
     finish = (b'"stop_reason":"', b'"stop_reason": "')  # message_delta's (message_start's is null)

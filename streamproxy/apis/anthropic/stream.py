@@ -50,6 +50,7 @@ class AnthropicEncoder(BlockEncoder):
         stop_sequences: list[str] | None = None,
         window_capped: bool = False,
         emit: bool = True,
+        id_seed: str | None = None,
     ) -> None:
         stops = StopSequenceFilter(stop_sequences) if stop_sequences else None
         if stops is not None:
@@ -57,7 +58,7 @@ class AnthropicEncoder(BlockEncoder):
             # (the route asks the engine to keep the stop string in its output).
             inner = filters
             filters = lambda: [stops, *(inner() if inner is not None else ())]  # noqa: E731
-        super().__init__(filters, emit=emit)
+        super().__init__(filters, emit=emit, id_seed=id_seed)  # (with a seed, tool_use ids are derived)
         self.message_id = message_id
         self.model = model
         self.stops = stops

@@ -108,6 +108,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    # Ours, as on chat (docs/api.md, "Token ids", "Continuing a stream"): the stream's events carry the
+    # prompt's and each step's token ids; the ids this same request already generated (a gateway's).
+    return_token_ids: bool | None = None
+    continue_token_ids: list[int] | None = None
 
 
 decode_request = msgspec.json.Decoder(ResponsesRequest).decode

@@ -47,10 +47,10 @@ _TEXT_TAIL = b',"logprobs":[]' + _SEQ
 
 class ResponsesEncoder(BlockEncoder):
     def __init__(self, shell: Response, filters: FilterFactory | None = None, *, emit: bool = True, id_seed: str | None = None) -> None:
-        super().__init__(filters, emit=emit)
+        super().__init__(filters, emit=emit, id_seed=id_seed)
         self.shell = shell  # everything the request fixes: id, model, echoed settings
         self.seq = 0
-        self._seed = id_seed if id_seed is not None else os.urandom(6).hex()
+        self._seed = id_seed if id_seed is not None else os.urandom(6).hex()  # the items' ids (and with one given, the calls')
         self._failure: ResponseError | None = None
 
     # -- framing ----------------------------------------------------------

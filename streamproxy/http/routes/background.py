@@ -21,6 +21,7 @@ from engine_adapter.base import Delta, Engine
 from streamproxy.apis.responses.protocol import Response, encode
 from streamproxy.apis.responses.store import ResponseStore
 from streamproxy.apis.responses.stream import ResponsesEncoder
+from streamproxy.core.blockstream import seed_of
 from streamproxy.core.prepare import Prepared
 from streamproxy.errors import APIError, InternalError, InvalidRequest
 from streamproxy.http.admission import Ticket
@@ -129,7 +130,7 @@ async def start(
         raise InvalidRequest(NO_STORE, param="background")
     shell.background = True
     work = generation.Work(engine, [prep.prompt_ids], [prep.params])
-    bg = Background(shell, ResponsesEncoder(shell, prep.filters, emit=stream), stream)
+    bg = Background(shell, ResponsesEncoder(shell, prep.filters, emit=stream, id_seed=seed_of(shell.id)), stream)
     ticket = state.admission.enter(work.weight)
     try:
         store.start(shell.id, bg)

@@ -26,9 +26,11 @@ import msgspec
 from aiohttp import web
 
 from engine_adapter.base import Delta, Engine, EngineFailure, EngineRejected, GenerationParams, OutputStream, Sink, TokenLogprob
+from streamproxy.core import continuation
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
 from streamproxy.core.continuation import PARAM as CONTINUE_PARAM
+from streamproxy.core.event_ids import EventIds
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http import tracing
@@ -67,10 +69,43 @@ def headers_for(req: Any) -> dict[str, str] | None:
     return CONTINUES if req.return_token_ids and req.stream else None
 
 
-def blocks(make: Callable[[bool], B], render: Callable[[B], bytes]) -> Answer[B]:
+def blocks(make: Callable[[bool], B], render: Callable[[B], bytes], req: Any = None, prompt_ids: list[int] | None = None,
+           pieces: list[tuple[str, int]] | None = None) -> Answer[B]:
     """The answer of the APIs whose one encoder class (`make(emit)`) is both the stream's encoder
-    (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic."""
-    return Answer(partial(make, True), partial(make, False), render)
+    (emit=True) and the non-stream answer's sink (emit=False): Responses, Anthropic. `req` asked
+    `return_token_ids` (its events carry `prompt_ids` and each step's, event_ids.py) or continues a
+    stream (`pieces`: the earlier tokens, `prime`d)."""
+    if req is None or (not req.return_token_ids and pieces is None):
+        return Answer(partial(make, True), partial(make, False), render)
+    stream = _BlockStream(make, prompt_ids if req.return_token_ids else None, pieces)
+    return Answer(stream, partial(make, False), render, headers_for(req))
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockStream:
+    """The stream encoder of a block API's request that asked for ids or continues a stream."""
+
+    make: Callable[[bool], BlockEncoder]
+    prompt_ids: list[int] | None  # return_token_ids: the prompt's
+    pieces: list[tuple[str, int]] | None  # continue_token_ids: the earlier tokens (text, id)
+
+    def __call__(self) -> StreamEncoder:
+        enc = self.make(True)
+        if self.pieces is not None:
+            enc.prime(self.pieces)
+        return enc if self.prompt_ids is None else EventIds(enc, self.prompt_ids)
+
+
+def block_continuation(req: Any, params: GenerationParams, engine: Engine, prompt_ids: list[int]) -> tuple[list[int], list[tuple[str, int]] | None]:
+    """A block API's request (Responses, Anthropic): the engine's prompt, and the earlier tokens of a
+    continuation (`continue_token_ids`, checked: a 400 naming it), as chat's; ids only on streams."""
+    if req.return_token_ids and not req.stream:
+        raise InvalidRequest("'return_token_ids' is for streams on this route (their events carry the ids)", param="return_token_ids")
+    ids = req.continue_token_ids
+    if ids is None:
+        return prompt_ids, None
+    continuation.check(ids, params, stream=bool(req.stream), vocab_size=engine.info.vocab_size)
+    return continuation.apply(prompt_ids, params, ids), continuation.pieces(engine.decode, prompt_ids, ids)
 
 
 class Work:

@@ -4,6 +4,8 @@
 renders (with `emit=False`, the non-stream sink whose `Response` is the body). With `--responses-store`
 a finished response made with `store` (default true) is kept and `GET /v1/responses/{id}` answers it.
 `background: true`, cancel and `?stream=true&starting_after=N` replays are background.py's.
+A stream's `return_token_ids` and `continue_token_ids` are chat's (generation.blocks); its item and
+call ids follow from its response's id (`seed_of`), so a continuation's equal the broken stream's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from streamproxy.apis.responses.protocol import (
     encode,
 )
 from streamproxy.apis.responses.stream import ResponsesEncoder
+from streamproxy.core.blockstream import seed_of
 from streamproxy.core.prepare import prepare, renamed
 from streamproxy.errors import InvalidRequest
 from streamproxy.http.context import CONTEXT
@@ -67,18 +70,24 @@ async def responses(request: web.Request) -> web.StreamResponse:
     shell.store = store is not None
     filters = prep.filters
     if req.background:
+        if req.return_token_ids or req.continue_token_ids is not None:
+            param = "return_token_ids" if req.return_token_ids else "continue_token_ids"
+            raise InvalidRequest(f"'{param}' cannot be combined with 'background'", param=param)
         return await background.start(request, state, engine, prep, shell, store, bool(req.stream))
-    work = generation.Work(engine, [prep.prompt_ids], [prep.params])
+    engine_prompt, pieces = generation.block_continuation(req, prep.params, engine, prep.prompt_ids)
+    work = generation.Work(engine, [engine_prompt], [prep.params], continued=len(req.continue_token_ids or ()))
     made: list[ResponsesEncoder] = []
+    seed = seed_of(shell.id)
 
     def encoder(emit: bool) -> ResponsesEncoder:
-        enc = ResponsesEncoder(shell, filters, emit=emit)
+        enc = ResponsesEncoder(shell, filters, emit=emit, id_seed=seed)
         if store is not None:
             made.append(enc)
         return enc
 
+    answer = generation.blocks(encoder, ResponsesEncoder.final_json, req, prep.prompt_ids, pieces)
     try:
-        return await generation.run(request, work, generation.blocks(encoder, ResponsesEncoder.final_json), bool(req.stream))
+        return await generation.run(request, work, answer, bool(req.stream))
     finally:
         if store is not None and made and made[0].response().status != "in_progress":
             store.keep(shell.id, encode(made[0].response()))
