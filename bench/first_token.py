@@ -31,20 +31,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = "bench"
 
-# (label, file suffix, function name): a part of the request is the cumulative time of its function.
+# (label, ((file suffix, function name), ...)): a part of the request is the cumulative time of its functions.
 PARTS = [
-    ("HTTP request in (aiohttp parse, body read, JSON decode)", "routes/body.py", "decode_body"),
-    ("prepare (params, chat template, tokenize)", "core/prepare.py", "prepare"),
-    ("  chat template (jinja)", "transformers/tokenization_utils_base.py", "apply_chat_template"),
-    ("  tokenize (Rust fast path)", "engine_adapter/fast_encode.py", "encode"),
-    ("engine generate (all of it)", "engine_adapter/vllm_engine.py", "generate"),
-    ("  SamplingParams", "engine_adapter/vllm_params.py", "sampling_params"),
-    ("  vLLM process_inputs", "v1/engine/input_processor.py", "process_inputs"),
-    ("  ZMQ send to the engine core", "v1/engine/core_client.py", "add_request_async"),
-    ("response head (aiohttp prepare)", "aiohttp/web_response.py", "prepare"),
-    ("vLLM output handler (outputs in)", "v1/engine/async_llm.py", "output_handler"),
-    ("  direct route", "engine_adapter/vllm_direct.py", "process_outputs"),
-    ("access log", "http/accesslog.py", "record"),
+    ("HTTP request in (aiohttp parse, body read, JSON decode)", (("routes/body.py", "decode_body"),)),
+    ("prepare (params, chat template, tokenize)", (("core/prepare.py", "prepare"),)),
+    ("  chat template (jinja)", (("transformers/tokenization_utils_base.py", "apply_chat_template"),)),
+    ("  tokenize (Rust fast path)", (("engine_adapter/fast_encode.py", "encode"),)),
+    ("engine generate (all of it)", (("engine_adapter/vllm_engine.py", "generate"),)),
+    ("  SamplingParams", (("engine_adapter/vllm_params.py", "sampling_params"),
+                          ("engine_adapter/vllm_params.py", "__call__"))),  # before / after the builder
+    ("  vLLM process_inputs", (("v1/engine/input_processor.py", "process_inputs"),)),
+    ("    of it the EOS id", (("renderers/base.py", "get_eos_token_id"),)),
+    ("  ZMQ send to the engine core", (("v1/engine/core_client.py", "add_request_async"),)),
+    ("response head (aiohttp prepare)", (("aiohttp/web_response.py", "prepare"),)),
+    ("vLLM output handler (outputs in)", (("v1/engine/async_llm.py", "output_handler"),)),
+    ("  direct route", (("engine_adapter/vllm_direct.py", "process_outputs"),)),
 ]
 
 
@@ -109,10 +110,10 @@ def _parts(profile: cProfile.Profile, requests: int) -> tuple[float, dict[str, f
     stats = pstats.Stats(profile)
     calls = sum(nc for (_, _, _), (_, nc, _, _, _) in stats.stats.items())  # type: ignore[attr-defined]
     parts: dict[str, float] = {}
-    for label, suffix, name in PARTS:
+    for label, functions in PARTS:
         total = 0.0
         for (file, _, func), (_, _, _, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
-            if func == name and file.endswith(suffix):
+            if any(func == name and file.endswith(suffix) for suffix, name in functions):
                 total += ct
         parts[label] = total / requests * 1e6
     return calls / requests, parts
@@ -149,7 +150,7 @@ async def _bench(args: argparse.Namespace) -> None:
         cpu: list[float] = []
         loop_cpu: list[float] = []
         calls: list[float] = []
-        parts: dict[str, list[float]] = {label: [] for label, _, _ in PARTS}
+        parts: dict[str, list[float]] = {label: [] for label, _ in PARTS}
         profiled: list[float] = []
         for i in range(args.rounds):
             t0, l0 = time.process_time(), time.thread_time()
