@@ -3,7 +3,8 @@
 vLLM is imported lazily in `start`, which builds the engine from vLLM's `AsyncEngineArgs` in a daemon
 thread (spawned.py) so the loop keeps answering while weights load; `close()` during it aborts the start
 within `ABORT_BOUND` s by killing every process started since. Requests go in as token ids with
-`RequestOutputKind.DELTA`; vLLM's collector feeds a `DeltaQueue` (`vllm_stream.into_queue`), or, for
+`RequestOutputKind.DELTA` (their `SamplingParams` from vllm_params.SamplingBuilder; vLLM's EOS-id
+read made cheap once it is up, vllm_reads.py); vLLM's collector feeds a `DeltaQueue` (`vllm_stream.into_queue`), or, for
 every untraced generation request, `vllm_direct.DirectRoute` skips the OutputProcessor
 (`--no-direct-outputs`, or an unchecked vLLM release, turns it off). Structured outputs and their
 compile errors (`EngineRejected`) translate in vllm_params.py; LoRA goes in as `LoRARequest` on both
@@ -38,7 +39,8 @@ from .token_bytes import TokenBytes
 from .vllm_compat import engine_exception
 from .vllm_direct import DirectRoute, outputs_waiting, unsupported
 from .vllm_itl import batch_inter_token_latencies
-from .vllm_params import lora_request, rejected, sampling_params
+from .vllm_params import SamplingBuilder, eos_ids, lora_request, rejected
+from .vllm_reads import cheap_eos_id
 from .vllm_stream import into_queue
 
 log = logging.getLogger("streamproxy.engine.vllm")
@@ -62,6 +64,7 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._encode: Encode | None = None  # the tokenizer's Rust fast path (fast_encode.py), when it has one
         self._token_bytes: TokenBytes | None = None
+        self._sampling = SamplingBuilder()  # GenerationParams -> vLLM's SamplingParams (its EOS ids once up)
         self._state: EngineState = "loading"
         self._processes: list[Any] = []  # psutil handles of the processes the engine started
         # While `start()` runs: its thread's future, the processes since it began, and the abort flag.
@@ -89,6 +92,8 @@ class VllmEngine:
         self._processes = processes.processes()
         self._tokenizer = self._llm.get_tokenizer()
         self._encode = fast_encoder(self._tokenizer)
+        cheap_eos_id(self._tokenizer)  # vLLM's input processor reads it per request (vllm_reads.py)
+        self._sampling = SamplingBuilder(eos_ids(self._tokenizer, self._llm.input_processor))
         config = self._llm.model_config
         self.info.max_model_len = config.max_model_len
         self.info.runner = "pooling" if config.runner_type == "pooling" else "generate"
@@ -242,7 +247,7 @@ class VllmEngine:
         from vllm.exceptions import VLLMValidationError
 
         try:
-            sampling = sampling_params(params)
+            sampling = self._sampling(params)
             # With --reasoning-parser, vLLM's structured outputs wait for the thinking to end;
             # its parser must know the request's template switch (enable_thinking), as in vllm serve.
             extra: dict[str, Any] = {}
