@@ -15,9 +15,9 @@ the replica for token ids, vLLM's `return_token_ids`). A `Stream` sits after the
   - continuing: `continuation()` is a `/v1/completions` request whose `prompt` is the prompt's
     ids and the generated ones, `max_tokens` (and `min_tokens`) less what was generated, the
     same sampling parameters, `return_token_ids` and usage. Its chunks are rewritten into the
-    client's stream: the stream's own id, created and model, chat chunks made of completion
-    chunks (no second role chunk), ids stripped unless asked, and the usage chunk the whole
-    generation's (prompt tokens once, completion tokens all the client got).
+    client's stream (vllm_chunks.py): the stream's own id, created and model, chat chunks made of
+    completion chunks (no second role chunk), ids stripped unless asked, and the usage chunk the
+    whole generation's (prompt tokens once, completion tokens all the client got).
 
 A `streamproxy serve` replica says so (its stream's `Streamproxy-Continuation` header: `serve`): its
 chunks carry the ids where it puts them, removed (not made null) for a client that did not ask, its
@@ -43,6 +43,7 @@ import orjson
 
 from streamproxy.gateway.refusals import BLOCKS, CHAT, COMPLETIONS, CONTINUED, RESPONSES, parser_refusal, refusal
 from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, BLOCK_ERROR, MESSAGES_KIND, RESPONSES_KIND, ServeChunks, block_error
+from streamproxy.gateway.vllm_chunks import _DONE, client_error, continued, payload
 
 __all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "RESPONSES_KIND", "Stream", "parser_refusal", "refusal"]
 
@@ -55,7 +56,6 @@ CONTINUES = "streamproxy-continuation"  # serve's header: it takes `continue_tok
 _PARSED = (b'"reasoning":', b'"reasoning_content":', b'"tool_calls":', b'"delta":{}')
 _ERROR = b'data: {"error"'
 _PING = b"event: ping\n"  # what a silent Messages stream sends (a queued one, before its message_start)
-_DONE = b"data: [DONE]\n\n"
 FINISH_MARKER = _FINISHED = b'"finish_reason":"'  # a chunk that ends its choice
 RESEND, CONTINUE, FINISHED, REFUSED = "resend", "continue", "finished", "refused"
 NO_IDS = "the replica sent no token ids (`return_token_ids`)"
@@ -127,7 +127,7 @@ class Stream(ServeChunks):
             return self._watched(block)
         if self.continuing:
             if not self.serve:
-                return self._continued(block)
+                return continued(self, block)
             block = self._reheaded(block)
         if _ERROR in block:
             return self._until_error(block)
@@ -273,9 +273,9 @@ class Stream(ServeChunks):
         events = _EVENT.findall(block)
         at = next(i for i, e in enumerate(events) if e.startswith(_ERROR))
         before = self._relayed(b"".join(events[:at]))
-        error = _payload(events[at]).get("error")
+        error = payload(events[at]).get("error")
         error = error if isinstance(error, dict) else {}
-        if not _client_error(error) and self.plan()[0] != REFUSED:
+        if not client_error(error) and self.plan()[0] != REFUSED:
             self.failed = error
             return before
         return before + b"".join(events[at:])
@@ -283,7 +283,7 @@ class Stream(ServeChunks):
     def _head(self, block: bytes) -> None:
         for event in _EVENT.findall(block):
             if event.startswith(b"data: {"):
-                data = _payload(event)
+                data = payload(event)
                 if "choices" in data:
                     self.head = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
                     found = _HEAD.match(event)
@@ -370,7 +370,7 @@ class Stream(ServeChunks):
         if not self.usage_chunk or self.usage_sent or self.head is None:
             return _DONE
         usage = {"prompt_tokens": len(self.prompt or ()), "total_tokens": 0, "completion_tokens": len(self.generated)}
-        chunk = {**self.head, "choices": [], "usage": self._usage(usage)}
+        chunk = {**self.head, "choices": [], "usage": self.whole_usage(usage)}
         return b"data: " + orjson.dumps(chunk) + b"\n\n" + _DONE
 
     def totals(self) -> tuple[int, int, int]:
@@ -378,63 +378,8 @@ class Stream(ServeChunks):
         prompt = len(self.prompt or ())
         return prompt, len(self.generated), min(self.cached, prompt)
 
-    # -- a continuation's chunks -----------------------------------------------------------------
-    def _continued(self, block: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in _EVENT.findall(block):
-            if not event.startswith(b"data:"):
-                out.append(event)  # a keep-alive comment
-                continue
-            if event.startswith(_DONE.rstrip()):
-                out.append(_DONE)
-                continue
-            data = _payload(event)
-            if "error" in data:
-                error = data["error"] if isinstance(data["error"], dict) else {}
-                if _client_error(error):
-                    out.append(event)
-                    continue
-                self.failed = error
-                break
-            chunk = self._rewrite(data)
-            if chunk is not None:
-                out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        return b"".join(out)
-
-    def _rewrite(self, data: dict[str, Any]) -> dict[str, Any] | None:
-        head = self.head
-        assert head is not None
-        choices = data.get("choices")
-        if not choices:
-            usage = data.get("usage")
-            if not isinstance(usage, dict):
-                return None
-            self.replica_usage = self.usage_sent = True
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                self.cached = details["cached_tokens"]
-            return {**data, **head, "usage": self._usage(usage)}
-        choice = choices[0]
-        ids = choice.get("token_ids") or []
-        if self.tracking:
-            self.generated.extend(ids)
-        finish = choice.get("finish_reason")
-        if finish is not None:
-            self.finished = True
-        if not self.chat:
-            if "prompt_token_ids" in choice:
-                choice["prompt_token_ids"] = None
-            if "token_ids" in choice and not self.client_ids:
-                choice["token_ids"] = None
-            return {**data, **head}
-        delta: dict[str, Any] = {"content": choice.get("text") or ""}
-        out: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        if finish is not None:
-            out["stop_reason"] = choice.get("stop_reason")
-        out["token_ids"] = ids if self.client_ids else None
-        return {**head, "choices": [out]}
-
-    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+    def whole_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """A replica's usage made the whole generation's (`totals`)."""
         prompt, completion, cached = self.totals()
         out = {**usage, "prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
         details = out.get("prompt_tokens_details")
@@ -443,24 +388,6 @@ class Stream(ServeChunks):
         return out
 
 
-def _payload(event: bytes) -> dict[str, Any]:
-    start = event.find(b"data:")
-    line_end = event.find(b"\n", start)
-    try:
-        data = orjson.loads(event[start + 5 : line_end if line_end >= 0 else len(event)])
-    except orjson.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _empty_delta(event: bytes) -> bool:
     """A chat chunk that carries only ids (vLLM sends it only when asked for them)."""
     return b'"delta":{}' in event and b'"finish_reason":null' in event and b'"usage":{' not in event
-
-
-def _client_error(error: dict[str, Any]) -> bool:
-    """An in-band error about the request itself (4xx), passed on as it came."""
-    code, kind = error.get("code"), error.get("type")
-    if isinstance(code, int) and not isinstance(code, bool):
-        return 400 <= code < 500
-    return kind in ("invalid_request_error", "BadRequestError", "NotFoundError")

@@ -17,7 +17,7 @@ GATEWAY_SANS_IO = ("config", "config_file", "relay", "prefix", "balance", "healt
                    # issue 35: KV-cache-aware routing and tenant fairness
                    "kv_events", "kv_index", "kv_feed", "kv_score", "fairq",
                    # issue 36: stream migration
-                   "resume", "refusals", "serve_chunks")
+                   "resume", "refusals", "serve_chunks", "vllm_chunks")
 
 
 @pytest.mark.parametrize("name", GATEWAY_SANS_IO)
