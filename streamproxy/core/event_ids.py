@@ -8,17 +8,20 @@ events until its ids come and the client only ever has whole steps. A step that 
 holds its text) passes its ids on to the next event out, and so does the step that finishes: its events
 stay open until the stream's last event (`response.completed`, `message_stop`), which carries them, so
 a stream cut before its end is continued from the finishing step, never past it. A stream that did not
-ask has no wrapper: it pays nothing.
+ask has no wrapper: it pays nothing. `BlockStream` makes a request's encoder: `prime`d for a
+continuation, wrapped when it asked for ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import orjson
 
 from engine_adapter.base import Delta
 from streamproxy.core.blockstream import BlockEncoder
+from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError
 
 _END = b"}\n\n"  # every event's end (its data is one JSON object; `\n\n` is never inside one)
@@ -95,3 +98,19 @@ class EventIds:
             self.pending = []
             out = out[: -len(_OPEN)] + ids + _END
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStream:
+    """Makes the stream encoder of a block API's request that asked for ids (`EventIds` around it) or
+    continues a stream (`prime`d with the earlier tokens)."""
+
+    make: Callable[[bool], BlockEncoder]
+    prompt_ids: list[int] | None  # return_token_ids: the prompt's
+    pieces: list[tuple[str, int]] | None  # continue_token_ids: the earlier tokens (text, id)
+
+    def __call__(self) -> StreamEncoder:
+        enc = self.make(True)
+        if self.pieces is not None:
+            enc.prime(self.pieces)
+        return enc if self.prompt_ids is None else EventIds(enc, self.prompt_ids)

@@ -30,7 +30,7 @@ from streamproxy.core import continuation
 from streamproxy.core.accumulate import Accumulator
 from streamproxy.core.blockstream import BlockEncoder
 from streamproxy.core.continuation import PARAM as CONTINUE_PARAM
-from streamproxy.core.event_ids import EventIds
+from streamproxy.core.event_ids import BlockStream
 from streamproxy.core.stream import StreamEncoder
 from streamproxy.errors import APIError, GenerationTimeout, InvalidRequest, QueueTimeout, ServiceUnavailable
 from streamproxy.http import tracing
@@ -77,23 +77,8 @@ def blocks(make: Callable[[bool], B], render: Callable[[B], bytes], req: Any = N
     stream (`pieces`: the earlier tokens, `prime`d)."""
     if req is None or (not req.return_token_ids and pieces is None):
         return Answer(partial(make, True), partial(make, False), render)
-    stream = _BlockStream(make, prompt_ids if req.return_token_ids else None, pieces)
+    stream = BlockStream(make, prompt_ids if req.return_token_ids else None, pieces)
     return Answer(stream, partial(make, False), render, headers_for(req))
-
-
-@dataclass(frozen=True, slots=True)
-class _BlockStream:
-    """The stream encoder of a block API's request that asked for ids or continues a stream."""
-
-    make: Callable[[bool], BlockEncoder]
-    prompt_ids: list[int] | None  # return_token_ids: the prompt's
-    pieces: list[tuple[str, int]] | None  # continue_token_ids: the earlier tokens (text, id)
-
-    def __call__(self) -> StreamEncoder:
-        enc = self.make(True)
-        if self.pieces is not None:
-            enc.prime(self.pieces)
-        return enc if self.prompt_ids is None else EventIds(enc, self.prompt_ids)
 
 
 def block_continuation(req: Any, params: GenerationParams, engine: Engine, prompt_ids: list[int]) -> tuple[list[int], list[tuple[str, int]] | None]:
