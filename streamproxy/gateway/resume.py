@@ -42,8 +42,8 @@ from typing import Any
 import orjson
 
 from streamproxy.gateway.refusals import BLOCKS, CHAT, COMPLETIONS, CONTINUED, RESPONSES, parser_refusal, refusal
-from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, BLOCK_ERROR, MESSAGES_KIND, RESPONSES_KIND, ServeChunks, block_error
-from streamproxy.gateway.vllm_chunks import _DONE, client_error, continued, payload
+from streamproxy.gateway.serve_chunks import _EVENT, _HEAD, BLOCK_ERROR, MESSAGES_KIND, RESPONSES_KIND, ServeChunks, block_error, payload
+from streamproxy.gateway.vllm_chunks import _DONE, client_error, continued
 
 __all__ = ["CHAT", "COMPLETIONS", "CONTINUED", "RESPONSES_KIND", "Stream", "parser_refusal", "refusal"]
 

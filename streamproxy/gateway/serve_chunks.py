@@ -152,19 +152,20 @@ def block_error(blocks: str, events: list[bytes], at: int) -> tuple[bool | None,
     """Whether `events[at]`, a block API's in-band error, is the replica's own failure (True: the break)
     or the request's (False: passed on), or not known yet (None: Responses' response.failed, which says,
     has not come); and the error."""
-    data = _data(events[at])
+    data = payload(events[at])
     if blocks == MESSAGES_KIND:
         error = data.get("error")
         error = error if isinstance(error, dict) else {}
         return error.get("type") in _SERVER_TYPES, error
     if at + 1 >= len(events):
         return None, data
-    response = _data(events[at + 1]).get("response")
+    response = payload(events[at + 1]).get("response")
     failure = response.get("error") if isinstance(response, dict) else None
     return (failure.get("code") if isinstance(failure, dict) else None) == "server_error", data
 
 
-def _data(event: bytes) -> dict[str, Any]:
+def payload(event: bytes) -> dict[str, Any]:
+    """An event's JSON data ({} when it is not an object)."""
     start = event.find(b"data:")
     line_end = event.find(b"\n", start)
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from streamproxy.gateway.serve_chunks import _EVENT
+from streamproxy.gateway.serve_chunks import _EVENT, payload
 
 if TYPE_CHECKING:
     from streamproxy.gateway.resume import Stream
@@ -80,17 +80,6 @@ def _rewrite(stream: Stream, data: dict[str, Any]) -> dict[str, Any] | None:
         out["stop_reason"] = choice.get("stop_reason")
     out["token_ids"] = ids if stream.client_ids else None
     return {**head, "choices": [out]}
-
-
-def payload(event: bytes) -> dict[str, Any]:
-    """An event's JSON data ({} when it is not an object)."""
-    start = event.find(b"data:")
-    line_end = event.find(b"\n", start)
-    try:
-        data = orjson.loads(event[start + 5 : line_end if line_end >= 0 else len(event)])
-    except orjson.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def client_error(error: dict[str, Any]) -> bool:

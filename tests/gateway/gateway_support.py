@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
@@ -98,3 +99,47 @@ def fits(path: str, method: str, status: int, data: Any) -> None:
     found = responses.get(str(status)) or responses[f"{status // 100}XX"]
     schema = found["content"]["application/json"]["schema"]
     jsonschema.Draft202012Validator({**doc, **schema}).validate(data)
+
+
+# Stream migration's tests (test_migration_serve.py, test_migration_blocks.py): two replicas, the first
+# listed first, and a stub in front of the first that dies after its k-th event.
+UPSTREAM = {"consecutive_errors": 100_000, "prefix_affinity": False, "rendezvous": False}  # the first listed first
+
+
+def deployment(*urls: str) -> list[dict[str, Any]]:
+    return [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": list(urls),
+             "migration": {"stream_idle_timeout": 0}}]
+
+
+class Dying:
+    """The replica's stream, relayed until its `cut`-th event (None: whole); `events` it had in all."""
+
+    def __init__(self, target: str, *, vllm: bool = False) -> None:
+        self.target = target
+        self.vllm = vllm  # plays a vLLM replica: its Responses and Messages streams carry no ids and say nothing
+        self.cut: int | None = None
+        self.events = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.stub: Any = None  # the `stub` it plays
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line, headers, body = self.stub.requests[-1]
+        self.bodies.append(orjson.loads(body))
+        if self.vllm and "/v1/chat/" not in line:
+            body = orjson.dumps({k: v for k, v in orjson.loads(body).items() if k != "return_token_ids"})
+        ours = {"Content-Type": "application/json", **{k: v for k, v in headers.items() if k.lower() == "x-request-id"}}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(self.target + line.split()[1], data=body, headers=ours) as r:
+                raw = await r.read()
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                for name in ("X-Request-Id",) if self.vllm and "/v1/chat/" not in line else ("Streamproxy-Continuation", "X-Request-Id"):
+                    if name in r.headers:
+                        head += f"{name}: {r.headers[name]}\r\n".encode()
+        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+        self.events = len(events)
+        writer.write(head + b"\r\n")
+        for event in events[: self.cut]:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        if self.cut is None:
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()

@@ -23,50 +23,10 @@ from harness.waiting import wait_until
 from streamproxy.ledger.memory import MemoryStore
 from streamproxy.ledger.writer import Ledger
 from tests.gateway.conftest import refused_url
-from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, line_for, sample
+from tests.gateway.gateway_support import DEPLOYMENT, UPSTREAM, Dying, deployment, line_for, sample
 from tests.support.block_cases import BODIES, CASES_BY_API, MESSAGES, RESPONSES, events, normalized, script
 
-UPSTREAM = {"consecutive_errors": 100_000, "prefix_affinity": False, "rendezvous": False}  # the first listed first
 CASES = [(api, case) for api, cases in CASES_BY_API.items() for case in cases]
-
-
-def deployment(*urls: str) -> list[dict[str, Any]]:
-    return [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": list(urls),
-             "migration": {"stream_idle_timeout": 0}}]
-
-
-class Dying:
-    """The replica's stream, relayed until its `cut`-th event (None: whole); `events` it had in all."""
-
-    def __init__(self, target: str, *, vllm: bool = False) -> None:
-        self.target = target
-        self.vllm = vllm  # plays a vLLM replica: its Responses and Messages streams carry no ids and say nothing
-        self.cut: int | None = None
-        self.events = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.stub: Any = None  # the `stub` it plays
-
-    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        line, headers, body = self.stub.requests[-1]
-        self.bodies.append(orjson.loads(body))
-        if self.vllm and "/v1/chat/" not in line:
-            body = orjson.dumps({k: v for k, v in orjson.loads(body).items() if k != "return_token_ids"})
-        ours = {"Content-Type": "application/json", **{k: v for k, v in headers.items() if k.lower() == "x-request-id"}}
-        async with aiohttp.ClientSession() as session:
-            async with session.post(self.target + line.split()[1], data=body, headers=ours) as r:
-                raw = await r.read()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                for name in ("X-Request-Id",) if self.vllm and "/v1/chat/" not in line else ("Streamproxy-Continuation", "X-Request-Id"):
-                    if name in r.headers:
-                        head += f"{name}: {r.headers[name]}\r\n".encode()
-        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
-        self.events = len(events)
-        writer.write(head + b"\r\n")
-        for event in events[: self.cut]:
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-        if self.cut is None:
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
 
 
 async def read(session: aiohttp.ClientSession, url: str, body: dict[str, Any], request_id: str = "cut-1") -> bytes:

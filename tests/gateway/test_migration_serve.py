@@ -10,56 +10,17 @@ differ between any two answers, made equal).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
-from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, chat, sample
+from tests.gateway.gateway_support import DEPLOYMENT, DEPLOYMENT_ID, SERVED, UPSTREAM, Dying, chat, deployment, sample
 from tests.support.continued import CASES, same_calls, script
 
 CHAT = "/v1/chat/completions"
 CREATED = re.compile(rb'"created":\d+')
-UPSTREAM = {"consecutive_errors": 100_000, "prefix_affinity": False, "rendezvous": False}  # the first listed first
-
-
-def deployment(*urls: str) -> list[dict[str, Any]]:
-    return [{"name": DEPLOYMENT, "id": DEPLOYMENT_ID, "served_model": SERVED, "upstreams": list(urls),
-             "migration": {"stream_idle_timeout": 0}}]
-
-
-class Dying:
-    """The replica's stream, relayed until its `cut`-th event (None: whole); `events` it had in all."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.cut: int | None = None
-        self.events = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.stub: Any = None  # the `stub` it plays
-
-    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _, headers, body = self.stub.requests[-1]
-        self.bodies.append(orjson.loads(body))
-        ours = {"Content-Type": "application/json", **{k: v for k, v in headers.items() if k.lower() == "x-request-id"}}
-        async with aiohttp.ClientSession() as session:
-            async with session.post(self.target + CHAT, data=body, headers=ours) as r:
-                raw = await r.read()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                for name in ("Streamproxy-Continuation", "X-Request-Id"):
-                    if name in r.headers:
-                        head += f"{name}: {r.headers[name]}\r\n".encode()
-        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
-        self.events = len(events)
-        writer.write(head + b"\r\n")
-        for event in events[: self.cut]:
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-        if self.cut is None:
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
 
 
 async def read(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bytes:
