@@ -9,23 +9,22 @@ generated token's id is `SCRIPT_IDS + position` (Unicode's private use area A, i
 `decode` reads such an id as the script's token. The "model" follows its own tokens: a prompt that ends
 with a generated id continues the script after it (a continuation of prompt + generated ids makes what an
 unbroken run would; the bytes of a character split at that point come with the next token, as vLLM's
-detokenizer primed with the prompt sends them). Logprobs and words are fake_text.py's. The chat template puts `tools` before the messages, `rendered`/`template_kwargs` keep
-what render_chat got, and a given template is rendered with Jinja.
+detokenizer primed with the prompt sends them). Logprobs and words are fake_text.py's. The chat template is fake_chat.py's; `rendered`/`template_kwargs` keep
+what render_chat got.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import jinja2.sandbox
 import msgspec
 
+from . import fake_chat
 from .base import (
     Adapter,
     Delta,
@@ -50,13 +49,6 @@ from .fake_text import (
 )
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-
-
-def _text(content: Any) -> str:
-    """A message's content as the fake template shows it: a string, or the texts of a list of parts."""
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text") or "") for part in content)
-    return content or ""
 
 
 class FakeScript(msgspec.Struct, kw_only=True):
@@ -223,18 +215,9 @@ class FakeEngine:
     ) -> list[int]:
         self.rendered.append((messages, tools))
         self.template_kwargs.append(chat_template_kwargs)
-        if chat_template is not None:  # a template of the server's or the request's: Jinja, as a real one
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment()
-            text = env.from_string(chat_template).render(
-                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
-            )
-            return self.encode(text)
-        parts = [f"<|{m['role']}|>{_text(m.get('content'))}\n" for m in messages]
-        if tools:
-            parts.insert(0, "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n")
-        if add_generation_prompt and not continue_final_message:
-            parts.append("<|assistant|>")
-        return self.encode("".join(parts))
+        return self.encode(fake_chat.render(
+            messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            tools=tools, chat_template_kwargs=chat_template_kwargs, chat_template=chat_template))
 
     # -- generation -----------------------------------------------------
     async def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> DeltaQueue:
