@@ -72,9 +72,20 @@ def home_key(prompt: PromptKeys, keys: list[int]) -> int:
     return hash(tuple(prompt.token_ids[:16]))
 
 
+def lived_beyond(index: KVIndex, replicas: Sequence[Replica], prompt: PromptKeys, now: float) -> list[float]:
+    """Each replica's prompt tokens it holds or last held (`KVIndex.last_held`: its events' traces) beyond
+    the blocks every replica holding any block holds (a chat template's header): where the prefix lives,
+    or lived before it was evicted there, as every gateway fed the same events sees it (0 without events)."""
+    lived = index.last_held(prompt, [r.url for r in replicas if r.url in index], now)
+    warm = [lived[r.url] for r in replicas if r.url in lived and index.blocks(r.url)]
+    floor = min(warm, default=0)
+    return [float(max(0, lived[r.url] - floor)) if r.url in lived else 0.0 for r in replicas]
+
+
 def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, keys: list[int],
-         home: int) -> int:
-    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`)."""
+         home: int, lived: Sequence[float] | None = None) -> int:
+    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`, and
+    `lived[i]` beyond what every replica holds: `lived_beyond`)."""
     loads = [r.outstanding for r in candidates]
     homes = [rendezvous_score(home, r.anchor) for r in candidates]
     best = max(cached)
@@ -83,6 +94,10 @@ def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_
         return min(close, key=lambda i: (loads[i], -cached[i], -homes[i]))
     low = min(loads)
     near = [i for i in range(len(candidates)) if loads[i] <= low + pool.policy.balance_abs_threshold]
+    if lived is not None:
+        back = max(near, key=lambda i: (lived[i], -loads[i], homes[i]))
+        if lived[back] > 0:
+            return back
     if keys:
         sent = [candidates[i].index.matched(keys) for i in near]
         if max(sent) / len(keys) >= pool.policy.cache_threshold:
@@ -104,5 +119,6 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
         candidates = below or candidates
     candidates = guarded(pool, candidates)
     cached = estimated_cached(index, candidates, prompt, keys, now)
-    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys))
+    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys),
+                  lived_beyond(index, candidates, prompt, now))
     return candidates[winner], int(cached[winner])
