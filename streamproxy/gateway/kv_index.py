@@ -34,13 +34,13 @@ Traces. A block a replica no longer holds (removed, forgotten for
 (then where it lives is known again) and with its replica on `drop`. Every
 gateway fed the same events holds the same traces: where a prefix lived
 before it was evicted everywhere, which the prefix's next request, from
-whichever gateway, can go back to (`kv_score`). About 100 bytes a trace.
+whichever gateway, can go back to (`kv_score`). About 140 bytes a trace.
 
 Queries. `longest_prefix(keys, owners)` walks a prompt's keys from the first
 and says how many leading blocks each replica holds: O(blocks x replicas).
-`last_held(prompt, owners, now)` is
-`cached_tokens` with the traces counted as held: where the prefix lives or
-last lived. `speculate(owner, prompt, now, hold)` records that a prompt was sent to a
+`last_held(prompt, owners, now)` is `cached_tokens` with the traces counted
+as held: where the prefix lives or last lived.
+`speculate(owner, prompt, now, hold)` records that a prompt was sent to a
 replica (llm-d's speculative indexing): its blocks will be there once the
 prefill ran, before their events arrive, so a burst of requests sharing a
 prefix follows the first. A request waits in a busy replica's queue for
@@ -60,7 +60,7 @@ from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockS
 
 ROOT = 0  # the parent key of a prompt's first block
 DEFAULT_MAX_BLOCKS = 262_144  # about 80 MB; 4 replicas of 65k blocks (a million tokens each at 16 a block)
-DEFAULT_MAX_TRACES = 65_536  # about 7 MB
+DEFAULT_MAX_TRACES = 65_536  # about 9 MB
 Extra = tuple[Any, ...] | None
 
 
@@ -270,8 +270,8 @@ class KVIndex:
             self._trace(owner, key)
 
     def _trace(self, owner: str, key: int) -> None:
-        """`owner` no longer holds `key`: it last lived there (unless another holds it)."""
-        if self.max_traces <= 0 or key in self._holders:
+        """`owner` no longer holds `key`: it last lived there."""
+        if self.max_traces <= 0:
             return
         traces = self._traces
         traces[key] = owner
@@ -280,6 +280,8 @@ class KVIndex:
             traces.popitem(last=False)
 
     def _hold(self, owner: str, o: _Owner, block: Hashable, key: int) -> None:
+        if self._traces:
+            self._traces.pop(key, None)  # it lives again
         entries = o.entries
         old = entries.get(block)
         if old is not None:
@@ -295,8 +297,6 @@ class KVIndex:
         held = holders.get(key)
         if held is None:
             holders[key] = owner
-            if self._traces:
-                self._traces.pop(key, None)
         elif isinstance(held, str):
             holders[key] = {held: 1, owner: 1} if held != owner else {owner: 2}
         else:

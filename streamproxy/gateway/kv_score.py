@@ -10,9 +10,17 @@ replica's cached prefix measured precisely, from its KV events:
     prompt's tokens, the least loaded of those holding nearly the longest
     prefix (`CLOSE` of it: a block or two more is not worth a queue);
   - a miss: else, among the replicas within `balance_abs_threshold` of the
-    least loaded, the one this gateway last sent the prefix to (today's
-    approximate index holds `cache_threshold` of its prefix keys: a tenant
-    whose blocks were evicted goes back where it lives), else (a new prefix)
+    least loaded, the one whose events say it holds or last held (the
+    index's traces of evicted blocks) the longest part of the prompt beyond
+    what every replica holding any block holds (`lived_beyond`: a chat
+    template's header decides nothing), however short: vLLM frees a
+    request's blocks tail first, so a tenant's head outlives its tail, and
+    a prefix evicted everywhere goes back where it lived. Every gateway fed
+    the same events chooses alike here, also one that never sent the
+    prefix (two gateways sharing nothing would otherwise place one tenant
+    on two replicas, each by what it alone sent); else the one this
+    gateway last sent the prefix to (today's approximate index holds
+    `cache_threshold` of its prefix keys: traces since dropped), else (a new prefix)
     the one it has sent the fewest prefix keys (SGLang's "smallest tree":
     tenants spread evenly over the caches, where a hash would leave one
     replica with more than its cache holds), then the rendezvous home
