@@ -34,7 +34,8 @@ Traces. A block a replica no longer holds (removed, forgotten for
 (then where it lives is known again) and with its replica on `drop`. Every
 gateway fed the same events holds the same traces: where a prefix lived
 before it was evicted everywhere, which the prefix's next request, from
-whichever gateway, can go back to (`kv_score`). About 140 bytes a trace.
+whichever gateway, can go back to (`kv_score`). About 140 bytes a trace
+(bench/kv_cost.py).
 
 Queries. `longest_prefix(keys, owners)` walks a prompt's keys from the first
 and says how many leading blocks each replica holds: O(blocks x replicas).

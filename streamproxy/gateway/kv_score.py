@@ -41,7 +41,7 @@ is today's (`Pool.choose`). Pure functions, sans-IO.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from streamproxy.gateway.balance import Pool, Replica, rendezvous_score
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
@@ -91,9 +91,9 @@ def lived_beyond(index: KVIndex, replicas: Sequence[Replica], prompt: PromptKeys
 
 
 def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, keys: list[int],
-         home: int, lived: Sequence[float] | None = None) -> int:
-    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`, and
-    `lived[i]` beyond what every replica holds: `lived_beyond`)."""
+         home: int, lived: Callable[[], Sequence[float]] | None = None) -> int:
+    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`; `lived()`:
+    each one's part beyond what every replica holds, `lived_beyond`, asked on a miss only)."""
     loads = [r.outstanding for r in candidates]
     homes = [rendezvous_score(home, r.anchor) for r in candidates]
     best = max(cached)
@@ -103,8 +103,9 @@ def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_
     low = min(loads)
     near = [i for i in range(len(candidates)) if loads[i] <= low + pool.policy.balance_abs_threshold]
     if lived is not None:
-        back = max(near, key=lambda i: (lived[i], -loads[i], homes[i]))
-        if lived[back] > 0:
+        beyond = lived()
+        back = max(near, key=lambda i: (beyond[i], -loads[i], homes[i]))
+        if beyond[back] > 0:
             return back
     if keys:
         sent = [candidates[i].index.matched(keys) for i in near]
@@ -128,5 +129,5 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
     candidates = guarded(pool, candidates)
     cached = estimated_cached(index, candidates, prompt, keys, now)
     winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys),
-                  lived_beyond(index, candidates, prompt, now))
+                  lambda: lived_beyond(index, candidates, prompt, now))
     return candidates[winner], int(cached[winner])
