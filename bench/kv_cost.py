@@ -12,7 +12,7 @@ per event and per block:
   feed     kv_feed.Feed.live: both, with the sequence checks (what the subscriber does per message);
   query    PromptKeys + KVIndex.cached_tokens for a 2,000-token prompt over every replica
            (the request path's cost per request), and its key computation alone;
-and the index's memory per block tracked (tracemalloc). min / median / max of `--rounds`.
+and the index's memory per block tracked and per trace of an evicted block (tracemalloc). min / median / max of `--rounds`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from harness.kv_publisher import FakeCache, encode_batch
 from streamproxy.gateway.kv_events import Event, decode_batch
 from streamproxy.gateway.kv_feed import Feed
-from streamproxy.gateway.kv_index import KVIndex, PromptKeys
+from streamproxy.gateway.kv_index import DEFAULT_MAX_TRACES, KVIndex, PromptKeys
 
 BS = 16
 
@@ -119,13 +119,19 @@ def main() -> None:
             timings[name].append(took)
     held = max(fed_index(batches, owners).cached_tokens(PromptKeys(tokens), owners, 0.0).values())
 
-    tracemalloc.start()
-    index = KVIndex()
-    before = tracemalloc.get_traced_memory()[0]
-    for (o, _, _, _), e in zip(batches, decoded):
-        index.apply(o, e)
-    used = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
+    def memory(max_traces: int) -> tuple[KVIndex, int]:
+        tracemalloc.start()
+        index = KVIndex(max_traces=max_traces)
+        before = tracemalloc.get_traced_memory()[0]
+        for (o, _, _, _), e in zip(batches, decoded):
+            index.apply(o, e)
+        used = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        return index, used
+
+    index, used = memory(0)
+    traced, with_traces = memory(DEFAULT_MAX_TRACES)
+    traces = len(traced._traces)
 
     print(f"{n} batches, {events} events, {blocks} blocks stored or removed, {args.replicas} replicas, "
           f"block size {BS}; index at the end: {len(index)} blocks")
@@ -136,7 +142,8 @@ def main() -> None:
     print(f"{'query (2,000-token prompt)':34} {spread(timings['query'], n)}   per request, over {len(owners)} replicas"
           f" ({held} tokens of it held)")
     print(f"{'  of which its keys':34} {spread(timings['keys'], n)}   per request (125 blocks)")
-    print(f"index memory: {used / max(1, len(index)):.0f} bytes per block tracked ({used / 1e6:.1f} MB for {len(index)})")
+    print(f"index memory: {used / max(1, len(index)):.0f} bytes per block tracked ({used / 1e6:.1f} MB for {len(index)}), "
+          f"{(with_traces - used) / max(1, traces):.0f} bytes per trace ({(with_traces - used) / 1e6:.1f} MB for {traces})")
 
 
 if __name__ == "__main__":

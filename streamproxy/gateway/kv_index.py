@@ -28,8 +28,19 @@ recently used blocks stay, and come back after a reset). `reset` (AllBlocksClear
 a lost stream, a restarted replica) and `drop` (the replica is gone) forget
 a replica's blocks in O(its blocks).
 
+Traces. A block a replica no longer holds (removed, forgotten for
+`max_blocks`, or reset) leaves a trace: its key -> that replica, the last
+`max_traces` of them, a trace gone when its key is stored again anywhere
+(then where it lives is known again) and with its replica on `drop`. Every
+gateway fed the same events holds the same traces: where a prefix lived
+before it was evicted everywhere, which the prefix's next request, from
+whichever gateway, can go back to (`kv_score`). About 140 bytes a trace
+(bench/kv_cost.py).
+
 Queries. `longest_prefix(keys, owners)` walks a prompt's keys from the first
 and says how many leading blocks each replica holds: O(blocks x replicas).
+`last_held(prompt, owners, now)` is `cached_tokens` with the traces counted
+as held: where the prefix lives or last lived.
 `speculate(owner, prompt, now, hold)` records that a prompt was sent to a
 replica (llm-d's speculative indexing): its blocks will be there once the
 prefill ran, before their events arrive, so a burst of requests sharing a
@@ -50,6 +61,7 @@ from streamproxy.gateway.kv_events import AllBlocksCleared, BlockRemoved, BlockS
 
 ROOT = 0  # the parent key of a prompt's first block
 DEFAULT_MAX_BLOCKS = 262_144  # about 80 MB; 4 replicas of 65k blocks (a million tokens each at 16 a block)
+DEFAULT_MAX_TRACES = 65_536  # about 9 MB
 Extra = tuple[Any, ...] | None
 
 
@@ -122,25 +134,28 @@ class PromptKeys:
 
 
 class _Owner:
-    __slots__ = ("block_size", "entries")
+    __slots__ = ("block_size", "entries", "last_size")
 
     def __init__(self) -> None:
         self.entries: OrderedDict[Hashable, int] = OrderedDict()  # engine block -> key, least recently stored first
         self.block_size = 0  # of its full blocks (KV-cache group 0); 0: not known yet
+        self.last_size = 0  # the block size it last had (its traces'), kept across a reset
 
 
 class KVIndex:
     """The blocks each replica of one deployment holds, by key."""
 
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS, speculative_ttl: float = 2.0,
-                 max_speculative: int = 100_000) -> None:
+                 max_speculative: int = 100_000, max_traces: int = DEFAULT_MAX_TRACES) -> None:
         self.max_blocks = max_blocks
+        self.max_traces = max_traces
         self.speculative_ttl = speculative_ttl
         self.max_speculative = max_speculative
         self._owners: dict[str, _Owner] = {}
         # key -> its one holder (the common case, held once), or {holder: how many of its engine blocks}
         self._holders: dict[int, str | dict[str, int]] = {}
         self._size = 0
+        self._traces: OrderedDict[int, str] = OrderedDict()  # key -> the replica that last held it, oldest first
         self._guesses: dict[int, dict[str, float]] = {}  # key -> {owner: until}: speculative entries
         self._guess_order: list[tuple[float, str, int]] = []  # a heap of (until, owner, key)
         # Counters, for metrics and tests.
@@ -174,23 +189,29 @@ class KVIndex:
     def __len__(self) -> int:
         return self._size
 
-    def reset(self, owner: str) -> None:
-        """Forget every block of `owner` (its cache was cleared, or what it holds is no longer known)."""
+    def reset(self, owner: str, trace: bool = True) -> None:
+        """Forget every block of `owner` (its cache was cleared, or what it holds is no longer known),
+        each leaving a trace unless not `trace`."""
         o = self._owners.get(owner)
         if o is None:
             return
         self.resets += 1
         for key in o.entries.values():
             self._unhold(owner, key)
+            if trace:
+                self._trace(owner, key)
         self._size -= len(o.entries)
         o.entries.clear()
         o.block_size = 0
         self._forget_guesses(owner)
 
     def drop(self, owner: str) -> None:
-        """`owner` is gone: nothing of it stays."""
-        self.reset(owner)
+        """`owner` is gone: nothing of it stays (nor its traces)."""
+        self.reset(owner, trace=False)
         self._owners.pop(owner, None)
+        traces = self._traces
+        for key in [k for k, name in traces.items() if name == owner]:
+            del traces[key]
 
     def retain(self, owners: Iterable[str]) -> None:
         """The replicas are now `owners`: drop every other."""
@@ -227,7 +248,7 @@ class KVIndex:
                 return
             parent = known
         if not group and size > o.block_size:  # (a partial block's event is smaller)
-            o.block_size = size
+            o.block_size = o.last_size = size
         extras = event_extras(event)
         for i, block_hash in enumerate(hashes):
             parent = chain(parent, tuple(tokens[i * size : (i + 1) * size]), extras[i] if extras else None)
@@ -247,8 +268,21 @@ class KVIndex:
                 continue
             self._size -= 1
             self._unhold(owner, key)
+            self._trace(owner, key)
+
+    def _trace(self, owner: str, key: int) -> None:
+        """`owner` no longer holds `key`: it last lived there."""
+        if self.max_traces <= 0:
+            return
+        traces = self._traces
+        traces[key] = owner
+        traces.move_to_end(key)
+        if len(traces) > self.max_traces:
+            traces.popitem(last=False)
 
     def _hold(self, owner: str, o: _Owner, block: Hashable, key: int) -> None:
+        if self._traces:
+            self._traces.pop(key, None)  # it lives again
         entries = o.entries
         old = entries.get(block)
         if old is not None:
@@ -298,40 +332,49 @@ class KVIndex:
             self._size -= 1
             self.evicted += 1
             self._unhold(name, key)
+            self._trace(name, key)
 
     # -- queries ----------------------------------------------------------------------
 
-    def longest_prefix(self, keys: Sequence[int], owners: Iterable[str], now: float) -> dict[str, int]:
-        """How many leading blocks of `keys` each of `owners` holds (or is speculated to, until its TTL)."""
+    def longest_prefix(self, keys: Sequence[int], owners: Iterable[str], now: float, traces: bool = False) -> dict[str, int]:
+        """How many leading blocks of `keys` each of `owners` holds (or is speculated to, until its TTL;
+        with `traces`, or last held)."""
         live = list(dict.fromkeys(owners))
         result = dict.fromkeys(live, 0)
         holders, guesses = self._holders, self._guesses
+        lived = self._traces if traces else {}
         for n, key in enumerate(keys, 1):
             held = holders.get(key)
             guess = guesses.get(key)
-            if held is None and guess is None:
+            last = lived.get(key)
+            if held is None and guess is None and last is None:
                 break
             live = [o for o in live if (held is not None and (held == o if isinstance(held, str) else o in held))
-                    or (guess is not None and guess.get(o, 0.0) > now)]
+                    or (guess is not None and guess.get(o, 0.0) > now) or last == o]
             if not live:
                 break
             for o in live:
                 result[o] = n
         return result
 
-    def cached_tokens(self, prompt: PromptKeys, owners: Iterable[str], now: float) -> dict[str, int]:
+    def cached_tokens(self, prompt: PromptKeys, owners: Iterable[str], now: float, traces: bool = False) -> dict[str, int]:
         """How many leading tokens of the prompt each of `owners` holds (0 for one whose block size is not known)."""
         by_size: dict[int, list[str]] = {}
         result: dict[str, int] = {}
         for owner in owners:
-            size = self.block_size(owner)
+            o = self._owners.get(owner)
+            size = 0 if o is None else o.block_size or (o.last_size if traces else 0)
             result[owner] = 0
             if size:
                 by_size.setdefault(size, []).append(owner)
         for size, group in by_size.items():
-            for owner, n in self.longest_prefix(prompt.keys(size), group, now).items():
+            for owner, n in self.longest_prefix(prompt.keys(size), group, now, traces).items():
                 result[owner] = n * size
         return result
+
+    def last_held(self, prompt: PromptKeys, owners: Iterable[str], now: float) -> dict[str, int]:
+        """How many leading tokens of the prompt each of `owners` holds or last held (traces)."""
+        return self.cached_tokens(prompt, owners, now, traces=True)
 
     def speculate(self, owner: str, prompt: PromptKeys, now: float, hold: float | None = None) -> None:
         """The prompt was sent to `owner`: count its blocks there for `hold` seconds (default:

@@ -10,9 +10,17 @@ replica's cached prefix measured precisely, from its KV events:
     prompt's tokens, the least loaded of those holding nearly the longest
     prefix (`CLOSE` of it: a block or two more is not worth a queue);
   - a miss: else, among the replicas within `balance_abs_threshold` of the
-    least loaded, the one this gateway last sent the prefix to (today's
-    approximate index holds `cache_threshold` of its prefix keys: a tenant
-    whose blocks were evicted goes back where it lives), else (a new prefix)
+    least loaded, the one whose events say it holds or last held (the
+    index's traces of evicted blocks) the longest part of the prompt beyond
+    what every replica holding any block holds (`lived_beyond`: a chat
+    template's header decides nothing), however short: vLLM frees a
+    request's blocks tail first, so a tenant's head outlives its tail, and
+    a prefix evicted everywhere goes back where it lived. Every gateway fed
+    the same events chooses alike here, also one that never sent the
+    prefix (two gateways sharing nothing would otherwise place one tenant
+    on two replicas, each by what it alone sent); else the one this
+    gateway last sent the prefix to (today's approximate index holds
+    `cache_threshold` of its prefix keys: traces since dropped), else (a new prefix)
     the one it has sent the fewest prefix keys (SGLang's "smallest tree":
     tenants spread evenly over the caches, where a hash would leave one
     replica with more than its cache holds), then the rendezvous home
@@ -33,7 +41,7 @@ is today's (`Pool.choose`). Pure functions, sans-IO.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from streamproxy.gateway.balance import Pool, Replica, rendezvous_score
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
@@ -72,9 +80,20 @@ def home_key(prompt: PromptKeys, keys: list[int]) -> int:
     return hash(tuple(prompt.token_ids[:16]))
 
 
+def lived_beyond(index: KVIndex, replicas: Sequence[Replica], prompt: PromptKeys, now: float) -> list[float]:
+    """Each replica's prompt tokens it holds or last held (`KVIndex.last_held`: its events' traces) beyond
+    the blocks every replica holding any block holds (a chat template's header): where the prefix lives,
+    or lived before it was evicted there, as every gateway fed the same events sees it (0 without events)."""
+    lived = index.last_held(prompt, [r.url for r in replicas if r.url in index], now)
+    warm = [lived[r.url] for r in replicas if r.url in lived and index.blocks(r.url)]
+    floor = min(warm, default=0)
+    return [float(max(0, lived[r.url] - floor)) if r.url in lived else 0.0 for r in replicas]
+
+
 def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_tokens: int, keys: list[int],
-         home: int) -> int:
-    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`)."""
+         home: int, lived: Callable[[], Sequence[float]] | None = None) -> int:
+    """The index of the winner among `candidates` (each holding `cached[i]` of `prompt_tokens`; `lived()`:
+    each one's part beyond what every replica holds, `lived_beyond`, asked on a miss only)."""
     loads = [r.outstanding for r in candidates]
     homes = [rendezvous_score(home, r.anchor) for r in candidates]
     best = max(cached)
@@ -83,6 +102,11 @@ def pick(pool: Pool, candidates: list[Replica], cached: Sequence[float], prompt_
         return min(close, key=lambda i: (loads[i], -cached[i], -homes[i]))
     low = min(loads)
     near = [i for i in range(len(candidates)) if loads[i] <= low + pool.policy.balance_abs_threshold]
+    if lived is not None:
+        beyond = lived()
+        back = max(near, key=lambda i: (beyond[i], -loads[i], homes[i]))
+        if beyond[back] > 0:
+            return back
     if keys:
         sent = [candidates[i].index.matched(keys) for i in near]
         if max(sent) / len(keys) >= pool.policy.cache_threshold:
@@ -104,5 +128,6 @@ def choose(pool: Pool, index: KVIndex, prompt: PromptKeys, keys: list[int], excl
         candidates = below or candidates
     candidates = guarded(pool, candidates)
     cached = estimated_cached(index, candidates, prompt, keys, now)
-    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys))
+    winner = pick(pool, candidates, cached, len(prompt.token_ids), keys, home_key(prompt, keys),
+                  lambda: lived_beyond(index, candidates, prompt, now))
     return candidates[winner], int(cached[winner])

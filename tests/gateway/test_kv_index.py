@@ -166,3 +166,65 @@ def test_speculation_is_bounded() -> None:
     for i in range(50):
         index.speculate(A, PromptKeys([i] * 40), now=float(i))
     assert len(index._guess_order) <= 10 and sum(len(h) for h in index._guesses.values()) <= 10
+
+
+def lived(index: KVIndex, tokens: list[int], *owners: str, now: float = 0.0) -> dict[str, int]:
+    return index.last_held(PromptKeys(tokens), owners or index.owners, now)
+
+
+def test_a_removed_block_leaves_a_trace_of_where_it_lived() -> None:
+    index = KVIndex()
+    store(index, A, [11, 12, 13], PROMPT[:12])
+    store(index, B, [21], PROMPT[:4])
+    index.apply(A, [BlockRemoved([13, 12], "GPU")])  # (vLLM frees a request's blocks tail first)
+    assert cached(index, PROMPT) == {A: 4, B: 4}
+    assert lived(index, PROMPT) == {A: 12, B: 4}  # it lived on A
+    index.apply(B, [BlockRemoved([21], "GPU")])
+    assert lived(index, PROMPT) == {A: 12, B: 4} and len(index._traces) == 3
+
+
+def test_a_trace_goes_when_its_block_is_stored_again_anywhere() -> None:
+    index = KVIndex()
+    store(index, A, [11, 12], PROMPT[:8])
+    store(index, B, [21], PROMPT[:4])
+    index.apply(A, [BlockRemoved([12, 11], "GPU")])
+    assert lived(index, PROMPT) == {A: 8, B: 4}
+    store(index, B, [22], PROMPT[4:8], parent=21)  # the prefix moved to B: where it lives is known again
+    assert lived(index, PROMPT) == {A: 4, B: 8}  # (the first block's trace stays: B did not store it again)
+    assert index._traces == {block_keys(PROMPT, BS)[0]: A}
+    store(index, B, [21], PROMPT[:4])  # B announces it again (reused)
+    assert index._traces == {} and lived(index, PROMPT) == {A: 0, B: 8}
+
+
+def test_a_cleared_replica_keeps_its_traces_and_a_dropped_one_leaves_none() -> None:
+    index = KVIndex()
+    store(index, A, [11, 12], PROMPT[:8])
+    store(index, B, [21, 22, 23], [9] * 12)
+    index.apply(A, [AllBlocksCleared()])  # a restart: what lived there is still where it belongs
+    assert index.block_size(A) == 0 and cached(index, PROMPT, A) == {A: 0}
+    assert lived(index, PROMPT, A) == {A: 8}  # (by the block size A had)
+    index.apply(B, [BlockRemoved([23], "GPU")])
+    index.drop(A)
+    assert lived(index, PROMPT, A, B) == {A: 0, B: 0}
+    assert list(index._traces.values()) == [B]
+
+
+def test_traces_are_bounded_oldest_first() -> None:
+    index = KVIndex(max_traces=3)
+    tokens = list(range(40))
+    store(index, A, [1, 2, 3, 4, 5], tokens[:20])
+    index.apply(A, [BlockRemoved([5, 4, 3, 2], "GPU")])
+    assert list(index._traces) == block_keys(tokens, BS)[3:0:-1]  # block 5's trace went first
+    assert lived(index, tokens[:20], A) == {A: 16}
+    assert KVIndex(max_traces=0)._traces == {}
+    index = KVIndex(max_traces=0)
+    store(index, A, [1, 2], tokens[:8])
+    index.apply(A, [BlockRemoved([2], "GPU")])
+    assert index._traces == {} and lived(index, tokens[:8], A) == {A: 4}
+
+
+def test_blocks_forgotten_for_the_bound_leave_traces() -> None:
+    index = KVIndex(max_blocks=2)
+    store(index, A, [1, 2, 3], PROMPT[:12])
+    assert index.evicted == 1 and cached(index, PROMPT, A) == {A: 0}  # its first block went
+    assert lived(index, PROMPT, A) == {A: 12}

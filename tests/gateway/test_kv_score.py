@@ -9,7 +9,7 @@ import pytest
 
 from streamproxy.gateway.balance import Pool, rendezvous_score
 from streamproxy.gateway.config import Deployment, UpstreamPolicy
-from streamproxy.gateway.kv_events import BlockStored
+from streamproxy.gateway.kv_events import BlockRemoved, BlockStored
 from streamproxy.gateway.kv_index import KVIndex, PromptKeys
 from streamproxy.gateway.kv_score import choose, home_key
 from streamproxy.gateway.prefix import prefix_keys
@@ -28,6 +28,11 @@ def holds(index: KVIndex, url: str, blocks: int) -> None:
     index.add(url)
     if blocks:
         index.apply(url, [BlockStored(list(range(1, blocks + 1)), None, TOKENS[: blocks * BS], BS)])
+
+
+def evicts(index: KVIndex, url: str, down_to: int, blocks: int = 10) -> None:
+    """`url` frees its blocks tail first (as vLLM does) down to `down_to` of them."""
+    index.apply(url, [BlockRemoved(list(range(blocks, down_to, -1)))])
 
 
 def home_of(p: Pool, keys: list[int]) -> str:
@@ -166,3 +171,68 @@ def test_excluded_and_ejected_replicas_are_not_candidates() -> None:
     assert choose(p, index, PromptKeys(TOKENS), [], set(), 1.0)[0] is b
     assert choose(p, index, PromptKeys(TOKENS), [], {b.url}, 1.0)[0] is c
     assert choose(p, index, PromptKeys(TOKENS), [], {b.url, c.url}, 1.0) == (None, 0)
+
+
+def test_two_gateways_fed_the_same_events_send_an_evicted_prefix_back_where_it_lived() -> None:
+    # Two gateways sharing nothing: one sent the tenant to b, whose cache then evicted all but the header
+    # block every replica holds; the other never sent it, and by what it alone sent (smallest tree) would
+    # place it on another replica: one tenant twice. Both go by the events' traces instead.
+    keys = prefix_keys(BODY, 256)
+    first, second = pool(seed=1), pool(seed=2)
+    indexes = KVIndex(), KVIndex()
+    for index in indexes:  # the same events into each
+        for url in ("http://127.0.0.1:9000", "http://127.0.0.1:9002"):
+            holds(index, url, 1)
+        holds(index, "http://127.0.0.1:9001", 10)
+        evicts(index, "http://127.0.0.1:9001", 1)
+    first.replicas[1].index.insert(keys)  # the first gateway sent it to b
+    second.replicas[1].index.insert(list(range(50)))  # the second sent other prefixes there: b's tree the biggest
+    assert min(second.replicas, key=lambda r: len(r.index)) is not second.replicas[1]
+    for p, index in zip((first, second), indexes):
+        replica, cached = choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)
+        assert replica is p.replicas[1] and cached == BS  # (it holds the header block only)
+
+
+def test_a_head_below_the_cache_threshold_beyond_the_shared_header_decides_a_miss() -> None:
+    # vLLM frees a request's blocks tail first: the tenant's head outlives its tail.
+    keys = prefix_keys(BODY, 256)
+    p, index = pool(), KVIndex()
+    a, b, c = p.replicas
+    for r in p.replicas:
+        holds(index, r.url, 1)
+    holds(index, b.url, 10)
+    evicts(index, b.url, 2)  # 2 of 10 blocks left: below cache_threshold (0.3)
+    b.index.insert(list(range(50)))  # and by this gateway's sends alone the biggest tree
+    replica, cached = choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)
+    assert replica is b and cached == 2 * BS
+
+
+def test_where_the_events_say_it_lived_outweighs_where_this_gateway_last_sent_it() -> None:
+    keys = prefix_keys(BODY, 256)
+    p, index = pool(), KVIndex()
+    a, b, c = p.replicas
+    for r in p.replicas:
+        holds(index, r.url, 1)
+    c.index.insert(keys)  # this gateway sent it to c long ago; another gateway's request moved it to b since
+    holds(index, b.url, 10)
+    evicts(index, b.url, 1)
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
+    evicts(index, b.url, 0, blocks=1)  # b lost even the header: its trace still reaches further than any
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
+    index.drop(b.url)  # b is gone: nothing of it (traces neither) decides; this gateway's memory does
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is c
+
+
+def test_where_it_lived_keeps_the_load_guard() -> None:
+    keys = prefix_keys(BODY, 256)
+    p, index = pool(), KVIndex()
+    a, b, c = p.replicas
+    for r in p.replicas:
+        holds(index, r.url, 1)
+    holds(index, b.url, 10)
+    evicts(index, b.url, 1)
+    a.index.insert(list(range(50)))
+    b.outstanding = 8  # within balance_abs_threshold of the least loaded
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
+    b.outstanding = 9  # past it: the smallest tree of the others
+    assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is c
