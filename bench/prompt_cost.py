@@ -96,7 +96,7 @@ def record_costs(rounds: int) -> list[str]:
         for n, finished in ((64, 0), (1024, 8)):
             steps = itertools.cycle([step(n, finished) for _ in range(50)])
             out.append(f"record, {label}, {n} outputs, {finished} finished: "
-                       f"{_cpu(lambda: manager.record(*next(steps), engine_idx=0), rounds, 300)} µs")
+                       f"{_cpu(lambda m=manager, s=steps: m.record(*next(s), engine_idx=0), rounds, 300)} µs")
     return out
 
 
