@@ -37,6 +37,8 @@ _PIECEWISE_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation", "Whi
                              "UnicodeScripts", "BertPreTokenizer", "CharDelimiterSplit"}
 # Bound on the characters kept (pieces' texts and ENTRY_CHARS each), then the oldest go first.
 CACHE_CHARS = 4_000_000
+# A piece longer than this is encoded each time (a long message seldom repeats; it would push out many short pieces).
+MAX_PIECE = 65_536
 # What an entry costs beyond its text, counted in characters against that bound.
 ENTRY_CHARS = 64
 
@@ -130,6 +132,8 @@ class Segments:
         return ids
 
     def _keep(self, piece: str, ids: list[int]) -> None:
+        if len(piece) > MAX_PIECE:
+            return
         size = len(piece) + ENTRY_CHARS
         if size > self._max_chars:
             return

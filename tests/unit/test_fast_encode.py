@@ -138,3 +138,15 @@ def test_the_longest_added_token_wins_at_one_place():
         {"content": "<a>", "normalized": False}, {"content": "<a>b", "normalized": False}]})
     assert pattern is not None
     assert pattern.split("x<a>by<a>") == ["x", "<a>b", "y", "<a>", ""]
+
+
+def test_a_long_piece_is_not_kept():
+    from engine_adapter.fast_encode import MAX_PIECE, Segments
+
+    class Encoded:
+        def __init__(self, text: str) -> None:
+            self.ids = [len(text)]
+
+    s = Segments(lambda text, add_special_tokens: Encoded(text), re.compile("(<s>)"))
+    assert s.encode("x" * (MAX_PIECE + 1) + "<s>") == [MAX_PIECE + 1, 3]
+    assert list(s._known) == ["<s>"]
