@@ -2,8 +2,8 @@
 
 vLLM's `PrometheusStatLogger.record` calls `Histogram.observe` (two locks and a Python walk of the
 buckets) per token of every stream in the batch. `batch_inter_token_latencies(llm)` wraps `record` on
-each Prometheus stat logger of an `AsyncLLM`: the step's latencies are bucketed with `bisect` and added
-once per bucket touched and once to the sum, then vLLM's `record` runs with the list empty (given back
+each Prometheus stat logger of an `AsyncLLM`: the step's latencies are sorted, bucketed with `bisect` and
+added once per bucket touched and once to the sum, then vLLM's `record` runs with the list empty (given back
 after). Same bucket counts and count; the sum up to float addition order. Nothing is wrapped when the
 logger or histogram lacks an attribute this relies on.
 """
@@ -11,7 +11,7 @@ logger or histogram lacks an attribute this relies on.
 from __future__ import annotations
 
 import logging
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,15 +19,36 @@ log = logging.getLogger("streamproxy.engine.vllm")
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
-    """`histogram.observe(v)` for each value (a prometheus_client Histogram child), one increment per bucket."""
+    """`histogram.observe(v)` for each value (a prometheus_client Histogram child), one increment per bucket.
+
+    The values sorted once (in C), each bucket's count is the step between two `bisect_right`s: a
+    value goes into the first bucket whose bound it does not exceed, as `observe` puts it. With a NaN
+    (sorting is undefined then) value by value: a NaN goes into the sum and no bucket, as with observe."""
     if not values:
         return
+    total = sum(values)
+    if total != total and any(v != v for v in values):
+        _observe_each(histogram, values, total)
+        return
+    histogram._sum.inc(total)
+    ordered = sorted(values)
+    n = len(ordered)
+    buckets = histogram._buckets
+    below = 0
+    for i, bound in enumerate(histogram._upper_bounds):
+        upto = bisect_right(ordered, bound, below)
+        if upto != below:
+            buckets[i].inc(upto - below)
+            if upto == n:
+                return
+            below = upto
+
+
+def _observe_each(histogram: Any, values: Sequence[float], total: float) -> None:
     bounds = histogram._upper_bounds
     counts: dict[int, int] = {}
-    total = 0.0
     for value in values:
-        total += value
-        if value == value:  # a NaN goes into the sum and no bucket, as with observe
+        if value == value:
             i = bisect_left(bounds, value)
             counts[i] = counts.get(i, 0) + 1
     histogram._sum.inc(total)

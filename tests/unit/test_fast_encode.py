@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,85 @@ def test_a_tokenizer_without_a_rust_backend_has_none():
             return [len(text)]
 
     assert fast_encoder(Slow()) is None
+
+
+def _random_texts(hf, count: int) -> list[str]:
+    import random
+
+    rng = random.Random(34)
+    specials = [t.content for t in hf._tokenizer.get_added_tokens_decoder().values()]
+    parts = specials + ["<|im_", "im_end|>", "<", "|>", " ", "  ", "\n", "\n\n", "\t", "a", "é", "你好", "😀", "12345",
+                        "Hello", " world", "don't", "'s", "...", "system", "user", "assistant"]
+    return ["".join(rng.choice(parts) for _ in range(rng.randrange(0, 30))) for _ in range(count)]
+
+
+def test_the_pieces_give_the_whole_texts_ids(hf):
+    """Encoded piece by piece between added tokens (and the pieces kept): the same ids as the whole
+    text encoded at once, for texts that join added tokens, their fragments, whitespace and scripts."""
+    encode = fast_encoder(hf)
+    assert encode is not None
+    whole = hf._tokenizer
+    texts = TEXTS + _random_texts(hf, 3000)
+    for _ in range(2):  # the second time every piece is a kept one
+        for text in texts:
+            assert encode(text, False) == whole.encode(text, add_special_tokens=False).ids, text
+            assert encode(text, True) == hf.encode(text, add_special_tokens=True)
+
+
+def test_kept_ids_are_not_shared_with_callers(hf):
+    encode = fast_encoder(hf)
+    assert encode is not None
+    first = encode(TEXTS[2], False)
+    first.append(-1)
+    assert encode(TEXTS[2], False) == hf.encode(TEXTS[2], add_special_tokens=False)
+
+
+def test_the_kept_pieces_are_bounded():
+    from engine_adapter.fast_encode import ENTRY_CHARS, Segments
+
+    class Encoded:
+        def __init__(self, text: str) -> None:
+            self.ids = [len(text)]
+
+    s = Segments(lambda text, add_special_tokens: Encoded(text), re.compile("(<s>)"), max_chars=3 * (10 + ENTRY_CHARS))
+    for i in range(10):
+        assert s.encode(f"{i:010d}<s>") == [10, 3]
+    assert s._chars <= 3 * (10 + ENTRY_CHARS)
+    assert "0000000009" in s._known and "0000000000" not in s._known
+
+
+@pytest.mark.parametrize("description", [
+    {"normalizer": {"type": "Lowercase"}, "pre_tokenizer": None, "model": {"type": "BPE"}, "added_tokens": [{"content": "<s>", "normalized": False}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "first"}, "model": {"type": "BPE"}, "added_tokens": [{"content": "<s>", "normalized": False}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split"}, {"type": "Metaspace"}]}, "model": {"type": "BPE"}, "added_tokens": [{"content": "<s>", "normalized": False}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": 0.1}, "added_tokens": [{"content": "<s>", "normalized": False}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "Unigram"}, "added_tokens": [{"content": "<s>", "normalized": False}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE"}, "added_tokens": [{"content": "<s>", "normalized": False, "lstrip": True}]},
+    {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE"}, "added_tokens": [{"content": "<s>", "normalized": True}]},
+])
+def test_only_piecewise_tokenizers_are_encoded_by_pieces(description):
+    from engine_adapter.fast_encode import segmentable
+
+    assert segmentable(description) is None
+
+
+def test_the_longest_added_token_wins_at_one_place():
+    from engine_adapter.fast_encode import segmentable
+
+    pattern = segmentable({"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split"}, {"type": "ByteLevel"}]}, "model": {"type": "BPE", "dropout": None}, "added_tokens": [
+        {"content": "<a>", "normalized": False}, {"content": "<a>b", "normalized": False}]})
+    assert pattern is not None
+    assert pattern.split("x<a>by<a>") == ["x", "<a>b", "y", "<a>", ""]
+
+
+def test_a_long_piece_is_not_kept():
+    from engine_adapter.fast_encode import MAX_PIECE, Segments
+
+    class Encoded:
+        def __init__(self, text: str) -> None:
+            self.ids = [len(text)]
+
+    s = Segments(lambda text, add_special_tokens: Encoded(text), re.compile("(<s>)"))
+    assert s.encode("x" * (MAX_PIECE + 1) + "<s>") == [MAX_PIECE + 1, 3]
+    assert list(s._known) == ["<s>"]
