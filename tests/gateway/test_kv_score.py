@@ -193,29 +193,29 @@ def test_two_gateways_fed_the_same_events_send_an_evicted_prefix_back_where_it_l
         assert replica is p.replicas[1] and cached == BS  # (it holds the header block only)
 
 
-def test_a_head_below_the_cache_threshold_beyond_the_shared_header_decides_a_miss() -> None:
-    # vLLM frees a request's blocks tail first: the tenant's head outlives its tail.
-    keys = prefix_keys(BODY, 256)
+def evicted_on_b(left: int) -> tuple[list[int], Pool, KVIndex]:
+    """Every replica holds the header block; b held the prompt's first 10 blocks and has `left` of them."""
     p, index = pool(), KVIndex()
-    a, b, c = p.replicas
     for r in p.replicas:
         holds(index, r.url, 1)
-    holds(index, b.url, 10)
-    evicts(index, b.url, 2)  # 2 of 10 blocks left: below cache_threshold (0.3)
+    holds(index, p.replicas[1].url, 10)
+    evicts(index, p.replicas[1].url, left)
+    return prefix_keys(BODY, 256), p, index
+
+
+def test_a_head_below_the_cache_threshold_beyond_the_shared_header_decides_a_miss() -> None:
+    # vLLM frees a request's blocks tail first: the tenant's head outlives its tail.
+    keys, p, index = evicted_on_b(2)  # 2 of 10 blocks left: below cache_threshold (0.3)
+    a, b, c = p.replicas
     b.index.insert(list(range(50)))  # and by this gateway's sends alone the biggest tree
     replica, cached = choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)
     assert replica is b and cached == 2 * BS
 
 
 def test_where_the_events_say_it_lived_outweighs_where_this_gateway_last_sent_it() -> None:
-    keys = prefix_keys(BODY, 256)
-    p, index = pool(), KVIndex()
+    keys, p, index = evicted_on_b(1)
     a, b, c = p.replicas
-    for r in p.replicas:
-        holds(index, r.url, 1)
     c.index.insert(keys)  # this gateway sent it to c long ago; another gateway's request moved it to b since
-    holds(index, b.url, 10)
-    evicts(index, b.url, 1)
     assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
     evicts(index, b.url, 0, blocks=1)  # b lost even the header: its trace still reaches further than any
     assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
@@ -224,13 +224,8 @@ def test_where_the_events_say_it_lived_outweighs_where_this_gateway_last_sent_it
 
 
 def test_where_it_lived_keeps_the_load_guard() -> None:
-    keys = prefix_keys(BODY, 256)
-    p, index = pool(), KVIndex()
+    keys, p, index = evicted_on_b(1)
     a, b, c = p.replicas
-    for r in p.replicas:
-        holds(index, r.url, 1)
-    holds(index, b.url, 10)
-    evicts(index, b.url, 1)
     a.index.insert(list(range(50)))
     b.outstanding = 8  # within balance_abs_threshold of the least loaded
     assert choose(p, index, PromptKeys(TOKENS), keys, set(), 0.0)[0] is b
