@@ -24,6 +24,7 @@ key's servers, on new ports). What a test sees is the same fresh server as befor
 earlier: no request reaches it before the test's. After the `with` block each server gets its
 SIGTERM at once and the wait for its exit (seconds: an engine core's shutdown) goes on in a
 thread; `finish()` (the session's end) stops what no test took and waits for every stop.
+`take(key)` hands the launched servers over unwaited, for a fixture that waits and stops them itself.
 Logs go to a folder of the session's (`log_dir()`), named after the key.
 """
 
@@ -184,6 +185,18 @@ def ready(key: str, timeout: float, interval: float = 0.5, stop_timeout: float =
         yield servers
     finally:
         _stop(servers, stop_timeout)
+
+
+def take(key: str) -> list[ServerProcess]:
+    """The key's servers as launched (launching them now if nothing did), not waited for: the caller waits for
+    them its own way and stops them (`tests/support/workers.py`'s `api_servers`, which may start a parent again)."""
+    spec = _SPECS[key]
+    if spec.taken:  # taken before: fresh ones
+        spec.launched, spec.attempt = False, 0
+    spec.taken = True
+    if not spec.launched:
+        _launch(spec)
+    return _launched(spec)
 
 
 def finish() -> None:

@@ -130,3 +130,15 @@ def test_a_launcher_that_fails_ahead_fails_the_test_that_takes_it(launched: list
     with pytest.raises(RuntimeError, match="no model here"), prestart.ready("d", 1.0):
         pass
     prestart.finish()
+
+
+def test_take_hands_the_launched_servers_over_unwaited_and_unstopped(launched: list[StandIn]) -> None:
+    items = session((), ("a",))
+    prestart.ahead(items[0])
+    settle()
+    (server,) = prestart.take("a")
+    assert server is launched[0] and not launched[0].up  # not waited for: the taker waits its own way
+    prestart.finish()
+    assert launched[0].stopped == 0  # nor stopped: the taker stops it
+    (again,) = prestart.take("a")  # taken before: a fresh one
+    assert again is launched[1] and [s.key for s in launched] == ["a", "a"]
