@@ -15,7 +15,8 @@ started once, and only when a test asks for it).
 
 Each is launched ahead of its first test, while earlier tests run, and waited
 for only when that test needs it (tests/support/prestart.py; `pytest_runtest_setup`
-below launches the next server a later test needs).
+below launches the next server a later test needs); `engine_server`, in the
+real-engine run, already while pytest collects (`pytest_sessionstart`).
 """
 
 from __future__ import annotations
@@ -142,6 +143,18 @@ def pytest_report_header() -> str:
     import aiohttp
 
     return f"aiohttp {aiohttp.__version__}"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The real-engine run (`-m engine`, one process: the Makefile's) launches the session's engine before it collects
+    (about 10 s of one core here): nearly every such run needs it, and one that does not stops it once collected."""
+    config = session.config
+    if config.getoption("markexpr", "") == "engine" and not config.getoption("numprocesses", None) and not config.getoption("collectonly"):
+        prestart.early("engine_server")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    prestart.drop_unneeded(session.items)  # (what `pytest_sessionstart` launched, when no test of the run needs it)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -142,3 +142,20 @@ def test_take_hands_the_launched_servers_over_unwaited_and_unstopped(launched: l
     assert launched[0].stopped == 0  # nor stopped: the taker stops it
     (again,) = prestart.take("a")  # taken before: a fresh one
     assert again is launched[1] and [s.key for s in launched] == ["a", "a"]
+
+
+def test_early_launches_before_the_plan_and_drop_unneeded_stops_what_no_test_names(launched: list[StandIn]) -> None:
+    prestart.early("a")
+    prestart.early("b")
+    settle()
+    assert [s.key for s in launched] == ["a", "b"]
+    items = session((), ("a",))
+    prestart.drop_unneeded(items)
+    for stop in prestart._STOPS:
+        stop.join()
+    assert [(s.key, s.stopped) for s in launched] == [("a", 0), ("b", 1)]
+    with prestart.ready("a", 1.0) as (server,):
+        assert server is launched[0]  # the one launched early
+    with prestart.ready("b", 1.0) as (server,):
+        assert server is launched[2]  # dropped: launched anew when asked for by name
+    prestart.finish()
