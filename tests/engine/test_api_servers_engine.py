@@ -25,7 +25,7 @@ import requests
 
 from engine_adapter.default_model import build_tiny_model
 from harness.process import ServerProcess
-from harness.server import launch
+from harness.server import ENGINE_IN_CORE, launch
 from tests.support import prestart, wait_until_sync
 from tests.support.workers import api_servers, launch_api_servers
 
@@ -115,7 +115,9 @@ def _one_core_each() -> dict[str, str]:
 
 def _dp2(logs: Path) -> list[ServerProcess]:
     args = ["--model", str(build_tiny_model(progress=False)), *TINY, "--data-parallel-size", "2", "--access-log", "off"]
-    return [launch(args, logs, "dp2", _one_core_each())]
+    # Each engine core runs its model itself (ENGINE_IN_CORE): no worker process to import torch and vLLM again, two
+    # fewer in all; what this test checks is the balancing between the two engines, not their process tree.
+    return [launch(args, logs, "dp2", {**_one_core_each(), **ENGINE_IN_CORE})]
 
 
 # Started ahead, while earlier tests run (tests/support/prestart.py).
