@@ -77,7 +77,9 @@ TEST_WORKERS ?= 4
 # even imported by the run without the engine, which saves each worker its imports.)
 # The real-engine run collects only the folders that hold `engine` tests (tests/conftest.py's ENGINE_FOLDERS: an
 # `engine` test elsewhere fails every collection); its servers start ahead of their tests (tests/support/prestart.py).
-ENGINE_TESTS := tests/compat tests/contract tests/engine tests/unit
+# tests/contract first: its in-process engine starts while the session's engine (launched while pytest collects) does,
+# each on a core of its own, instead of after the first compat test waited for the session's engine alone.
+ENGINE_TESTS := tests/contract tests/compat tests/engine tests/unit
 # (--durations: each run ends with its slowest tests, for make test's 15-minute budget.)
 
 # Before the two runs, side by side (-j: each of them keeps about one core busy, or waits on the network): the type
