@@ -75,11 +75,13 @@ TEST_WORKERS ?= 4
 
 # (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
 # even imported by the run without the engine, which saves each worker its imports.)
-# The real-engine run collects only the folders that hold `engine` tests (tests/conftest.py's ENGINE_FOLDERS: an
-# `engine` test elsewhere fails every collection); its servers start ahead of their tests (tests/support/prestart.py).
-# tests/contract first: its in-process engine starts while the session's engine (launched while pytest collects) does,
-# each on a core of its own, instead of after the first compat test waited for the session's engine alone.
-ENGINE_TESTS := tests/contract tests/compat tests/engine tests/unit
+# The real-engine run collects only the folders and files that hold `engine` tests (tests/conftest.py's ENGINE_PATHS: an
+# `engine` test elsewhere fails every collection that sees it); its servers start ahead of their tests
+# (tests/support/prestart.py). tests/contract first: its in-process engine starts while the session's engine (launched
+# while pytest collects) does, each on a core of its own, instead of after the first compat test waited for the session's
+# engine alone. (-p no:...: no test of this run uses schemathesis or hypothesis; see test-fast.)
+ENGINE_TESTS := tests/contract tests/compat tests/engine tests/unit/test_reasoning_vllm.py tests/unit/test_vllm_sampling_identity.py
+ENGINE_PLUGINS := -p no:schemathesis -p no:hypothesispytest
 # (--durations: each run ends with its slowest tests, for make test's 15-minute budget.)
 
 # Before the two runs, side by side (-j: each of them keeps about one core busy, or waits on the network): the type
@@ -87,7 +89,7 @@ ENGINE_TESTS := tests/contract tests/compat tests/engine tests/unit
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 --output-sync=target typecheck $(COMPAT) check-vllm
 	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine --durations=15
-	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine --durations=30
+	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine $(ENGINE_PLUGINS) --durations=30
 
 default-model: $(STAMP)
 	$(BIN)/python -m engine_adapter.default_model

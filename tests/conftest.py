@@ -167,9 +167,10 @@ def pytest_sessionfinish() -> None:
     prestart.finish()
 
 
-# The folders that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
-# others' imports cost that run ~8 s of a core), so an `engine` test anywhere else fails every collection.
-ENGINE_FOLDERS = ("compat/", "contract/", "engine/", "unit/")
+# The folders and files that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
+# others' imports cost that run ~12 s of a core), so an `engine` test anywhere else fails every collection that sees it
+# (the run without the engine and `make test-fast` collect every unit module).
+ENGINE_PATHS = ("compat/", "contract/", "engine/", "unit/test_reasoning_vllm.py", "unit/test_vllm_sampling_identity.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -179,9 +180,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if where.startswith(ENGINE):
             item.add_marker(pytest.mark.engine)
-        if item.get_closest_marker("engine") and not where.startswith(ENGINE_FOLDERS):
-            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_FOLDERS)}: the Makefile's "
-                                    "real-engine run (ENGINE_TESTS) would not collect it; add its folder to both")
+        if item.get_closest_marker("engine") and not where.startswith(ENGINE_PATHS):
+            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_PATHS)}: the Makefile's "
+                                    "real-engine run (ENGINE_TESTS) would not collect it; add its path to both")
 
 
 @pytest.fixture
