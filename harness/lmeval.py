@@ -4,7 +4,8 @@
     problems = compare(run_a, run_b, tolerance=0.05)                       # [] when they agree
 
 `run_lm_eval` runs lm-eval's own command line (`python -m lm_eval run --model local-completions
-...`) as a user would, from the repository's root, on the tasks defined in `evals/lmeval/`
+...`) as a user would (through harness/lmeval_cli.py, which only leaves lm-eval's ~14,000 built-in
+task files out of its task index: 40-50 s of a core per run), from the repository's root, on the tasks defined in `evals/lmeval/`
 (`--include_path`): `streamproxy_mc`, a multiple-choice (loglikelihood) task, and
 `streamproxy_gen`, a generate_until task. Its tokenizer is the local model folder
 (`tokenizer_backend=huggingface`), so both servers get the same token-id prompts; the hub
@@ -35,6 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TASKS_DIR = ROOT / "evals" / "lmeval"
 MC, GEN = "streamproxy_mc", "streamproxy_gen"
+# lm-eval's command line, its task index without lm-eval's own ~14,000 task files (harness/lmeval_cli.py).
+LM_EVAL = "harness.lmeval_cli"
 GEN_METRIC = "exact_match,first_word"
 
 
@@ -63,7 +66,7 @@ def lm_eval_command(base_url: str, model: str, tokenizer: Path | str, out_dir: P
                     tasks: tuple[str, ...] = (MC, GEN), batch_size: int = 8) -> list[str]:
     model_args = ",".join([f"model={model}", f"base_url={base_url}/v1/completions", "tokenizer_backend=huggingface",
                            f"tokenizer={tokenizer}", "num_concurrent=1", "max_retries=1", "timeout=600"])
-    cmd = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
+    cmd = [sys.executable, "-m", LM_EVAL, "run", "--model", "local-completions", "--model_args", model_args,
            "--batch_size", str(batch_size), "--include_path", str(TASKS_DIR.relative_to(ROOT)),
            "--tasks", ",".join(tasks), "--log_samples", "--output_path", str(out_dir)]
     return cmd + (["--limit", str(limit)] if limit is not None else [])

@@ -15,7 +15,8 @@ started once, and only when a test asks for it).
 
 Each is launched ahead of its first test, while earlier tests run, and waited
 for only when that test needs it (tests/support/prestart.py; `pytest_runtest_setup`
-below launches the next server a later test needs).
+below launches the next server a later test needs); `engine_server`, in the
+real-engine run, already while pytest collects (`pytest_sessionstart`).
 """
 
 from __future__ import annotations
@@ -144,6 +145,18 @@ def pytest_report_header() -> str:
     return f"aiohttp {aiohttp.__version__}"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The real-engine run (`-m engine`, one process: the Makefile's) launches the session's engine before it collects
+    (about 10 s of one core here): nearly every such run needs it, and one that does not stops it once collected."""
+    config = session.config
+    if config.getoption("markexpr", "") == "engine" and not config.getoption("numprocesses", None) and not config.getoption("collectonly"):
+        prestart.early("engine_server")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    prestart.drop_unneeded(session.items)  # (what `pytest_sessionstart` launched, when no test of the run needs it)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The next real-engine server a later test needs starts now, while this test runs (tests/support/prestart.py)."""
@@ -154,9 +167,10 @@ def pytest_sessionfinish() -> None:
     prestart.finish()
 
 
-# The folders that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
-# others' imports cost that run ~8 s of a core), so an `engine` test anywhere else fails every collection.
-ENGINE_FOLDERS = ("compat/", "contract/", "engine/", "unit/")
+# The folders and files that hold `engine` tests: the Makefile's real-engine run collects only these (ENGINE_TESTS; the
+# others' imports cost that run ~12 s of a core), so an `engine` test anywhere else fails every collection that sees it
+# (the run without the engine and `make test-fast` collect every unit module).
+ENGINE_PATHS = ("compat/", "contract/", "engine/", "unit/test_reasoning_vllm.py", "unit/test_vllm_sampling_identity.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -166,9 +180,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if where.startswith(ENGINE):
             item.add_marker(pytest.mark.engine)
-        if item.get_closest_marker("engine") and not where.startswith(ENGINE_FOLDERS):
-            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_FOLDERS)}: the Makefile's "
-                                    "real-engine run (ENGINE_TESTS) would not collect it; add its folder to both")
+        if item.get_closest_marker("engine") and not where.startswith(ENGINE_PATHS):
+            raise pytest.UsageError(f"{item.nodeid} is marked `engine` outside {', '.join(ENGINE_PATHS)}: the Makefile's "
+                                    "real-engine run (ENGINE_TESTS) would not collect it; add its path to both")
 
 
 @pytest.fixture

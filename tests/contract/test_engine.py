@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,17 +62,31 @@ def _vllm() -> Any:
     return build(list(VLLM_ARGS))[1]
 
 
-@pytest.fixture(scope="module", params=["fake", pytest.param("vllm", marks=pytest.mark.engine)])
-def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
-    make = _fake if request.param == "fake" else _vllm
-    with pytest.MonkeyPatch.context() as mp, asyncio.Runner() as runner:
+@contextmanager
+def _engine_env() -> Iterator[None]:
+    """The engine's settings in this process's environment only while an engine is built or started (its engine-core
+    process is spawned then): a server launched ahead meanwhile (tests/support/prestart.py) must not inherit them."""
+    with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
         for key, value in ENGINE_IN_CORE.items():  # the model in the engine-core process (harness.server)
             mp.setenv(key, value)
+        yield
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("vllm", marks=pytest.mark.engine)])
+def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
+    kind = _fake if request.param == "fake" else _vllm
+
+    def make() -> Any:
+        with _engine_env():
+            return kind()
+
+    with asyncio.Runner() as runner:
         engine = make()
         subject = Subject(request.param, engine, runner, make)
         try:
-            subject.run(engine.start())
+            with _engine_env():
+                subject.run(engine.start())
             yield subject
         finally:
             if engine.state != "dead":  # test_close closes it; a failed run may not get there

@@ -25,9 +25,9 @@ import requests
 
 from engine_adapter.default_model import build_tiny_model
 from harness.process import ServerProcess
-from harness.server import launch
+from harness.server import ENGINE_IN_CORE, launch
 from tests.support import prestart, wait_until_sync
-from tests.support.workers import api_servers
+from tests.support.workers import api_servers, launch_api_servers
 
 pytestmark = pytest.mark.engine
 
@@ -48,9 +48,25 @@ def _health(base: str) -> int:
         return 0  # gone: not 200 either
 
 
-def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client() -> None:
-    engine = ("--model", str(build_tiny_model(progress=False)), *TINY)
-    with api_servers(2, engine=engine, timeout=600, retry_unanswered_start=True) as srv:
+def _engine() -> tuple[str, ...]:
+    return ("--model", str(build_tiny_model(progress=False)), *TINY)
+
+
+# Launched ahead, while earlier tests run (tests/support/prestart.py), and handed over unwaited: `api_servers`
+# waits for every worker, and may start the parent again (`retry_unanswered_start`).
+prestart.define("shared_core_parent", lambda logs: [launch_api_servers(2, engine=_engine(), log_dir=logs)])
+
+
+@pytest.fixture
+def shared_core_parent() -> ServerProcess:
+    (server,) = prestart.take("shared_core_parent")
+    return server
+
+
+def test_two_api_servers_share_the_engine_core_and_abort_a_gone_client(shared_core_parent: ServerProcess) -> None:
+    first = shared_core_parent
+    with api_servers(2, engine=_engine(), timeout=600, retry_unanswered_start=True, log_dir=first.stdout_path.parent,
+                     launched=first) as srv:
         answers = [_complete(srv.base) for _ in range(16)]  # a connection each
         assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
         assert len({a["id"] for a in answers}) == 16
@@ -99,7 +115,9 @@ def _one_core_each() -> dict[str, str]:
 
 def _dp2(logs: Path) -> list[ServerProcess]:
     args = ["--model", str(build_tiny_model(progress=False)), *TINY, "--data-parallel-size", "2", "--access-log", "off"]
-    return [launch(args, logs, "dp2", _one_core_each())]
+    # Each engine core runs its model itself (ENGINE_IN_CORE): no worker process to import torch and vLLM again, two
+    # fewer in all; what this test checks is the balancing between the two engines, not their process tree.
+    return [launch(args, logs, "dp2", {**_one_core_each(), **ENGINE_IN_CORE})]
 
 
 # Started ahead, while earlier tests run (tests/support/prestart.py).

@@ -53,11 +53,11 @@ def children(pid: int) -> list[int]:
 class GatewayProcess(ServerProcess):
     """`streamproxy gateway --config FILE`, and the replicas it was ever seen to have."""
 
-    def __init__(self, config: Path, flags: list[str], log_dir: Path, name: str) -> None:
+    def __init__(self, config: Path, flags: list[str], log_dir: Path, name: str, env: dict[str, str] | None = None) -> None:
         # Up, not /health: that says 503 while a managed deployment is parked.
         port = free_port()
         super().__init__(command_line("streamproxy", "gateway", port, ["--config", str(config), *flags]), port,
-                         log_dir / f"{name}.out", log_dir / f"{name}.err", env=child_env(), label=name,
+                         log_dir / f"{name}.out", log_dir / f"{name}.err", env=child_env(env), label=name,
                          health_path="/version")
         self.seen: set[int] = set()
         self.start()
@@ -88,10 +88,12 @@ class GatewayProcess(ServerProcess):
 
 
 @contextmanager
-def gateway_process(tmp_path: Path, config_yaml: str, *flags: str, name: str = "gateway") -> Iterator[GatewayProcess]:
+def gateway_process(tmp_path: Path, config_yaml: str, *flags: str, name: str = "gateway",
+                    env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+    """`env`: on top of this process's environment, for the gateway and the replicas it starts."""
     config = tmp_path / f"{name}.yaml"
     config.write_text(config_yaml)
-    gw = GatewayProcess(config, ["--access-log", "off", *flags], tmp_path, name)
+    gw = GatewayProcess(config, ["--access-log", "off", *flags], tmp_path, name, env)
     try:
         gw.wait_ready()
         yield gw

@@ -24,6 +24,9 @@ key's servers, on new ports). What a test sees is the same fresh server as befor
 earlier: no request reaches it before the test's. After the `with` block each server gets its
 SIGTERM at once and the wait for its exit (seconds: an engine core's shutdown) goes on in a
 thread; `finish()` (the session's end) stops what no test took and waits for every stop.
+`take(key)` hands the launched servers over unwaited, for a fixture that waits and stops them itself.
+`early(key)` launches before the tests are known (the session engine, while pytest collects; `drop_unneeded`
+stops it after collection when no test needs it).
 Logs go to a folder of the session's (`log_dir()`), named after the key.
 """
 
@@ -184,6 +187,41 @@ def ready(key: str, timeout: float, interval: float = 0.5, stop_timeout: float =
         yield servers
     finally:
         _stop(servers, stop_timeout)
+
+
+def early(key: str) -> None:
+    """Launch the key's servers now, in the background, before the run's tests are known (while pytest collects:
+    tests/conftest.py does it for the session's engine in the real-engine run). `drop_unneeded(items)` stops them
+    once collected, if no test of the run names the key among its fixtures."""
+    spec = _SPECS[key]
+    if not spec.launched:
+        _launch(spec, background=True)
+
+
+def drop_unneeded(items: Sequence[pytest.Item]) -> None:
+    """After collection: servers launched `early` that no collected test names among its fixtures are stopped (a
+    test asking for one at run time, by name, launches it anew)."""
+    needed = {name for item in items for name in getattr(item, "fixturenames", ())}
+    for spec in _SPECS.values():
+        if spec.launched and not spec.taken and spec.key not in needed:
+            try:
+                servers = _launched(spec)
+            except BaseException:  # a launch that failed has nothing to stop
+                servers = []
+            _stop(servers, 60)
+            spec.launched, spec.servers, spec.error = False, [], None
+
+
+def take(key: str) -> list[ServerProcess]:
+    """The key's servers as launched (launching them now if nothing did), not waited for: the caller waits for
+    them its own way and stops them (`tests/support/workers.py`'s `api_servers`, which may start a parent again)."""
+    spec = _SPECS[key]
+    if spec.taken:  # taken before: fresh ones
+        spec.launched, spec.attempt = False, 0
+    spec.taken = True
+    if not spec.launched:
+        _launch(spec)
+    return _launched(spec)
 
 
 def finish() -> None:

@@ -67,10 +67,20 @@ class ApiServers:
         return total
 
 
+def launch_api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), log_dir: Path,
+                       attempt: int = 0) -> ServerProcess:
+    """The parent `api_servers` starts (not yet ready), its access log `log_dir/access.log`: launched ahead
+    (tests/support/prestart.py), it is handed to `api_servers(..., launched=...)` with the same arguments."""
+    return launch([*engine, "--api-server-count", str(count), "--access-log", str(log_dir / "access.log"), *flags], log_dir,
+                  name=f"api-servers-{attempt}" if attempt else "api-servers")
+
+
 @contextmanager
 def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", "fake"), timeout: float = 240.0,
-                log_dir: Path | None = None, retry_unanswered_start: bool = False) -> Iterator[ApiServers]:
+                log_dir: Path | None = None, retry_unanswered_start: bool = False,
+                launched: ServerProcess | None = None) -> Iterator[ApiServers]:
     """A parent with `count` ready workers for the `with` block; SIGTERM after it (the caller may stop it first).
+    `launched`: the first attempt's parent, already started by `launch_api_servers` (same arguments, `log_dir`).
 
     `retry_unanswered_start`: a start whose shared vLLM engine core came up but did not answer the
     workers' first call (engine_adapter/vllm_engine.py FIRST_CALL_TIMEOUT: the workers exit 1, and
@@ -80,8 +90,10 @@ def api_servers(count: int, *flags: str, engine: tuple[str, ...] = ("--engine", 
         folder = log_dir or Path(tmp)
         access = folder / "access.log"
         for attempt in range(2 if retry_unanswered_start else 1):
-            server = launch([*engine, "--api-server-count", str(count), "--access-log", str(access), *flags], folder,
-                            name=f"api-servers-{attempt}" if attempt else "api-servers")
+            if attempt == 0 and launched is not None:
+                server = launched
+            else:
+                server = launch_api_servers(count, *flags, engine=engine, log_dir=folder, attempt=attempt)
             srv = ApiServers(server, count, access)
             try:
                 wait_workers(server, count, timeout)

@@ -130,3 +130,32 @@ def test_a_launcher_that_fails_ahead_fails_the_test_that_takes_it(launched: list
     with pytest.raises(RuntimeError, match="no model here"), prestart.ready("d", 1.0):
         pass
     prestart.finish()
+
+
+def test_take_hands_the_launched_servers_over_unwaited_and_unstopped(launched: list[StandIn]) -> None:
+    items = session((), ("a",))
+    prestart.ahead(items[0])
+    settle()
+    (server,) = prestart.take("a")
+    assert server is launched[0] and not launched[0].up  # not waited for: the taker waits its own way
+    prestart.finish()
+    assert launched[0].stopped == 0  # nor stopped: the taker stops it
+    (again,) = prestart.take("a")  # taken before: a fresh one
+    assert again is launched[1] and [s.key for s in launched] == ["a", "a"]
+
+
+def test_early_launches_before_the_plan_and_drop_unneeded_stops_what_no_test_names(launched: list[StandIn]) -> None:
+    prestart.early("a")
+    prestart.early("b")
+    settle()
+    assert [s.key for s in launched] == ["a", "b"]
+    items = session((), ("a",))
+    prestart.drop_unneeded(items)
+    for stop in prestart._STOPS:
+        stop.join()
+    assert [(s.key, s.stopped) for s in launched] == [("a", 0), ("b", 1)]
+    with prestart.ready("a", 1.0) as (server,):
+        assert server is launched[0]  # the one launched early
+    with prestart.ready("b", 1.0) as (server,):
+        assert server is launched[2]  # dropped: launched anew when asked for by name
+    prestart.finish()
